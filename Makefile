@@ -1,0 +1,32 @@
+# The two commands of the README. Both work on a fresh machine with only Python 3.11:
+# the first run creates .venv and installs torch (exactly 2.13.0, the CPU build: a looser
+# spec would download a multi-GB CUDA build) and the project with all extras.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.numparity-installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint venv clean
+
+demo: $(STAMP)
+	$(VENV)/bin/numparity-server demo
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check agent server migrations tests bench
+	$(VENV)/bin/mypy agent server
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[agent,server,dev]'
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,185 @@
+"""`numparity-server demo`: a simulated fleet of real CPU environment differences.
+
+Starts the server on a temporary SQLite database on a free loopback port, runs the real
+agent once per simulated node (each in its own process, with the environment variables
+that make its numerics differ, DESIGN §5), prints the divergence report, then keeps
+serving until Ctrl-C (``--no-serve`` exits after the report).
+
+The agent runs as a child process (``python -m numparity_agent``): the server never
+imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from numparity_server.report import format_divergence
+
+# Variables that change numerics on a CPU (DESIGN §2.5): cleared for every simulated node
+# so the fleet is the same whatever the shell that starts the demo has set.
+NUMERIC_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "ATEN_CPU_CAPABILITY", "PYTORCH_", "NUMPARITY_")
+
+
+@dataclass(frozen=True)
+class SimulatedNode:
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+    why: str = "stock configuration"
+
+
+FLEET: tuple[SimulatedNode, ...] = (
+    SimulatedNode("lab-01"),
+    SimulatedNode("lab-02"),
+    SimulatedNode("lab-03"),
+    SimulatedNode("lab-mkl", {"MKL_CBWR": "COMPATIBLE"}, "MKL conditional bitwise mode"),
+    SimulatedNode("lab-1thread", {"OMP_NUM_THREADS": "1"}, "one OpenMP thread"),
+    SimulatedNode("lab-avx2", {"ATEN_CPU_CAPABILITY": "avx2"}, "ATen AVX2 kernels"),
+)
+WORKLOADS = ("cnn",)
+VARIANTS = ("default", "strict")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def node_environment(node: SimulatedNode) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(NUMERIC_ENV_PREFIXES)}
+    env.update(node.env)
+    return env
+
+
+def run_agent(
+    node: SimulatedNode,
+    *,
+    server_url: str,
+    token: str,
+    spool: Path,
+    workloads: Sequence[str] = WORKLOADS,
+    variants: Sequence[str] = VARIANTS,
+) -> subprocess.CompletedProcess[str]:
+    """Run the real agent for one simulated node; its exit code is the agent's."""
+    command = [
+        sys.executable, "-m", "numparity_agent", "run",
+        "--server", server_url, "--node", node.name, "--spool", str(spool),
+        "--workloads", *workloads, "--variants", *variants,
+    ]  # fmt: skip
+    env = node_environment(node)
+    # The token travels in the environment, not on a command line other users can read.
+    env["NUMPARITY_TOKEN"] = token
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+
+
+def _cli(*argv: str) -> str:
+    """Run a numparity-server subcommand in-process and return what it printed."""
+    from numparity_server.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(list(argv))
+    if code:
+        raise RuntimeError(f"numparity-server {' '.join(argv)} exited {code}")
+    return out.getvalue().strip()
+
+
+@contextlib.contextmanager
+def embedded_server(database_url: str, port: int) -> Iterator[str]:
+    """A real uvicorn serving the app in a thread of this process."""
+    import uvicorn
+
+    from numparity_server.app import create_app
+    from numparity_server.kit.settings import Settings
+
+    app = create_app(Settings(database_url=database_url))
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="numparity-server", daemon=True)
+    thread.start()
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the server did not start on {base_url}")
+        time.sleep(0.05)
+    try:
+        yield base_url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="numparity-server demo", description=__doc__)
+    parser.add_argument("--no-serve", action="store_true", help="exit after the report")
+    parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    parser.add_argument("--workdir", type=Path, help="keep the database and spools here")
+    args = parser.parse_args(argv)
+
+    with contextlib.ExitStack() as stack:
+        workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        workdir.mkdir(parents=True, exist_ok=True)
+        database_url = f"sqlite:///{workdir / 'numparity.db'}"
+        os.environ["NUMPARITY_DATABASE_URL"] = database_url
+        _cli("--database-url", database_url, "migrate")
+        agent_token = _cli(
+            "--database-url", database_url, "token", "create", "--role", "agent",
+            "--label", "demo fleet",
+        )  # fmt: skip
+        reader_token = _cli(
+            "--database-url", database_url, "token", "create", "--role", "reader",
+            "--label", "demo reader",
+        )  # fmt: skip
+
+        base_url = stack.enter_context(embedded_server(database_url, args.port or free_port()))
+        print(f"numparity demo: server on {base_url}, database {database_url}", flush=True)
+
+        failed = 0
+        for node in FLEET:
+            started = time.monotonic()
+            done = run_agent(
+                node, server_url=base_url, token=agent_token, spool=workdir / f"spool-{node.name}"
+            )
+            took = time.monotonic() - started
+            state = "uploaded" if done.returncode == 0 else f"agent exit {done.returncode}"
+            print(f"  {node.name:<12} {node.why:<32} {state} in {took:.1f} s", flush=True)
+            if done.returncode != 0:
+                failed += 1
+                print(done.stderr.strip(), file=sys.stderr)
+
+        headers = {"Authorization": f"Bearer {reader_token}"}
+        with httpx.Client(base_url=base_url, headers=headers, timeout=60) as client:
+            for workload in WORKLOADS:
+                for variant in VARIANTS:
+                    response = client.get(
+                        "/api/v1/divergence", params={"workload": workload, "variant": variant}
+                    )
+                    response.raise_for_status()
+                    print()
+                    print(format_divergence(response.json()))
+
+        if failed:
+            print(f"\n{failed} simulated node(s) failed; see above.", file=sys.stderr)
+            return 1
+        if args.no_serve:
+            return 0
+        print(f"\nServing on {base_url} (reader token: {reader_token}). Ctrl-C to stop.")
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(3600)
+    return 0

@@ -1,0 +1,27 @@
+"""Package mapping only; all metadata is in pyproject.toml.
+
+Bare ``agent``/``server`` import names would collide with user code in the ML
+environments the agent is installed into (DESIGN §1), so the folders are mapped to
+``numparity_agent`` and ``numparity_server``. The Alembic environment in
+``migrations/`` ships inside the server as ``numparity_server.migrations`` so an
+installed server can migrate its own database.
+"""
+
+from setuptools import find_packages, setup
+
+ROOTS = {
+    "numparity_agent": "agent",
+    "numparity_server": "server",
+    "numparity_server.migrations": "migrations",
+}
+
+
+def _packages() -> list[str]:
+    found = []
+    for name, folder in ROOTS.items():
+        found.append(name)
+        found += [f"{name}.{sub}" for sub in find_packages(where=folder)]
+    return sorted(set(found))
+
+
+setup(packages=_packages(), package_dir=ROOTS, package_data={"numparity_server": ["**/*.html", "**/*.js", "**/*.css"], "numparity_server.migrations": ["*.mako", "*.ini"]})
