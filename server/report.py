@@ -53,7 +53,8 @@ def format_divergence(payload: dict[str, Any]) -> str:
         )
         lines.append(f"    explained by: {explained}")
         if pair.get("indistinguishable"):
-            lines.append("    (these attributes go together in this fleet: it cannot tell them apart)")
+            lines.append("    (they go together in this fleet: it cannot tell them apart)")
     if payload.get("members_without_tensor"):
-        lines.append(f"  without this tensor: {', '.join(payload['members_without_tensor'])}")
+        missing = ", ".join(payload["members_without_tensor"])
+        lines.append(f"  without this tensor: {missing}")
     return "\n".join(lines)

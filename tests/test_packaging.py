@@ -19,10 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
     subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out),
+         str(ROOT)],
+        check=True, capture_output=True,
+    )  # fmt: skip
     (built,) = out.glob("numparity-*.whl")
     return built
 

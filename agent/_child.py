@@ -1,0 +1,85 @@
+"""The child process of one variant: `python -m numparity_agent._child SPEC OUT`.
+
+SPEC is a JSON file {"variant", "workloads", "device", "repeats", "node_env_vars"};
+OUT receives {"environment", "results"} (written atomically, so a crash leaves none).
+The environment is captured first, before the variant touches any knob, with the
+node's numeric environment variables (not the ones the variant added), so that it
+describes the node as it is configured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+
+def run_child(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from numparity_agent import _variants, _workloads
+    from numparity_agent._environment import capture_environment
+    from numparity_agent._runner import _error_text, result_head, run_workload
+
+    environment = capture_environment(env_vars=spec.get("node_env_vars"))
+    variant = _variants.get(spec["variant"])
+    device_name = spec.get("device", "cpu")
+    results: list[dict[str, Any]] = []
+
+    def all_results(**fields: Any) -> dict[str, Any]:
+        return {
+            "environment": environment,
+            "results": [
+                {**result_head(w, None, variant.name, device_name), **fields}
+                for w in spec["workloads"]
+            ],
+        }
+
+    try:
+        device = torch.device(device_name)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"device {device_name} requested but CUDA is not available")
+    except Exception as exc:  # noqa: BLE001
+        return all_results(status="failed", error=f"{type(exc).__name__}: {exc}")
+    reason = variant.skip_reason(device)
+    if reason is not None:
+        return all_results(status="skipped", reason=reason)
+    # The node's configured thread count, read before any variant changes it.
+    variant.apply(device, threads=torch.get_num_threads())
+    for spec_name in spec["workloads"]:
+        try:
+            workload = _workloads.load(spec_name)
+        except Exception as exc:  # noqa: BLE001
+            results.append(
+                {
+                    **result_head(spec_name, None, variant.name, device_name),
+                    "status": "failed",
+                    "error": _error_text(exc),
+                }
+            )
+            continue
+        results.append(
+            run_workload(workload, variant=variant, device=device, repeats=spec["repeats"])
+        )
+    return {"environment": environment, "results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m numparity_agent._child SPEC OUT", file=sys.stderr)
+        return 2
+    spec_path, out_path = args
+    with open(spec_path, encoding="utf-8") as f:
+        spec = json.load(f)
+    output = run_child(spec)
+    tmp = f"{out_path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(output, f)
+    os.replace(tmp, out_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""The environment document (DESIGN §2.5, shape pinned in the interface notes).
+
+Captured in-process. Anything that cannot be read is recorded under `unknown` with
+the reason, never guessed. `env_key` is the sha256 of the canonical JSON of the
+document without the identity keys (host name, GPU UUID and serial) and `unknown`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from typing import Any
+
+from numparity_agent._knobs import numeric_env_vars, read_knobs
+
+IDENTITY_KEYS = frozenset({"env_key", "hostname", "uuid", "serial"})
+
+
+def _strip_identity(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: _strip_identity(v)
+            for k, v in value.items()
+            if k not in IDENTITY_KEYS and k != "unknown"
+        }
+    if isinstance(value, list):
+        return [_strip_identity(v) for v in value]
+    return value
+
+
+def compute_env_key(environment: dict[str, Any]) -> str:
+    canonical = json.dumps(
+        _strip_identity(environment), sort_keys=True, separators=(",", ":"), default=str
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _read_cpuinfo(unknown: dict[str, str]) -> tuple[str | None, str | None]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError as exc:
+        unknown["cpu.flags"] = f"/proc/cpuinfo unreadable: {exc}"
+        model = platform.processor() or None
+        if model is None:
+            unknown["cpu.model"] = "no /proc/cpuinfo and platform.processor() is empty"
+        return model, None
+    model = flags = None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if model is None and key in ("model name", "Model", "cpu model"):
+            model = value.strip()
+        elif flags is None and key in ("flags", "Features"):
+            flags = " ".join(sorted(set(value.split())))
+    if model is None:
+        unknown["cpu.model"] = "no model name in /proc/cpuinfo"
+    if flags is None:
+        unknown["cpu.flags"] = "no flags in /proc/cpuinfo"
+    return model, flags
+
+
+def _cpu(unknown: dict[str, str]) -> dict[str, Any]:
+    import torch
+
+    model, flags = _read_cpuinfo(unknown)
+    capability = None
+    get_capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    if get_capability is None:
+        unknown["cpu.capability"] = "torch.backends.cpu.get_cpu_capability missing"
+    else:
+        try:
+            capability = get_capability()
+        except Exception as exc:  # noqa: BLE001
+            unknown["cpu.capability"] = f"{type(exc).__name__}: {exc}"
+    return {
+        "model": model,
+        "flags": flags,
+        "logical_cpus": os.cpu_count(),
+        "capability": capability,
+        "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY"),
+    }
+
+
+def _torch(unknown: dict[str, str]) -> dict[str, Any]:
+    import torch
+
+    doc: dict[str, Any] = {
+        "version": torch.__version__,
+        "git_version": getattr(torch.version, "git_version", None),
+        "config": None,
+        "cuda": torch.version.cuda,
+        "cudnn": None,
+        "nccl": None,
+        "mkldnn_available": None,
+        "mkl_available": None,
+        "openmp_available": None,
+    }
+    try:
+        doc["config"] = torch.__config__.show()
+    except Exception as exc:  # noqa: BLE001
+        unknown["torch.config"] = f"{type(exc).__name__}: {exc}"
+    try:
+        doc["cudnn"] = (
+            torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        )
+    except Exception as exc:  # noqa: BLE001
+        unknown["torch.cudnn"] = f"{type(exc).__name__}: {exc}"
+    if torch.cuda.is_available():
+        try:
+            version = torch.cuda.nccl.version()
+            doc["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else version
+        except Exception as exc:  # noqa: BLE001
+            unknown["torch.nccl"] = f"{type(exc).__name__}: {exc}"
+    for key, backend in (
+        ("mkldnn_available", "mkldnn"),
+        ("mkl_available", "mkl"),
+        ("openmp_available", "openmp"),
+    ):
+        try:
+            doc[key] = bool(getattr(torch.backends, backend).is_available())
+        except Exception as exc:  # noqa: BLE001
+            unknown[f"torch.{key}"] = f"{type(exc).__name__}: {exc}"
+    return doc
+
+
+def _threads(unknown: dict[str, str]) -> dict[str, Any]:
+    import torch
+
+    doc: dict[str, Any] = {
+        "num_threads": torch.get_num_threads(),
+        "num_interop_threads": torch.get_num_interop_threads(),
+        "parallel_info": None,
+    }
+    try:
+        doc["parallel_info"] = torch.__config__.parallel_info()
+    except Exception as exc:  # noqa: BLE001
+        unknown["threads.parallel_info"] = f"{type(exc).__name__}: {exc}"
+    return doc
+
+
+def _nvml(unknown: dict[str, str], gpus: list[dict[str, Any]]) -> None:
+    """Driver, CUDA driver, ECC and serial from NVML (nvidia-ml-py), when installed."""
+    fields = ("driver", "cuda_driver", "ecc", "serial")
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - optional dependency, or no driver
+        reason = (
+            "nvidia-ml-py (pynvml) not installed"
+            if isinstance(exc, ImportError)
+            else f"NVML unavailable: {type(exc).__name__}: {exc}"
+        )
+        for gpu in gpus:
+            for field in fields:
+                unknown[f"gpus.{gpu['index']}.{field}"] = reason
+        return
+
+    def text(value: Any) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    try:
+        try:
+            driver: str | None = text(pynvml.nvmlSystemGetDriverVersion())
+        except Exception as exc:  # noqa: BLE001
+            driver = None
+            for gpu in gpus:
+                unknown[f"gpus.{gpu['index']}.driver"] = f"{type(exc).__name__}: {exc}"
+        try:
+            getter = getattr(pynvml, "nvmlSystemGetCudaDriverVersion_v2", None) or (
+                pynvml.nvmlSystemGetCudaDriverVersion
+            )
+            raw = int(getter())
+            cuda_driver: str | None = f"{raw // 1000}.{(raw % 1000) // 10}"
+        except Exception as exc:  # noqa: BLE001
+            cuda_driver = None
+            for gpu in gpus:
+                unknown[f"gpus.{gpu['index']}.cuda_driver"] = f"{type(exc).__name__}: {exc}"
+        for gpu in gpus:
+            gpu["driver"], gpu["cuda_driver"] = driver, cuda_driver
+            prefix = f"gpus.{gpu['index']}"
+            try:
+                if gpu.get("uuid"):
+                    uuid = gpu["uuid"]
+                    uuid = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+                    handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+                else:
+                    # Without a UUID the NVML index only matches when nothing is hidden.
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(gpu["index"])
+            except Exception as exc:  # noqa: BLE001
+                for field in ("ecc", "serial"):
+                    unknown[f"{prefix}.{field}"] = f"no NVML handle: {type(exc).__name__}: {exc}"
+                continue
+            try:
+                current, _pending = pynvml.nvmlDeviceGetEccMode(handle)
+                gpu["ecc"] = bool(current)
+            except Exception as exc:  # noqa: BLE001 - consumer GPUs have no ECC
+                unknown[f"{prefix}.ecc"] = f"{type(exc).__name__}: {exc}"
+            try:
+                gpu["serial"] = text(pynvml.nvmlDeviceGetSerial(handle))
+            except Exception as exc:  # noqa: BLE001
+                unknown[f"{prefix}.serial"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001, S110 - shutting down is best effort
+            pass
+
+
+def _gpus(unknown: dict[str, str]) -> list[dict[str, Any]]:
+    import torch
+
+    try:
+        if not torch.cuda.is_available():
+            return []
+        count = torch.cuda.device_count()
+    except Exception as exc:  # noqa: BLE001
+        unknown["gpus"] = f"{type(exc).__name__}: {exc}"
+        return []
+    gpus = []
+    for index in range(count):
+        gpu: dict[str, Any] = {
+            "index": index,
+            "name": None,
+            "compute_capability": None,
+            "sm_count": None,
+            "memory_bytes": None,
+            "uuid": None,
+            "driver": None,
+            "cuda_driver": None,
+            "ecc": None,
+            "serial": None,
+        }
+        try:
+            props = torch.cuda.get_device_properties(index)
+            gpu["name"] = props.name
+            gpu["compute_capability"] = f"{props.major}.{props.minor}"
+            gpu["sm_count"] = props.multi_processor_count
+            gpu["memory_bytes"] = int(props.total_memory)
+            uuid = getattr(props, "uuid", None)
+            if uuid is None:
+                unknown[f"gpus.{index}.uuid"] = "this torch has no device property uuid"
+            else:
+                gpu["uuid"] = str(uuid)
+        except Exception as exc:  # noqa: BLE001
+            unknown[f"gpus.{index}"] = f"{type(exc).__name__}: {exc}"
+        gpus.append(gpu)
+    _nvml(unknown, gpus)
+    return gpus
+
+
+def capture_environment(*, env_vars: dict[str, str] | None = None) -> dict[str, Any]:
+    """The environment document of this process.
+
+    `env_vars` overrides the numeric environment variables read from os.environ: a
+    variant's child process reports the node's variables, not the ones it added.
+    Call it before changing any knob or thread count.
+    """
+    import numpy
+
+    unknown: dict[str, str] = {}
+    libc_name, libc_version = platform.libc_ver()
+    environment: dict[str, Any] = {
+        "python": {
+            "version": platform.python_version(),
+            "implementation": platform.python_implementation(),
+        },
+        "platform": {
+            "system": platform.system(),
+            "release": platform.release(),
+            "machine": platform.machine(),
+            "libc": f"{libc_name} {libc_version}".strip() or None,
+            "hostname": platform.node(),
+        },
+        "cpu": _cpu(unknown),
+        "threads": _threads(unknown),
+        "torch": _torch(unknown),
+        "numpy": {"version": numpy.__version__},
+        "knobs": read_knobs(unknown),
+        "env_vars": numeric_env_vars() if env_vars is None else dict(sorted(env_vars.items())),
+        "gpus": _gpus(unknown),
+    }
+    if environment["platform"]["libc"] is None:
+        unknown["platform.libc"] = "platform.libc_ver() found no libc"
+    # The knobs' env var mirrors env_vars, which are the node's (see env_vars above).
+    environment["knobs"]["CUBLAS_WORKSPACE_CONFIG"] = environment["env_vars"].get(
+        "CUBLAS_WORKSPACE_CONFIG"
+    )
+    environment["unknown"] = unknown
+    environment["env_key"] = compute_env_key(environment)
+    return {"env_key": environment.pop("env_key"), **environment}

@@ -1,0 +1,179 @@
+"""Run the suite: one child process per variant, results gathered into a run document.
+
+Each variant runs in its own interpreter (DESIGN §2.3): knobs such as
+CUBLAS_WORKSPACE_CONFIG must be set before torch starts, and a crash or a hang in one
+variant must not lose the others. This module does not import torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from numparity_agent import _variants, _workloads
+from numparity_agent._document import build_document, utc_now
+from numparity_agent._knobs import numeric_env_vars
+from numparity_agent._log import log
+
+DEFAULT_TIMEOUT_S = 900.0
+DEFAULT_REPEATS = 2
+
+
+class UsageError(ValueError):
+    """A bad request from the caller (unknown workload or variant, bad repeats)."""
+
+
+def validate(workloads: Sequence[str], variants: Sequence[str], repeats: int) -> None:
+    bad_w = [w for w in workloads if not _workloads.is_known(w)]
+    if bad_w:
+        raise UsageError(
+            f"unknown workload(s) {', '.join(bad_w)}; valid: "
+            f"{', '.join(_workloads.builtin_names())} or module:factory"
+        )
+    bad_v = [v for v in variants if v not in _variants.VARIANTS]
+    if bad_v:
+        raise UsageError(
+            f"unknown variant(s) {', '.join(bad_v)}; valid: {', '.join(_variants.names())}"
+        )
+    if repeats < 1:
+        raise UsageError("repeats must be at least 1")
+
+
+def _child_failure(proc: subprocess.CompletedProcess[str] | None, reason: str) -> str:
+    tail = ""
+    if proc is not None and proc.stderr:
+        tail = "\n" + proc.stderr[-2000:]
+    return reason + tail
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"child killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"child killed by signal {-code}"
+    return f"child exited with code {code}"
+
+
+def run_variant(
+    variant: str,
+    *,
+    workloads: Sequence[str],
+    device: str,
+    repeats: int,
+    timeout: float,
+    node_env_vars: dict[str, str],
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """(environment or None, results) of one variant's child process."""
+    spec = {
+        "variant": variant,
+        "workloads": list(workloads),
+        "device": device,
+        "repeats": repeats,
+        "node_env_vars": node_env_vars,
+    }
+    env = _variants.get(variant).child_env(dict(os.environ))
+    with tempfile.TemporaryDirectory(prefix="numparity-") as tmp:
+        spec_path = os.path.join(tmp, "spec.json")
+        out_path = os.path.join(tmp, "out.json")
+        with open(spec_path, "w", encoding="utf-8") as f:
+            json.dump(spec, f)
+        cmd = [sys.executable, "-m", "numparity_agent._child", spec_path, out_path]
+        proc = None
+        try:
+            proc = subprocess.run(
+                cmd, env=env, timeout=timeout, capture_output=True, text=True, check=False
+            )
+        except subprocess.TimeoutExpired:
+            error = f"variant {variant} timed out after {timeout:g} s (child killed)"
+        else:
+            if proc.returncode == 0 and os.path.exists(out_path):
+                with open(out_path, encoding="utf-8") as f:
+                    output = json.load(f)
+                return output.get("environment"), output["results"]
+            error = _child_failure(proc, _describe_exit(proc.returncode))
+    return None, [
+        {
+            "suite": _workloads.SUITE,
+            "workload": w,
+            "workload_version": None,
+            "variant": variant,
+            "device": device,
+            "status": "failed",
+            "error": error,
+        }
+        for w in workloads
+    ]
+
+
+def _environment_child(timeout: float) -> dict[str, Any]:
+    """The environment from a fresh interpreter, when no variant child delivered one."""
+    cmd = [sys.executable, "-m", "numparity_agent", "env"]
+    proc = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(_child_failure(proc, _describe_exit(proc.returncode)))
+    return json.loads(proc.stdout)
+
+
+def run_suite(
+    *,
+    workloads: Sequence[str] | None = None,
+    variants: Sequence[str] | None = None,
+    device: str = "cpu",
+    repeats: int = DEFAULT_REPEATS,
+    node: str | None = None,
+    labels: dict[str, str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    log_line: Callable[[str], None] = log,
+) -> dict[str, Any]:
+    """Run `workloads` under `variants` (all built-ins by default): the run document."""
+    workloads = list(workloads or _workloads.builtin_names())
+    variants = list(variants or _variants.names())
+    validate(workloads, variants, repeats)
+    node_env_vars = numeric_env_vars()
+    started_at = utc_now()
+    environment: dict[str, Any] | None = None
+    results: list[dict[str, Any]] = []
+    for variant in variants:
+        log_line(f"variant {variant}: running {', '.join(workloads)} on {device}")
+        child_env, child_results = run_variant(
+            variant,
+            workloads=workloads,
+            device=device,
+            repeats=repeats,
+            timeout=timeout,
+            node_env_vars=node_env_vars,
+        )
+        environment = environment or child_env
+        for result in child_results:
+            status = result["status"]
+            detail = ""
+            if status == "ok":
+                detail = f" in {result['wall_s']:.3f} s, repeats agree: {result['repeats_agree']}"
+            elif status == "failed":
+                detail = ": " + result["error"].strip().splitlines()[0]
+            else:
+                detail = ": " + result.get("reason", "")
+            log_line(f"variant {variant}: {result['workload']} {status}{detail}")
+        results.extend(child_results)
+    if environment is None:
+        try:
+            environment = _environment_child(timeout)
+        except Exception as exc:  # noqa: BLE001
+            log_line(f"environment capture failed: {exc}")
+            environment = {"env_key": None, "unknown": {"environment": str(exc)}}
+    return build_document(
+        node=node or socket.gethostname(),
+        labels=labels or {},
+        environment=environment,
+        results=results,
+        started_at=started_at,
+        finished_at=utc_now(),
+    )

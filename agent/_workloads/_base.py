@@ -1,0 +1,157 @@
+"""The Workload interface and what every workload shares.
+
+A workload builds a model and its portable inputs (DESIGN §2.1: from the agent's own
+generator, on the CPU in float32, then cast and moved), and runs it, recording the
+tensors to fingerprint. Leaf-module activations are recorded by forward hooks, named
+by module path, in execution order; the workload records its outputs (and later its
+losses and gradients) itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from numparity_agent import _rng
+from numparity_agent._workloads import SUITE
+
+SEED = 0
+
+
+@dataclass
+class Built:
+    """A model on its device and its named inputs, ready to run."""
+
+    model: nn.Module
+    inputs: dict[str, torch.Tensor]
+
+
+@dataclass
+class Recorder:
+    """Collects (name, kind, tensor) in the order they are produced."""
+
+    tensors: list[tuple[str, str, torch.Tensor]] = field(default_factory=list)
+    _seen: dict[str, int] = field(default_factory=dict)
+
+    def record(self, name: str, kind: str, value: Any) -> None:
+        """Record a tensor, or each tensor of a tuple/list as `name.i`."""
+        if isinstance(value, torch.Tensor):
+            count = self._seen.get(name, 0)
+            self._seen[name] = count + 1
+            # A module called twice in one forward: the second call is `name#1`.
+            unique = name if count == 0 else f"{name}#{count}"
+            self.tensors.append((unique, kind, value.detach().clone()))
+        elif isinstance(value, tuple | list):
+            for i, item in enumerate(value):
+                self.record(f"{name}.{i}", kind, item)
+
+
+@contextlib.contextmanager
+def layer_hooks(model: nn.Module, recorder: Recorder) -> Iterator[None]:
+    """Record the output of every leaf module, named by its module path."""
+    handles = []
+    for name, module in model.named_modules():
+        if name and not any(True for _ in module.children()):
+
+            def hook(_module: nn.Module, _args: Any, output: Any, name: str = name) -> None:
+                recorder.record(name, "layer", output)
+
+            handles.append(module.register_forward_hook(hook))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+class Workload:
+    """One reference workload. Subclasses set `name`, `version` and implement build."""
+
+    suite: str = SUITE
+    name: str = ""
+    version: int = 1
+
+    def build(self, *, dtype: torch.dtype, device: torch.device) -> Built:
+        raise NotImplementedError
+
+    def run(self, built: Built, recorder: Recorder) -> None:
+        """Forward the inputs through the model, recording layers and the output."""
+        with torch.no_grad(), layer_hooks(built.model, recorder):
+            output = built.model(*built.inputs.values())
+        recorder.record("output", "output", output)
+
+
+def stream_name(workload: Workload, tensor: str) -> str:
+    return f"{workload.suite}/{workload.name}/v{workload.version}/{tensor}"
+
+
+def init_default_(model: nn.Module, workload: Workload) -> None:
+    """PyTorch's default init family from the portable generator.
+
+    Linear and convolution weights and biases are uniform in +-1/sqrt(fan_in) (what
+    kaiming_uniform_(a=sqrt(5)) and the bias init amount to); each parameter draws
+    from its own stream named by its path.
+    """
+    with torch.no_grad():
+        for module_name, module in model.named_modules():
+            weight = getattr(module, "weight", None)
+            if not isinstance(module, nn.Linear | nn.modules.conv._ConvNd):
+                continue
+            assert isinstance(weight, torch.Tensor)
+            fan_in = math.prod(weight.shape[1:])
+            bound = 1.0 / math.sqrt(fan_in)
+            for pname, param in module.named_parameters(recurse=False):
+                path = f"{module_name}.{pname}"
+                values = _rng.uniform(
+                    SEED, stream_name(workload, path), tuple(param.shape), -bound, bound
+                )
+                param.copy_(torch.from_numpy(values))
+
+
+def place(built: Built, *, dtype: torch.dtype, device: torch.device) -> Built:
+    """Cast floating tensors to `dtype` and move everything to `device` (exact)."""
+    model = built.model.to(dtype=dtype).to(device)
+    inputs = {
+        name: (t.to(dtype) if t.is_floating_point() else t).to(device)
+        for name, t in built.inputs.items()
+    }
+    return Built(model=model, inputs=inputs)
+
+
+class FactoryWorkload(Workload):
+    """A user workload from `module:factory`.
+
+    The factory is called without arguments and returns either a Workload (used as
+    is) or `(model, inputs)` with `inputs` a dict of named tensors (or a tuple),
+    built on the CPU; it is then cast and moved like the built-in ones.
+    """
+
+    def __init__(self, spec: str, factory: Any, first: Any = None) -> None:
+        self.name = spec
+        self.version = int(getattr(factory, "version", 1))
+        self._factory = factory
+        self._first = first
+
+    def build(self, *, dtype: torch.dtype, device: torch.device) -> Built:
+        made, self._first = self._first, None
+        model, inputs = made if made is not None else self._factory()
+        if not isinstance(inputs, dict):
+            inputs = {f"input{i}": t for i, t in enumerate(inputs)}
+        return place(Built(model=model, inputs=dict(inputs)), dtype=dtype, device=device)
+
+
+def from_factory(spec: str) -> Workload:
+    module_name, _, attr = spec.partition(":")
+    factory = getattr(importlib.import_module(module_name), attr)
+    made = factory()
+    if isinstance(made, Workload):
+        made.name = made.name or spec
+        return made
+    return FactoryWorkload(spec, factory, first=made)

@@ -1,0 +1,48 @@
+"""Pure analysis of fingerprints and environments (DESIGN §3.3): numpy only.
+
+No database and no web framework here: the repository layer feeds these functions plain
+values, so they can be tested with hand-made fleets and reused by a CLI.
+"""
+
+from ._arrays import decode_array, encode_array
+from ._json import json_safe
+from .attribution import rank_attributes, separating_attributes
+from .compare import METRICS, VERDICTS, Comparison, compare
+from .environment import IDENTITY_KEYS, UNSET, flatten_environment
+from .fingerprint import Fingerprint, fingerprint_from_wire
+from .groups import Group, Member, group_members
+from .judge import Judgement, judge
+from .layers import compare_manifests, first_divergent_layer, largest_jump
+from .report import divergence_report
+from .tolerance import DEFAULT_TOLERANCES, Tolerance, default_tolerance
+from .ulp import ulp_distance
+
+__all__ = [
+    "DEFAULT_TOLERANCES",
+    "IDENTITY_KEYS",
+    "METRICS",
+    "UNSET",
+    "VERDICTS",
+    "Comparison",
+    "Fingerprint",
+    "Group",
+    "Judgement",
+    "Member",
+    "Tolerance",
+    "compare",
+    "compare_manifests",
+    "decode_array",
+    "default_tolerance",
+    "divergence_report",
+    "encode_array",
+    "first_divergent_layer",
+    "fingerprint_from_wire",
+    "flatten_environment",
+    "group_members",
+    "json_safe",
+    "judge",
+    "largest_jump",
+    "rank_attributes",
+    "separating_attributes",
+    "ulp_distance",
+]

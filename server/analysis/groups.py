@@ -1,0 +1,78 @@
+"""Divergence groups: the members of one comparison key, grouped by a tensor's hash."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Member:
+    """One node's latest result for the key.
+
+    ``tensors`` is the result's manifest: ``(name, kind, hash)`` in execution order.
+    """
+
+    node: str
+    run_id: str
+    env_key: str
+    environment: dict[str, Any] = field(hash=False)
+    tensors: tuple[tuple[str, str, str], ...] = ()
+
+    def tensor_hash(self, name: str) -> str | None:
+        for tensor_name, _kind, digest in self.tensors:
+            if tensor_name == name:
+                return digest
+        return None
+
+
+@dataclass(frozen=True)
+class Group:
+    id: int
+    hash: str
+    members: tuple[Member, ...]
+
+    @property
+    def nodes(self) -> list[str]:
+        return sorted(member.node for member in self.members)
+
+    @property
+    def representative(self) -> Member:
+        """The member with the first node name (then run id): stable across queries."""
+        return min(self.members, key=lambda member: (member.node, member.run_id))
+
+    def to_dict(self) -> dict[str, Any]:
+        representative = self.representative
+        return {
+            "id": self.id,
+            "hash": self.hash,
+            "size": len(self.members),
+            "nodes": self.nodes,
+            "env_keys": sorted({member.env_key for member in self.members}),
+            "representative": {"node": representative.node, "run_id": representative.run_id},
+        }
+
+
+def group_members(members: Sequence[Member], tensor: str) -> tuple[list[Group], list[str]]:
+    """Groups by the hash of ``tensor``, largest first, ties by first node name; ids 1..n.
+
+    Also returns the (sorted) nodes whose manifest lacks ``tensor``.
+    """
+    by_hash: dict[str, list[Member]] = {}
+    without: list[str] = []
+    for member in members:
+        digest = member.tensor_hash(tensor)
+        if digest is None:
+            without.append(member.node)
+        else:
+            by_hash.setdefault(digest, []).append(member)
+    ordered = sorted(
+        by_hash.items(),
+        key=lambda item: (-len(item[1]), min(member.node for member in item[1]), item[0]),
+    )
+    groups = [
+        Group(id=index, hash=digest, members=tuple(group))
+        for index, (digest, group) in enumerate(ordered, start=1)
+    ]
+    return groups, sorted(without)

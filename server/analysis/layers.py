@@ -1,0 +1,105 @@
+"""Where in the model two results part: the first divergent layer and the largest jump.
+
+Manifests are ``(name, kind, hash)`` in execution order. The reference manifest's order
+is the one walked; a layer missing from either side is skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._json import json_safe
+from .compare import Comparison, compare, no_evidence
+from .fingerprint import Fingerprint
+from .tolerance import Tolerance
+
+Manifest = Sequence[tuple[str, str, str]]
+LAYER = "layer"
+# Relative error measures in order of preference: exact, whole-tensor estimate, sample.
+_RELATIVE_ERRORS = ("rel_l2", "rel_l2_est", "max_rel")
+# The error a layer can have without any real divergence: one rounding of its dtype.
+_EPSILON = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
+
+
+def _compare_hashes(candidate: str, reference: str, fingerprints: Mapping[str, Fingerprint],
+                    tolerance: Tolerance | None) -> Comparison:
+    if candidate == reference:
+        known = fingerprints.get(reference) or Fingerprint(reference, "float32", ())
+        return compare(known, known)
+    if candidate not in fingerprints or reference not in fingerprints:
+        return no_evidence()
+    return compare(fingerprints[candidate], fingerprints[reference], tolerance=tolerance)
+
+
+def compare_manifests(
+    candidate: Manifest,
+    reference: Manifest,
+    fingerprints: Mapping[str, Fingerprint],
+    *,
+    kinds: Sequence[str] | None = None,
+    tolerance: Tolerance | None = None,
+) -> list[dict[str, Any]]:
+    """Per-tensor comparison of ``candidate`` against ``reference``, in reference order.
+
+    Only tensors present in both by name (and of ``kinds`` when given). ``order`` is the
+    position in the reference manifest. JSON-ready (infinite metrics become None).
+    """
+    by_name = {name: digest for name, _kind, digest in candidate}
+    rows = []
+    for order, (name, kind, digest) in enumerate(reference):
+        if name not in by_name or (kinds is not None and kind not in kinds):
+            continue
+        comparison = _compare_hashes(by_name[name], digest, fingerprints, tolerance)
+        dtype = fingerprints[digest].dtype if digest in fingerprints else None
+        rows.append({
+            "name": name, "kind": kind, "order": order, "dtype": dtype,
+            "verdict": comparison.verdict, "basis": comparison.basis,
+            "metrics": json_safe(comparison.metrics),
+        })
+    return rows
+
+
+def first_divergent_layer(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The first row (from ``compare_manifests``) that is not identical."""
+    for row in rows:
+        if row["verdict"] != "identical":
+            return {key: row[key] for key in ("name", "order", "verdict", "basis", "metrics")}
+    return None
+
+
+def relative_error(metrics: Mapping[str, float | None]) -> tuple[str, float] | None:
+    """The best available relative error of a comparison: (metric name, value)."""
+    for name in _RELATIVE_ERRORS:
+        value = metrics.get(name)
+        if value is not None and math.isfinite(value):
+            return name, float(value)
+    return None
+
+
+def largest_jump(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The layer whose relative error grows most over the previous layer's.
+
+    Ratios are taken against at least one rounding of the layer's dtype, so an error
+    appearing after identical layers is measured in units of epsilon rather than being
+    an infinite jump. None when every layer is identical.
+    """
+    best: dict[str, Any] | None = None
+    previous_error, previous_name = 0.0, None
+    for row in rows:
+        measured = (("rel_l2", 0.0) if row["verdict"] == "identical"
+                    else relative_error(row["metrics"]))
+        if measured is None:
+            previous_error, previous_name = 0.0, row["name"]
+            continue
+        metric, error = measured
+        floor = _EPSILON.get(row.get("dtype") or "", float(np.finfo(np.float32).eps))
+        ratio = error / max(previous_error, floor)
+        if error > 0 and (best is None or ratio > best["ratio"]):
+            best = {"name": row["name"], "order": row["order"], "previous": previous_name,
+                    "metric": metric, "rel_error": error, "ratio": ratio}
+        previous_error, previous_name = error, row["name"]
+    return best
