@@ -24,4 +24,11 @@ def _packages() -> list[str]:
     return sorted(set(found))
 
 
-setup(packages=_packages(), package_dir=ROOTS, package_data={"numparity_server": ["**/*.html", "**/*.js", "**/*.css"], "numparity_server.migrations": ["*.mako", "*.ini"]})
+setup(
+    packages=_packages(),
+    package_dir=ROOTS,
+    package_data={
+        "numparity_server": ["**/*.html", "**/*.js", "**/*.css"],
+        "numparity_server.migrations": ["*.mako"],
+    },
+)

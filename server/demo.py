@@ -90,11 +90,11 @@ def _cli(*argv: str) -> str:
     """Run a numparity-server subcommand in-process and return what it printed."""
     from numparity_server.cli import main
 
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(list(argv))
     if code:
-        raise RuntimeError(f"numparity-server {' '.join(argv)} exited {code}")
+        raise RuntimeError(f"numparity-server {' '.join(argv)} exited {code}: {err.getvalue()}")
     return out.getvalue().strip()
 
 

@@ -5,16 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 
-def _number(value: Any) -> str:
+def _number(value: Any, *, whole: bool = False) -> str:
     if value is None:
         return "n/a"
+    if whole:
+        return str(int(value))
     if isinstance(value, float):
         return f"{value:.3g}"
     return str(value)
 
 
-def _values(values: list[str]) -> str:
-    return "/".join(values)
+def _separation(item: dict[str, Any]) -> str:
+    """"MKL_CBWR (unset vs COMPATIBLE)"; long texts such as parallel_info are only named."""
+    sides = ["/".join(item["a"]), "/".join(item["b"])]
+    if any("\n" in side or len(side) > 40 for side in sides):
+        return f"{item['attribute']} (differs)"
+    return f"{item['attribute']} ({sides[0]} vs {sides[1]})"
 
 
 def format_divergence(payload: dict[str, Any]) -> str:
@@ -38,7 +44,7 @@ def format_divergence(payload: dict[str, Any]) -> str:
             f"  group {pair['a']} vs {pair['b']}: {pair['verdict']}"
             f" (max abs {_number(metrics.get('max_abs'))},"
             f" max rel {_number(metrics.get('max_rel'))},"
-            f" max ULP {_number(metrics.get('max_ulp'))}; from {pair['basis']})"
+            f" max ULP {_number(metrics.get('max_ulp'), whole=True)}; from {pair['basis']})"
         )
         layer = pair.get("first_divergent_layer")
         if layer:
@@ -47,10 +53,7 @@ def format_divergence(payload: dict[str, Any]) -> str:
         if not attribution:
             lines.append("    no recorded environment attribute separates these groups")
             continue
-        explained = "; ".join(
-            f"{item['attribute']} ({_values(item['a'])} vs {_values(item['b'])})"
-            for item in attribution
-        )
+        explained = "; ".join(_separation(item) for item in attribution)
         lines.append(f"    explained by: {explained}")
         if pair.get("indistinguishable"):
             lines.append("    (they go together in this fleet: it cannot tell them apart)")

@@ -1,0 +1,67 @@
+"""The FastAPI application."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+import numparity_server
+from numparity_server.divergence.api import router as divergence_router
+from numparity_server.health.api import router as health_router
+from numparity_server.kit import migrate
+from numparity_server.kit.db import get_engine, session_factory
+from numparity_server.kit.handlers import install_error_handlers
+from numparity_server.kit.settings import Settings, get_settings
+from numparity_server.runs.api import OPENAPI_MODELS
+from numparity_server.runs.api import router as runs_router
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if settings.migrate_on_start:
+            await run_in_threadpool(migrate.upgrade, settings.database_url)
+        yield
+
+    app = FastAPI(
+        title="numparity",
+        version=getattr(numparity_server, "__version__", "0.1.0"),
+        description="Do your machines compute the same numbers? Runs, divergence, audit.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = get_engine(settings)
+    app.state.session_factory = session_factory(app.state.engine)
+    install_error_handlers(app)
+    app.include_router(health_router)
+    app.include_router(runs_router)
+    app.include_router(divergence_router)
+    _document_models(app)
+    return app
+
+
+def _document_models(app: FastAPI) -> None:
+    """Add models of hand-read request bodies (the run document) to the OpenAPI schema."""
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = default_openapi()
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in OPENAPI_MODELS:
+            definition = model.model_json_schema(
+                by_alias=True, ref_template="#/components/schemas/{model}"
+            )
+            components.update(definition.pop("$defs", {}))
+            components[model.__name__] = definition
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

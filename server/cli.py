@@ -1,0 +1,206 @@
+"""``numparity-server``: migrate, serve, manage tokens, run the demo.
+
+Exit codes: 0 ok, 1 the command failed (message on stderr), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from numparity_server.kit.settings import Settings
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--database-url", default=argparse.SUPPRESS,
+                        help="SQLAlchemy URL (default: $NUMPARITY_DATABASE_URL, else "
+                             "sqlite:///./numparity.db)")
+    parser = argparse.ArgumentParser(
+        prog="numparity-server", parents=[common],
+        description="The numparity server: stores run documents and answers queries.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    migrate = commands.add_parser("migrate", parents=[common],
+                                  help="upgrade the database schema to the newest revision")
+    migrate.add_argument("--revision", default="head", help="target revision (default head)")
+
+    serve = commands.add_parser("serve", parents=[common], help="run the HTTP server (uvicorn)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--workers", type=int, default=1,
+                       help="server processes (PostgreSQL only for more than one)")
+    serve.add_argument("--migrate", action="store_true", help="migrate the database first")
+    serve.add_argument("--log-level", default="info")
+
+    token = commands.add_parser("token", help="create, list and revoke API tokens")
+    token_commands = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    create = token_commands.add_parser("create", parents=[common],
+                                       help="create a token and print it (shown once)")
+    create.add_argument("--role", required=True, choices=["agent", "reader", "admin"])
+    create.add_argument("--label", default="", help="who or what the token is for")
+    token_commands.add_parser("list", parents=[common], help="list tokens (never the tokens "
+                                                             "themselves)")
+    revoke = token_commands.add_parser("revoke", parents=[common], help="revoke a token by id")
+    revoke.add_argument("id", type=int)
+
+    commands.add_parser("demo", parents=[common], add_help=False,
+                        help="run the demonstration (the arguments after it go to the demo)")
+    return parser
+
+
+def _split_demo(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``[opts] demo ARGS`` → (``[opts] demo``, ``ARGS``): the demo parses its own options."""
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        if token == "demo":
+            return argv[: index + 1], argv[index + 1 :]
+        if token == "--database-url":
+            index += 2
+            continue
+        if not token.startswith("-"):
+            break
+        index += 1
+    return argv, []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    head, demo_args = _split_demo(list(sys.argv[1:] if argv is None else argv))
+    args = _parser().parse_args(head)
+    database_url = getattr(args, "database_url", None)
+    if database_url:
+        # Also for uvicorn's workers and the demo, which read the environment.
+        os.environ["NUMPARITY_DATABASE_URL"] = database_url
+    settings = Settings(database_url=database_url) if database_url else Settings()
+    try:
+        if args.command == "migrate":
+            return _migrate(settings, args.revision)
+        if args.command == "serve":
+            return _serve(settings, args)
+        if args.command == "token":
+            return _token(settings, args)
+        if args.command == "demo":
+            return _demo(demo_args)
+    except SQLAlchemyError as exc:
+        print(f"error: database {_safe_url(settings)}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    raise AssertionError(args.command)  # pragma: no cover - argparse enforces the choices
+
+
+def _safe_url(settings: Settings) -> str:
+    from sqlalchemy import make_url
+
+    return make_url(settings.database_url).render_as_string(hide_password=True)
+
+
+def _migrate(settings: Settings, revision: str) -> int:
+    from numparity_server.kit import migrate
+
+    migrate.upgrade(settings.database_url, revision)
+    print(f"database {_safe_url(settings)} is at revision {revision}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    from numparity_server.kit.db import is_sqlite
+
+    if args.workers < 1:
+        print("error: --workers must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    if args.workers > 1 and is_sqlite(settings.database_url):
+        print(f"error: --workers {args.workers} needs PostgreSQL: SQLite allows one writer, so "
+              "one server process serves it (set --database-url postgresql+psycopg://...)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if args.migrate:
+        _migrate(settings, "head")
+    import uvicorn
+
+    uvicorn.run("numparity_server.app:create_app", factory=True, host=args.host,
+                port=args.port, workers=args.workers, log_level=args.log_level)
+    return EXIT_OK
+
+
+def _token(settings: Settings, args: argparse.Namespace) -> int:
+    from numparity_server.auth import service
+    from numparity_server.kit.db import create_engine_for, session_factory
+    from numparity_server.kit.errors import DomainError
+    from numparity_server.kit.migrate import current_revision, head_revision
+
+    if _missing_sqlite_file(settings.database_url):
+        print(f"error: database {_safe_url(settings)} does not exist: run "
+              "`numparity-server migrate`", file=sys.stderr)
+        return EXIT_FAILED
+    engine = create_engine_for(settings.database_url, settings=settings, pooled=False)
+    try:
+        with engine.connect() as connection:
+            revision = current_revision(connection)
+        if revision != head_revision():
+            print(f"error: database {_safe_url(settings)} is not migrated (revision "
+                  f"{revision or 'none'}): run `numparity-server migrate`", file=sys.stderr)
+            return EXIT_FAILED
+        with session_factory(engine)() as session:
+            if args.token_command == "create":
+                created = service.create_token(session=session, role=args.role,
+                                               label=args.label)
+                print(created.token)
+                print(f"created token {created.id} ({created.role}, {created.label!r}); it is "
+                      "shown only once", file=sys.stderr)
+            elif args.token_command == "list":
+                _print_tokens(service.list_tokens(session=session))
+            else:
+                revoked = service.revoke_token(session=session, token_id=args.id)
+                print(f"revoked token {revoked.id} ({revoked.role}, {revoked.label!r})")
+    except DomainError as exc:
+        print(f"error: {exc.detail}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        engine.dispose()
+    return EXIT_OK
+
+
+def _missing_sqlite_file(url: str) -> bool:
+    """A SQLite file that is not there (connecting would create it as a side effect)."""
+    from pathlib import Path
+
+    from sqlalchemy import make_url
+
+    parsed = make_url(url)
+    database = parsed.database or ""
+    return (parsed.get_backend_name() == "sqlite" and database not in ("", ":memory:")
+            and not database.startswith("file:") and not Path(database).exists())
+
+
+def _print_tokens(tokens: Sequence[object]) -> None:
+    header = ("ID", "ROLE", "LABEL", "CREATED", "REVOKED")
+    rows = [header] + [
+        (str(t.id), t.role, t.label or "-",  # type: ignore[attr-defined]
+         t.created_at.strftime("%Y-%m-%d %H:%M:%SZ"),  # type: ignore[attr-defined]
+         t.revoked_at.strftime("%Y-%m-%d %H:%M:%SZ") if t.revoked_at else "-")  # type: ignore[attr-defined]
+        for t in tokens
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        print("  ".join(cells).rstrip())
+
+
+def _demo(demo_args: Sequence[str]) -> int:
+    try:
+        from numparity_server import demo
+    except ImportError as exc:
+        print(f"error: the demo is not available: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    return int(demo.main(list(demo_args)) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,6 @@
+"""Every dependency alias a route needs, in one place."""
+
+from numparity_server.auth.deps import AdminAuth, AgentAuth, ReaderAuth
+from numparity_server.kit.deps import DbSession, SettingsDep
+
+__all__ = ["AdminAuth", "AgentAuth", "DbSession", "ReaderAuth", "SettingsDep"]

@@ -1,0 +1,29 @@
+"""GET /api/v1/divergence."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from numparity_server.deps import DbSession, ReaderAuth
+from numparity_server.divergence import service
+from numparity_server.divergence.schemas import DivergenceOut
+
+router = APIRouter(prefix="/api/v1", tags=["analysis"])
+
+
+@router.get("/divergence", response_model=DivergenceOut)
+def get_divergence(
+    session: DbSession,
+    _principal: ReaderAuth,
+    workload: Annotated[str, Query(min_length=1)],
+    variant: Annotated[str, Query(min_length=1)],
+    tensor: str = "output",
+    suite: str = "standard",
+    workload_version: int | None = None,
+) -> DivergenceOut:
+    """Groups of the fleet's latest results of one key, the comparisons between groups,
+    the fp64 verdicts and the environment attributes that explain the split."""
+    return service.divergence(session=session, suite=suite, workload=workload, variant=variant,
+                              tensor=tensor, workload_version=workload_version)

@@ -1,0 +1,149 @@
+"""GET /divergence: feed the pure analysis with the fleet's latest results of one key."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from numparity_server import analysis
+from numparity_server.divergence import repository
+from numparity_server.divergence.repository import LatestResult
+from numparity_server.divergence.schemas import DivergenceKey, DivergenceOut, Excluded
+from numparity_server.kit.errors import NotFound
+from numparity_server.models import STAT_FIELDS, Fingerprint
+
+FP64_VARIANT = "fp64-reference"
+BASELINE_VARIANT = "strict"
+
+
+def divergence(
+    *, session: Session, suite: str, workload: str, variant: str, tensor: str,
+    workload_version: int | None = None,
+) -> DivergenceOut:
+    latest = repository.latest_ok_results(session, suite=suite, workload=workload,
+                                          variant=variant)
+    if not latest:
+        raise NotFound(f"no ok results for suite {suite!r}, workload {workload!r}, "
+                       f"variant {variant!r}")
+    version = workload_version if workload_version is not None else _newest_version(latest)
+    comparable, excluded = _comparable(latest, version)
+    if not comparable:
+        raise NotFound(f"no ok results of {workload!r} version {version} for variant "
+                       f"{variant!r}")
+    members = [_member(result) for result in comparable]
+    groups, _ = analysis.group_members(members, tensor)
+    wanted = {group.hash for group in groups}
+    for group in groups:
+        wanted.update(digest for _name, _kind, digest in group.representative.tensors)
+
+    reference = baseline = None
+    if variant != FP64_VARIANT:
+        reference_hash = _consensus_hash(session, suite, workload, FP64_VARIANT, tensor, version)
+        baseline_hash = _consensus_hash(session, suite, workload, BASELINE_VARIANT, tensor,
+                                        version, device="cpu")
+        wanted.update(h for h in (reference_hash, baseline_hash) if h)
+    loaded = load_fingerprints(session, wanted)
+    if variant != FP64_VARIANT:
+        reference = loaded.get(reference_hash) if reference_hash else None
+        baseline = loaded.get(baseline_hash) if baseline_hash else None
+
+    report = analysis.divergence_report(
+        members=members, tensor=tensor, fingerprints=loaded,
+        reference=reference, baseline=baseline,
+    )
+    key = DivergenceKey(suite=suite, workload=workload, workload_version=version,
+                        variant=variant, tensor=tensor)
+    return DivergenceOut.model_validate({"key": key, **report, "excluded": excluded})
+
+
+def _newest_version(results: Iterable[LatestResult]) -> int | None:
+    versions = [r.workload_version for r in results if r.workload_version is not None]
+    return max(versions) if versions else None
+
+
+def _comparable(results: list[LatestResult], version: int | None
+                ) -> tuple[list[LatestResult], list[Excluded]]:
+    """Results of one workload version on the fleet's inputs and parameters.
+
+    Different input or parameter bytes are a bug on that node, not a divergence
+    (DESIGN §2.1): such results are left out and named.
+    """
+    excluded: list[Excluded] = []
+    same_version = []
+    for result in results:
+        if version is not None and result.workload_version != version:
+            excluded.append(Excluded(node=result.node, run_id=result.run_id,
+                                     reason=f"workload version {result.workload_version}, "
+                                            f"not {version}"))
+        else:
+            same_version.append(result)
+    inputs = Counter((r.input_hash, r.param_hash) for r in same_version
+                     if r.input_hash is not None or r.param_hash is not None)
+    if not inputs:
+        return same_version, excluded
+    (fleet_input, fleet_param), _ = inputs.most_common(1)[0]
+    comparable = []
+    for result in same_version:
+        broken = [name for name, own, fleet in (("input_hash", result.input_hash, fleet_input),
+                                                ("param_hash", result.param_hash, fleet_param))
+                  if own is not None and fleet is not None and own != fleet]
+        if broken:
+            excluded.append(Excluded(node=result.node, run_id=result.run_id,
+                                     reason=f"{' and '.join(broken)} differ from the fleet's: "
+                                            "broken inputs, not a divergence"))
+        else:
+            comparable.append(result)
+    return comparable, excluded
+
+
+def _member(result: LatestResult) -> analysis.Member:
+    return analysis.Member(
+        node=result.node, run_id=result.run_id, env_key=result.env_key,
+        environment=result.environment,
+        tensors=tuple((e["name"], e["kind"], e["hash"]) for e in result.entries),
+    )
+
+
+def _consensus_hash(session: Session, suite: str, workload: str, variant: str, tensor: str,
+                    version: int | None, device: str | None = None) -> str | None:
+    """The most common hash of ``tensor`` among the latest ok results of another variant."""
+    hashes: Counter[str] = Counter()
+    for result in repository.latest_ok_results(session, suite=suite, workload=workload,
+                                               variant=variant):
+        if version is not None and result.workload_version != version:
+            continue
+        if device is not None and result.device != device:
+            continue
+        digest = _member(result).tensor_hash(tensor)
+        if digest is not None:
+            hashes[digest] += 1
+    return hashes.most_common(1)[0][0] if hashes else None
+
+
+def load_fingerprints(session: Session, hashes: Iterable[str]
+                      ) -> dict[str, analysis.Fingerprint]:
+    return {row.hash: to_analysis(row) for row in repository.fingerprints(session, hashes)}
+
+
+def to_analysis(row: Fingerprint) -> analysis.Fingerprint:
+    """The stored row as the analysis sees it: blobs decoded to numpy arrays."""
+    shape = tuple(int(n) for n in row.shape)
+    stats: dict[str, Any] | None = None
+    if row.count is not None:
+        stats = {field: getattr(row, field) for field in STAT_FIELDS}
+    return analysis.Fingerprint(
+        hash=row.hash, dtype=row.dtype, shape=shape, stats=stats,
+        sketch=_decode(row.sketch_dtype, row.sketch),
+        sample=_decode(row.sample_dtype, row.sample),
+        values=_decode(row.values_dtype, row.values, shape),
+    )
+
+
+def _decode(dtype: str | None, raw: bytes | None, shape: tuple[int, ...] | None = None
+            ) -> Any:
+    if raw is None or dtype is None:
+        return None
+    return analysis.decode_array(dtype, bytes(raw), shape)

@@ -1,0 +1,141 @@
+"""Engines and sessions: one engine per database URL.
+
+SQLite runs in WAL mode with a busy timeout, and every transaction starts with
+``BEGIN IMMEDIATE``: a deferred transaction that reads and then writes can fail with
+SQLITE_BUSY when another writer committed in between (the busy timeout does not help
+there), while an immediate one waits its turn. Readers are not blocked under WAL.
+PostgreSQL goes through psycopg 3 with a connection pool.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool, StaticPool
+
+from numparity_server.kit.settings import Settings
+
+_engines: dict[tuple[str, bool], Engine] = {}
+_lock = threading.Lock()
+
+
+def normalize_url(url: str | URL) -> URL:
+    """``postgres://`` and ``postgresql://`` use psycopg 3 (the driver the server ships)."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgres", "postgresql"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def is_sqlite(url: str | URL) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def create_engine_for(
+    url: str | URL, *, settings: Settings | None = None, pooled: bool = True
+) -> Engine:
+    """A new engine for ``url`` (``pooled=False``: one connection per use, for CLI/migrations)."""
+    settings = settings or Settings(database_url=str(url))
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(parsed, settings, pooled=pooled)
+    if not pooled:
+        return create_engine(parsed, poolclass=NullPool)
+    return create_engine(
+        parsed,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+        pool_pre_ping=True,
+    )
+
+
+def _sqlite_engine(url: URL, settings: Settings, *, pooled: bool) -> Engine:
+    memory = url.database in (None, "", ":memory:")
+    kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False}}
+    if memory:
+        kwargs["poolclass"] = StaticPool
+    elif not pooled:
+        kwargs["poolclass"] = NullPool
+    engine = create_engine(url, **kwargs)
+    busy_timeout = settings.sqlite_busy_timeout_ms
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control away from the sqlite3 module (see module docstring);
+        # PRAGMAs below must run outside a transaction.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout)}")
+        if not memory:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def get_engine(settings: Settings) -> Engine:
+    """The shared engine of ``settings.database_url`` (created on first use)."""
+    key = (str(normalize_url(settings.database_url)), True)
+    with _lock:
+        engine = _engines.get(key)
+        if engine is None:
+            engine = create_engine_for(settings.database_url, settings=settings)
+            _engines[key] = engine
+        return engine
+
+
+def dispose_engine(url: str | URL) -> None:
+    """Close the pooled connections of ``url``'s shared engine (tests drop databases)."""
+    key = (str(normalize_url(url)), True)
+    with _lock:
+        engine = _engines.pop(key, None)
+    if engine is not None:
+        engine.dispose()
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(bind=engine, expire_on_commit=False, autoflush=False)
+
+
+def chunked(items: Sequence[Any], size: int = 500) -> Iterator[Sequence[Any]]:
+    """Slices of ``items`` small enough for an ``IN (...)`` on any backend."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def insert_ignoring_conflicts(
+    session: Session, table: Any, rows: Iterable[dict[str, Any]], *, keys: Sequence[str]
+) -> None:
+    """Bulk ``INSERT ... ON CONFLICT (keys) DO NOTHING`` (content-addressed rows).
+
+    Safe against a concurrent writer inserting the same key between our check and our
+    insert: the loser's row is simply skipped.
+    """
+    rows = list(rows)
+    if not rows:
+        return
+    session.execute(dialect_insert(session, table).on_conflict_do_nothing(index_elements=keys),
+                    rows)
+
+
+def dialect_insert(session: Session, table: Any) -> Any:
+    """The backend's INSERT construct (both SQLite and PostgreSQL know ON CONFLICT)."""
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    name = session.get_bind().dialect.name
+    if name == "postgresql":
+        return postgresql.insert(table)
+    if name == "sqlite":
+        return sqlite.insert(table)
+    raise RuntimeError(f"unsupported database backend {name!r}")  # pragma: no cover

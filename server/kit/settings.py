@@ -1,0 +1,35 @@
+"""Server settings: one pydantic-settings class, environment prefix ``NUMPARITY_``."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIB = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="NUMPARITY_", extra="ignore")
+
+    database_url: str = "sqlite:///./numparity.db"
+    # Run Alembic to head when the app starts. With several replicas prefer
+    # `numparity-server migrate` (or `serve --migrate`) once, before they start.
+    migrate_on_start: bool = False
+    # Upper bound of a request body, before and after gzip decoding.
+    max_body_bytes: int = Field(default=32 * MIB, gt=0)
+    # Opens read endpoints to anyone who can reach the server (trusted networks only).
+    # Writes always need a token.
+    open_reads: bool = False
+    page_default: int = Field(default=50, gt=0)
+    page_max: int = Field(default=500, gt=0)
+    db_pool_size: int = Field(default=5, gt=0)
+    db_max_overflow: int = Field(default=10, ge=0)
+    sqlite_busy_timeout_ms: int = Field(default=30_000, ge=0)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings; tests call ``get_settings.cache_clear()`` or pass their own."""
+    return Settings()

@@ -1,0 +1,22 @@
+"""ORM models (DESIGN §3.1). Importing this package registers every table on ``Base``."""
+
+from numparity_server.models.base import Base, UTCDateTime, utcnow
+from numparity_server.models.content import STAT_FIELDS, Fingerprint, Manifest
+from numparity_server.models.fleet import Environment, Node
+from numparity_server.models.runs import Latest, Result, Run
+from numparity_server.models.tokens import Token
+
+__all__ = [
+    "STAT_FIELDS",
+    "Base",
+    "Environment",
+    "Fingerprint",
+    "Latest",
+    "Manifest",
+    "Node",
+    "Result",
+    "Run",
+    "Token",
+    "UTCDateTime",
+    "utcnow",
+]

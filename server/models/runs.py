@@ -1,0 +1,86 @@
+"""Runs, their results, and the newest result per (node, suite, workload, variant)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from numparity_server.models.base import Base, BigId, UTCDateTime, utcnow
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(64), unique=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"), index=True)
+    environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"), index=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    agent_version: Mapped[str | None] = mapped_column(String(64))
+    # sha256 of the canonical JSON of the document: an identical re-upload is a no-op.
+    document_sha256: Mapped[str] = mapped_column(String(64))
+    drill: Mapped[bool] = mapped_column(Boolean, default=False)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+
+
+class Result(Base):
+    """One (workload, variant) of a run: its status and, when ok, its manifest."""
+
+    __tablename__ = "results"
+    __table_args__ = (
+        UniqueConstraint("run_id", "suite", "workload", "variant", "device"),
+        Index("ix_results_key", "suite", "workload", "variant"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    suite: Mapped[str] = mapped_column(String(64))
+    workload: Mapped[str] = mapped_column(String(128))
+    workload_version: Mapped[int | None] = mapped_column(Integer)
+    variant: Mapped[str] = mapped_column(String(64))
+    device: Mapped[str] = mapped_column(String(64), default="")
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
+    input_hash: Mapped[str | None] = mapped_column(String(128))
+    param_hash: Mapped[str | None] = mapped_column(String(128))
+    manifest_hash: Mapped[str | None] = mapped_column(ForeignKey("manifests.hash"), index=True)
+    wall_s: Mapped[float | None] = mapped_column(Float)
+    repeats: Mapped[int | None] = mapped_column(Integer)
+    repeats_agree: Mapped[bool | None] = mapped_column(Boolean)
+    knobs: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class Latest(Base):
+    """The newest result of each node per key, kept current on ingest (by ``started_at``,
+    so a spooled run uploaded late does not hide a newer one)."""
+
+    __tablename__ = "latest"
+    __table_args__ = (
+        UniqueConstraint("node_id", "suite", "workload", "variant"),
+        Index("ix_latest_key", "suite", "workload", "variant"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"))
+    suite: Mapped[str] = mapped_column(String(64))
+    workload: Mapped[str] = mapped_column(String(128))
+    variant: Mapped[str] = mapped_column(String(64))
+    result_id: Mapped[int] = mapped_column(
+        ForeignKey("results.id", ondelete="CASCADE"), index=True
+    )
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -1,0 +1,76 @@
+"""Routes of the ingest path: POST /runs, POST /fingerprints/missing, GET /runs/{run_id}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response, status
+from starlette.concurrency import run_in_threadpool
+
+from numparity_server.deps import AgentAuth, DbSession, ReaderAuth, SettingsDep
+from numparity_server.kit.body import parse_json_object, read_body
+from numparity_server.kit.pagination import Page, Pagination
+from numparity_server.runs import service
+from numparity_server.runs.schemas import (
+    MissingIn,
+    MissingOut,
+    RunCreated,
+    RunDocument,
+    RunListItem,
+    RunSummary,
+)
+
+router = APIRouter(prefix="/api/v1", tags=["runs"])
+
+_ERROR = {"content": {"application/json": {"example": {"error": "code", "detail": "..."}}}}
+
+# The body is read by hand (size limit, gzip); this documents it in OpenAPI all the same.
+_RUN_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RunDocument"}}},
+        "description": "A run document (numparity.run/v1); may be sent with "
+                       "Content-Encoding: gzip.",
+    }
+}
+
+
+@router.post(
+    "/runs",
+    response_model=RunCreated,
+    status_code=status.HTTP_201_CREATED,
+    openapi_extra=_RUN_BODY,
+    responses={200: {"model": RunCreated, "description": "The same document was already stored"},
+               400: _ERROR, 401: _ERROR, 403: _ERROR, 409: _ERROR, 413: _ERROR, 422: _ERROR},
+)
+async def upload_run(
+    request: Request, response: Response, session: DbSession, settings: SettingsDep,
+    _principal: AgentAuth,
+) -> RunCreated:
+    document = parse_json_object(await read_body(request, limit=settings.max_body_bytes))
+    # The service is synchronous (SQLAlchemy); keep the event loop free while it runs.
+    outcome = await run_in_threadpool(service.ingest_run, session=session, document=document)
+    if not outcome.created:
+        response.status_code = status.HTTP_200_OK
+    return outcome.run
+
+
+@router.post("/fingerprints/missing", response_model=MissingOut)
+def missing_fingerprints(body: MissingIn, session: DbSession, _principal: AgentAuth) -> MissingOut:
+    return service.missing_fingerprints(session=session, hashes=body.hashes)
+
+
+@router.get("/runs", response_model=Page[RunListItem])
+def list_runs(
+    session: DbSession, _principal: ReaderAuth, page: Pagination, node: str | None = None
+) -> Page[RunListItem]:
+    """Runs, newest first (optionally of one node)."""
+    return service.list_runs(session=session, node=node, limit=page.limit, offset=page.offset)
+
+
+@router.get("/runs/{run_id}", response_model=RunSummary)
+def get_run(run_id: str, session: DbSession, _principal: ReaderAuth) -> RunSummary:
+    return service.run_summary(session=session, run_id=run_id)
+
+
+OPENAPI_MODELS = (RunDocument,)

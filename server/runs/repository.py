@@ -1,0 +1,119 @@
+"""Queries and bulk writes of the ingest path."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from numparity_server.kit.db import chunked, dialect_insert, insert_ignoring_conflicts
+from numparity_server.models import Environment, Fingerprint, Latest, Manifest, Node, Result, Run
+
+
+def find_run(session: Session, run_id: str) -> Run | None:
+    return session.scalar(select(Run).where(Run.run_id == run_id))
+
+
+def count_results(session: Session, run_pk: int) -> int:
+    query = select(func.count()).select_from(Result).where(Result.run_id == run_pk)
+    return session.scalar(query) or 0
+
+
+def upsert_node(session: Session, *, name: str, labels: dict[str, Any], seen_at: datetime) -> Node:
+    insert_ignoring_conflicts(
+        session, Node.__table__,
+        [{"name": name, "labels": labels, "first_seen": seen_at, "last_seen": seen_at}],
+        keys=["name"],
+    )
+    node = session.scalars(select(Node).where(Node.name == name)).one()
+    node.labels = labels
+    node.last_seen = max(node.last_seen, seen_at)
+    return node
+
+
+def ensure_environment(session: Session, *, row: dict[str, Any]) -> int:
+    insert_ignoring_conflicts(session, Environment.__table__, [row], keys=["env_key"])
+    return session.scalars(
+        select(Environment.id).where(Environment.env_key == row["env_key"])
+    ).one()
+
+
+def existing_fingerprints(session: Session, hashes: Iterable[str]) -> set[str]:
+    wanted = sorted(set(hashes))
+    found: set[str] = set()
+    for part in chunked(wanted):
+        found.update(session.scalars(select(Fingerprint.hash).where(Fingerprint.hash.in_(part))))
+    return found
+
+
+def insert_fingerprints(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    insert_ignoring_conflicts(session, Fingerprint.__table__, rows, keys=["hash"])
+
+
+def insert_manifests(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    insert_ignoring_conflicts(session, Manifest.__table__, rows, keys=["hash"])
+
+
+def upsert_latest(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    """Point (node, suite, workload, variant) at these results unless a newer run holds it."""
+    if not rows:
+        return
+    table = Latest.__table__
+    stmt = dialect_insert(session, table)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["node_id", "suite", "workload", "variant"],
+        set_={"result_id": stmt.excluded.result_id, "started_at": stmt.excluded.started_at},
+        where=table.c.started_at <= stmt.excluded.started_at,
+    )
+    session.execute(stmt, list(rows))
+
+
+def run_summary_rows(
+    session: Session, run_id: str
+) -> tuple[Run, str, str, Sequence[Result]] | None:
+    row = session.execute(
+        select(Run, Node.name, Environment.env_key)
+        .join(Node, Node.id == Run.node_id)
+        .join(Environment, Environment.id == Run.environment_id)
+        .where(Run.run_id == run_id)
+    ).one_or_none()
+    if row is None:
+        return None
+    run, node_name, env_key = row
+    results = session.scalars(
+        select(Result).where(Result.run_id == run.id).order_by(Result.id)
+    ).all()
+    return run, node_name, env_key, results
+
+
+def manifest_sizes(session: Session, hashes: Iterable[str]) -> dict[str, int]:
+    wanted = sorted(set(hashes))
+    sizes: dict[str, int] = {}
+    for part in chunked(wanted):
+        for manifest_hash, count in session.execute(
+            select(Manifest.hash, Manifest.tensor_count).where(Manifest.hash.in_(part))
+        ):
+            sizes[manifest_hash] = count
+    return sizes
+
+
+def list_runs(
+    session: Session, *, node: str | None, limit: int, offset: int
+) -> tuple[int, Sequence[Any]]:
+    """Newest first; the total count for the pager."""
+    query = (
+        select(Run.id, Run.run_id, Node.name.label("node"), Environment.env_key,
+               Run.agent_version, Run.started_at, Run.received_at, Run.drill)
+        .join(Node, Node.id == Run.node_id)
+        .join(Environment, Environment.id == Run.environment_id)
+    )
+    if node is not None:
+        query = query.where(Node.name == node)
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = session.execute(
+        query.order_by(Run.started_at.desc(), Run.id.desc()).limit(limit).offset(offset)
+    ).all()
+    return total, rows

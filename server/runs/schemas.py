@@ -1,0 +1,254 @@
+"""The run document ``numparity.run/v1`` (DESIGN §2.7), as the server validates it.
+
+Unknown fields are ignored (a new field is not a new schema version). Wire arrays are
+decoded here, so a broken array is a 422 that names its tensor, and the raw bytes are
+kept for storage.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+SUPPORTED_SCHEMAS = ("numparity.run/v1",)
+
+SHA256_HEX = r"^[0-9a-f]{64}$"
+KINDS = ("output", "layer", "grad", "param", "loss", "probe")
+
+# Bytes per element of the dtypes the agent writes (torch names; bfloat16 travels as its
+# raw 16-bit patterns).
+ITEMSIZE: dict[str, int] = {
+    "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+    "int8": 1, "int16": 2, "int32": 4, "int64": 8,
+    "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1,
+}
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class WireArray(_Wire):
+    """``{"dtype", "data"}``: base64 of little-endian bytes."""
+
+    dtype: str
+    data: str
+    _raw: bytes = PrivateAttr(default=b"")
+
+    @property
+    def raw(self) -> bytes:
+        return self._raw
+
+    def decode(self, what: str) -> int:
+        """Decode ``data``; the element count. ValueError names ``what`` when it is broken."""
+        size = ITEMSIZE.get(self.dtype)
+        if size is None:
+            raise ValueError(f"{what}: unsupported dtype {self.dtype!r}")
+        try:
+            self._raw = base64.b64decode(self.data, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError(f"{what}: data is not valid base64") from None
+        if len(self._raw) % size:
+            raise ValueError(f"{what}: {len(self._raw)} bytes is not a whole number of "
+                             f"{self.dtype} elements")
+        return len(self._raw) // size
+
+
+class SketchArray(WireArray):
+    k: int = Field(gt=0)
+
+
+class SampleArray(WireArray):
+    m: int = Field(ge=0)
+
+
+class TensorStats(_Wire):
+    count: int = Field(ge=0)
+    nan: int = Field(ge=0)
+    inf: int = Field(ge=0)
+    zero: int = Field(ge=0)
+    subnormal: int = Field(ge=0)
+    fp16_overflow: int = Field(ge=0)
+    fp16_underflow: int = Field(ge=0)
+    min: float | None = None
+    max: float | None = None
+    mean: float | None = None
+    std: float | None = None
+    abs_max: float | None = None
+    l2: float | None = None
+
+
+class TensorEntry(_Wire):
+    """A fingerprint (DESIGN §2.4), or a bare reference to one: name, kind, order, hash."""
+
+    name: str = Field(min_length=1, max_length=512)
+    kind: Literal["output", "layer", "grad", "param", "loss", "probe"]
+    order: int = Field(ge=0)
+    hash: str = Field(pattern=SHA256_HEX)
+    dtype: str | None = None
+    shape: list[int] | None = None
+    stats: TensorStats | None = None
+    sketch: SketchArray | None = None
+    sample: SampleArray | None = None
+    values: WireArray | None = None
+
+    @property
+    def is_bare(self) -> bool:
+        return all(getattr(self, field) is None for field in _FULL_FIELDS)
+
+    @model_validator(mode="after")
+    def _check_full_fingerprint(self) -> TensorEntry:
+        if self.is_bare:
+            return self
+        what = f"tensor {self.name!r}"
+        if self.dtype is None or self.shape is None:
+            missing = "dtype" if self.dtype is None else "shape"
+            raise ValueError(f"{what}: a fingerprint needs {missing} (a reference to a known "
+                             "fingerprint carries only name, kind, order and hash)")
+        if self.dtype not in ITEMSIZE:
+            raise ValueError(f"{what}: unsupported dtype {self.dtype!r}")
+        if any(n < 0 for n in self.shape):
+            raise ValueError(f"{what}: negative dimension in shape {self.shape}")
+        if self.sketch is not None:
+            k = self.sketch.decode(f"{what} sketch")
+            if k != self.sketch.k:
+                raise ValueError(f"{what} sketch: data holds {k} elements, k is {self.sketch.k}")
+        if self.sample is not None:
+            m = self.sample.decode(f"{what} sample")
+            if m != self.sample.m:
+                raise ValueError(f"{what} sample: data holds {m} elements, m is {self.sample.m}")
+        if self.values is not None:
+            n = self.values.decode(f"{what} values")
+            numel = math.prod(self.shape)
+            if n != numel:
+                raise ValueError(f"{what} values: data holds {n} {self.values.dtype} elements, "
+                                 f"shape {self.shape} needs {numel}")
+        return self
+
+
+_FULL_FIELDS = ("dtype", "shape", "stats", "sketch", "sample", "values")
+
+
+class ResultDoc(_Wire):
+    suite: str = Field(default="standard", min_length=1, max_length=64)
+    workload: str = Field(min_length=1, max_length=128)
+    workload_version: int | None = None
+    variant: str = Field(min_length=1, max_length=64)
+    device: str = Field(default="", max_length=64)
+    status: Literal["ok", "skipped", "failed"]
+    reason: str | None = None
+    error: str | None = None
+    input_hash: str | None = Field(default=None, max_length=128)
+    param_hash: str | None = Field(default=None, max_length=128)
+    repeats: int | None = Field(default=None, ge=0)
+    repeats_agree: bool | None = None
+    wall_s: float | None = Field(default=None, ge=0)
+    knobs: dict[str, Any] | None = None
+    tensors: list[TensorEntry] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> ResultDoc:
+        if self.status == "skipped" and not self.reason:
+            raise ValueError("a skipped result needs a reason")
+        if self.status == "failed" and not self.error:
+            raise ValueError("a failed result needs an error")
+        seen: set[str] = set()
+        for tensor in self.tensors:
+            if tensor.name in seen:
+                raise ValueError(f"tensor name {tensor.name!r} appears twice")
+            seen.add(tensor.name)
+        return self
+
+
+class NodeDoc(_Wire):
+    name: str = Field(min_length=1, max_length=255)
+    labels: dict[str, Any] = Field(default_factory=dict)
+
+
+class EnvironmentDoc(BaseModel):
+    """The environment document: free-form, but keyed by ``env_key`` (DESIGN §2.5)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    env_key: str = Field(pattern=SHA256_HEX)
+
+
+class RunDocument(_Wire):
+    schema_: str = Field(alias="schema")
+    run_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+    node: NodeDoc
+    agent_version: str | None = Field(default=None, max_length=64)
+    started_at: datetime
+    finished_at: datetime | None = None
+    drill: bool = False
+    environment: EnvironmentDoc
+    results: list[ResultDoc] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_results(self) -> RunDocument:
+        seen: set[tuple[str, str, str, str]] = set()
+        for result in self.results:
+            key = (result.suite, result.workload, result.variant, result.device)
+            if key in seen:
+                raise ValueError(f"result {key} appears twice")
+            seen.add(key)
+        return self
+
+
+class RunCreated(BaseModel):
+    id: int
+    run_id: str
+    results: int
+
+
+class ResultSummary(BaseModel):
+    suite: str
+    workload: str
+    workload_version: int | None
+    variant: str
+    device: str
+    status: str
+    reason: str | None
+    error: str | None
+    manifest_hash: str | None
+    tensors: int
+    repeats: int | None
+    repeats_agree: bool | None
+    wall_s: float | None
+
+
+class RunSummary(BaseModel):
+    id: int
+    run_id: str
+    node: str
+    env_key: str
+    agent_version: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    received_at: datetime
+    drill: bool
+    results: list[ResultSummary]
+
+
+class MissingIn(BaseModel):
+    hashes: list[str] = Field(max_length=100_000)
+
+
+class MissingOut(BaseModel):
+    missing: list[str]
+
+
+class RunListItem(BaseModel):
+    id: int
+    run_id: str
+    node: str
+    env_key: str
+    agent_version: str | None
+    started_at: datetime
+    received_at: datetime
+    drill: bool

@@ -1,0 +1,265 @@
+"""Ingest of run documents: validated, content-addressed, one transaction (DESIGN §3.1/3.2)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from numparity_server.kit.errors import Conflict, InvalidDocument, NotFound, UnsupportedSchema
+from numparity_server.kit.pagination import Page
+from numparity_server.models import STAT_FIELDS, Result, Run, utcnow
+from numparity_server.runs import repository
+from numparity_server.runs.schemas import (
+    SUPPORTED_SCHEMAS,
+    MissingOut,
+    ResultDoc,
+    ResultSummary,
+    RunCreated,
+    RunDocument,
+    RunListItem,
+    RunSummary,
+    TensorEntry,
+)
+
+
+@dataclass(frozen=True)
+class IngestOutcome:
+    run: RunCreated
+    created: bool  # False: the identical document was already stored
+
+
+def document_sha256(document: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON, so a re-serialised identical document still matches."""
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def manifest_hash(entries: list[tuple[str, str, str]]) -> str:
+    """sha256 of the ordered (name, kind, hash) triples as canonical JSON."""
+    canonical = json.dumps([list(entry) for entry in entries], separators=(",", ":"),
+                           ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def validate_document(document: dict[str, Any]) -> RunDocument:
+    schema = document.get("schema")
+    if schema is None:
+        raise InvalidDocument.at(["body", "schema"], "Field required")
+    if schema not in SUPPORTED_SCHEMAS:
+        raise UnsupportedSchema(
+            f"unsupported schema {schema!r}; supported: {', '.join(SUPPORTED_SCHEMAS)}"
+        )
+    try:
+        return RunDocument.model_validate(document)
+    except ValidationError as exc:
+        raise InvalidDocument(
+            [{"loc": ["body", *e["loc"]], "msg": e["msg"]} for e in exc.errors()]
+        ) from None
+
+
+def ingest_run(*, session: Session, document: dict[str, Any]) -> IngestOutcome:
+    run = validate_document(document)
+    sha256 = document_sha256(document)
+    existing = repository.find_run(session, run.run_id)
+    if existing is not None:
+        return _replay(session, existing, sha256)
+    try:
+        created = _store(session, run, sha256)
+        session.commit()
+    except IntegrityError:
+        # Another request stored the same run_id between our check and our insert.
+        session.rollback()
+        existing = repository.find_run(session, run.run_id)
+        if existing is None:
+            raise
+        return _replay(session, existing, sha256)
+    return IngestOutcome(run=created, created=True)
+
+
+def _replay(session: Session, existing: Run, sha256: str) -> IngestOutcome:
+    if existing.document_sha256 != sha256:
+        raise Conflict(
+            f"run {existing.run_id!r} was already uploaded with different content; "
+            "a run_id identifies one document"
+        )
+    count = repository.count_results(session, existing.id)
+    return IngestOutcome(RunCreated(id=existing.id, run_id=existing.run_id, results=count),
+                         created=False)
+
+
+def _store(session: Session, run: RunDocument, sha256: str) -> RunCreated:
+    now = utcnow()
+    node = repository.upsert_node(session, name=run.node.name, labels=run.node.labels,
+                                  seen_at=now)
+    environment = run.environment.model_dump(mode="json")
+    environment_id = repository.ensure_environment(
+        session, row={"env_key": run.environment.env_key, "document": environment,
+                      "first_seen": now, **promoted_columns(environment)},
+    )
+    _store_fingerprints(session, run, now=now)
+
+    manifests: dict[str, dict[str, Any]] = {}
+    result_manifest: list[str | None] = []
+    for result in run.results:
+        if result.status != "ok":
+            result_manifest.append(None)
+            continue
+        triples = [(t.name, t.kind, t.hash) for t in _ordered(result.tensors)]
+        digest = manifest_hash(triples)
+        manifests.setdefault(digest, {
+            "hash": digest,
+            "entries": [{"name": n, "kind": k, "hash": h} for n, k, h in triples],
+            "tensor_count": len(triples),
+            "created_at": now,
+        })
+        result_manifest.append(digest)
+    repository.insert_manifests(session, [manifests[h] for h in sorted(manifests)])
+
+    run_row = Run(
+        run_id=run.run_id, node_id=node.id, environment_id=environment_id,
+        started_at=run.started_at, finished_at=run.finished_at,
+        agent_version=run.agent_version, document_sha256=sha256, drill=run.drill,
+        received_at=now,
+    )
+    session.add(run_row)
+    session.flush()
+    results = [_result_row(run_row.id, result, digest)
+               for result, digest in zip(run.results, result_manifest, strict=True)]
+    session.add_all(results)
+    session.flush()
+
+    # Within one document the last result of a key wins (one per device at most).
+    latest: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for row in results:
+        latest[(row.suite, row.workload, row.variant)] = {
+            "node_id": node.id, "suite": row.suite, "workload": row.workload,
+            "variant": row.variant, "result_id": row.id, "started_at": run.started_at,
+        }
+    repository.upsert_latest(session, list(latest.values()))
+    return RunCreated(id=run_row.id, run_id=run.run_id, results=len(results))
+
+
+def _ordered(tensors: list[TensorEntry]) -> list[TensorEntry]:
+    return [t for _, t in sorted(enumerate(tensors), key=lambda it: (it[1].order, it[0]))]
+
+
+def _store_fingerprints(session: Session, run: RunDocument, *, now: Any) -> None:
+    full: dict[str, TensorEntry] = {}
+    bare: list[tuple[list[str | int], TensorEntry]] = []
+    for i, result in enumerate(run.results):
+        for j, tensor in enumerate(result.tensors):
+            if tensor.is_bare:
+                bare.append((["body", "results", i, "tensors", j, "hash"], tensor))
+            else:
+                full.setdefault(tensor.hash, tensor)
+    known = repository.existing_fingerprints(
+        session, [*full, *(tensor.hash for _, tensor in bare)]
+    )
+    unknown = [(loc, t) for loc, t in bare if t.hash not in known and t.hash not in full]
+    if unknown:
+        raise InvalidDocument([
+            {"loc": loc, "msg": f"unknown fingerprint {t.hash} of tensor {t.name!r}: the server "
+                                "does not have it, send the full fingerprint"}
+            for loc, t in unknown
+        ])
+    # Sorted by hash: concurrent ingests then take row locks in one order (no deadlock).
+    repository.insert_fingerprints(
+        session,
+        [fingerprint_row(full[h], now=now) for h in sorted(full) if h not in known],
+    )
+
+
+def fingerprint_row(tensor: TensorEntry, *, now: Any) -> dict[str, Any]:
+    stats = tensor.stats.model_dump() if tensor.stats is not None else {}
+    row: dict[str, Any] = {"hash": tensor.hash, "dtype": tensor.dtype, "shape": tensor.shape,
+                           "created_at": now}
+    row.update({field: stats.get(field) for field in STAT_FIELDS})
+    for name in ("sketch", "sample", "values"):
+        array = getattr(tensor, name)
+        row[name] = array.raw if array is not None else None
+        row[f"{name}_dtype"] = array.dtype if array is not None else None
+    return row
+
+
+def _result_row(run_pk: int, result: ResultDoc, digest: str | None) -> Result:
+    return Result(
+        run_id=run_pk, suite=result.suite, workload=result.workload,
+        workload_version=result.workload_version, variant=result.variant,
+        device=result.device, status=result.status, reason=result.reason,
+        error=result.error, input_hash=result.input_hash, param_hash=result.param_hash,
+        manifest_hash=digest, wall_s=result.wall_s, repeats=result.repeats,
+        repeats_agree=result.repeats_agree, knobs=result.knobs,
+    )
+
+
+_PROMOTED_LENGTHS = {"gpu_name": 255, "compute_capability": 16, "driver": 64, "cuda": 64,
+                     "cudnn": 64, "torch": 64, "cpu_capability": 64, "cpu_model": 255}
+
+
+def promoted_columns(environment: dict[str, Any]) -> dict[str, str | None]:
+    """The attributes inventories filter on, lifted out of the environment document."""
+
+    def section(value: Any) -> dict[str, Any]:
+        return value if isinstance(value, dict) else {}
+
+    gpus = environment.get("gpus")
+    gpu = section(gpus[0]) if isinstance(gpus, list) and gpus else {}
+    torch = section(environment.get("torch"))
+    cpu = section(environment.get("cpu"))
+    values = {
+        "gpu_name": gpu.get("name"),
+        "compute_capability": gpu.get("compute_capability"),
+        "driver": gpu.get("driver"),
+        "cuda": torch.get("cuda"),
+        "cudnn": torch.get("cudnn"),
+        "torch": torch.get("version"),
+        "cpu_capability": cpu.get("capability"),
+        "cpu_model": cpu.get("model"),
+    }
+    return {name: None if value is None else str(value)[: _PROMOTED_LENGTHS[name]]
+            for name, value in values.items()}
+
+
+def missing_fingerprints(*, session: Session, hashes: list[str]) -> MissingOut:
+    wanted = list(dict.fromkeys(hashes))
+    known = repository.existing_fingerprints(session, wanted)
+    return MissingOut(missing=[h for h in wanted if h not in known])
+
+
+def run_summary(*, session: Session, run_id: str) -> RunSummary:
+    found = repository.run_summary_rows(session, run_id)
+    if found is None:
+        raise NotFound(f"no run with run_id {run_id!r}")
+    run, node_name, env_key, results = found
+    sizes = repository.manifest_sizes(session, [r.manifest_hash for r in results
+                                                if r.manifest_hash])
+    return RunSummary(
+        id=run.id, run_id=run.run_id, node=node_name, env_key=env_key,
+        agent_version=run.agent_version, started_at=run.started_at,
+        finished_at=run.finished_at, received_at=run.received_at, drill=run.drill,
+        results=[
+            ResultSummary(
+                suite=r.suite, workload=r.workload, workload_version=r.workload_version,
+                variant=r.variant, device=r.device, status=r.status, reason=r.reason,
+                error=r.error, manifest_hash=r.manifest_hash,
+                tensors=sizes.get(r.manifest_hash, 0) if r.manifest_hash else 0,
+                repeats=r.repeats, repeats_agree=r.repeats_agree, wall_s=r.wall_s,
+            )
+            for r in results
+        ],
+    )
+
+
+def list_runs(*, session: Session, node: str | None, limit: int, offset: int
+              ) -> Page[RunListItem]:
+    total, rows = repository.list_runs(session, node=node, limit=limit, offset=offset)
+    return Page[RunListItem](
+        items=[RunListItem.model_validate(row, from_attributes=True) for row in rows],
+        total=total, limit=limit, offset=offset,
+    )

@@ -1,0 +1,185 @@
+"""Shared database fixtures: every database test runs on SQLite and on PostgreSQL.
+
+- ``database_url``: an empty database, fresh per test. SQLite: a file in ``tmp_path``.
+  PostgreSQL: a uniquely named database created on the server of
+  ``NUMPARITY_TEST_DATABASE_URL`` and dropped afterwards (skipped when it is unset).
+- ``migrated_database_url``: the same, migrated to head.
+- ``live_server``: ``numparity-server serve`` as a real uvicorn subprocess on a free
+  loopback port, with an agent, a reader and an admin token made by the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from sqlalchemy import make_url
+
+TEST_DATABASE_ENV = "NUMPARITY_TEST_DATABASE_URL"
+
+
+def _libpq_url(url: str) -> str:
+    """A SQLAlchemy URL as psycopg's connection string."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'numparity.db'}"
+        from numparity_server.kit.db import dispose_engine
+
+        dispose_engine(f"sqlite:///{tmp_path / 'numparity.db'}")
+        return
+
+    base = os.environ.get(TEST_DATABASE_ENV)
+    if not base:
+        pytest.skip(f"{TEST_DATABASE_ENV} is unset")
+    name = f"numparity_test_{uuid.uuid4().hex[:16]}"
+    parsed = make_url(base)
+    if parsed.drivername in ("postgres", "postgresql"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    url = parsed.set(database=name).render_as_string(hide_password=False)
+    with psycopg.connect(_libpq_url(base), autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield url
+    finally:
+        from numparity_server.kit.db import dispose_engine
+
+        dispose_engine(url)
+        with psycopg.connect(_libpq_url(base), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def migrated_database_url(database_url: str) -> str:
+    from numparity_server.kit import migrate
+
+    migrate.upgrade(database_url)
+    return database_url
+
+
+def server_command() -> list[str]:
+    """The installed ``numparity-server`` script (next to this Python), else ``-m``."""
+    script = Path(sys.executable).with_name("numparity-server")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("numparity-server")
+    return [found] if found else [sys.executable, "-m", "numparity_server.cli"]
+
+
+def run_cli(*args: str, database_url: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``numparity-server ARGS`` against ``database_url``; fails the test on error."""
+    env = {**os.environ, "NUMPARITY_DATABASE_URL": database_url}
+    done = subprocess.run([*server_command(), *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, f"numparity-server {' '.join(args)} failed:\n{done.stderr}"
+    return done
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LiveServer:
+    base_url: str
+    database_url: str
+    agent_token: str
+    reader_token: str
+    admin_token: str
+    log_path: Path
+    process: subprocess.Popen = field(repr=False)
+
+    def headers(self, role: str = "reader") -> dict[str, str]:
+        token = {"agent": self.agent_token, "reader": self.reader_token,
+                 "admin": self.admin_token}[role]
+        return {"Authorization": f"Bearer {token}"}
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def _create_tokens(roles: tuple[str, ...], database_url: str) -> dict[str, str]:
+    """One `numparity-server token create` per role, run side by side (each takes ~1 s)."""
+    env = {**os.environ, "NUMPARITY_DATABASE_URL": database_url}
+    processes = {
+        role: subprocess.Popen(
+            [*server_command(), "token", "create", "--role", role, "--label", f"live-{role}"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for role in roles
+    }
+    tokens = {}
+    for role, process in processes.items():
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, f"token create --role {role} failed:\n{err}"
+        token = out.strip()
+        assert token and "\n" not in token, out
+        tokens[role] = token
+    return tokens
+
+
+@pytest.fixture
+def live_server(migrated_database_url: str, tmp_path: Path) -> Iterator[LiveServer]:
+    url = migrated_database_url
+    port = free_port()
+    log_path = tmp_path / "server.log"
+    env = {**os.environ, "NUMPARITY_DATABASE_URL": url, "NUMPARITY_MIGRATE_ON_START": "false"}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [*server_command(), "serve", "--host", "127.0.0.1", "--port", str(port),
+             "--log-level", "warning"],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        tokens = _create_tokens(("agent", "reader", "admin"), url)
+    except BaseException:
+        process.kill()
+        process.wait(timeout=15)
+        raise
+    server = LiveServer(base_url=f"http://127.0.0.1:{port}", database_url=url,
+                        agent_token=tokens["agent"], reader_token=tokens["reader"],
+                        admin_token=tokens["admin"], log_path=log_path, process=process)
+    try:
+        _wait_ready(server, timeout=60)
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=15)
+
+
+def _wait_ready(server: LiveServer, *, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"numparity-server exited with {server.process.returncode}:\n"
+                               f"{server.log()}")
+        try:
+            response = httpx.get(f"{server.base_url}/readyz", timeout=2)
+            if response.status_code == 200:
+                return
+            last = f"{response.status_code} {response.text}"
+        except httpx.TransportError as exc:
+            last = repr(exc)
+        time.sleep(0.1)
+    raise RuntimeError(f"numparity-server not ready after {timeout}s ({last}):\n{server.log()}")

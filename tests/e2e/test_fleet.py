@@ -1,0 +1,152 @@
+"""A simulated fleet of real CPU environment differences, end to end.
+
+Real agents (child processes running real torch) measure the `cnn` workload on nodes
+that differ only in what DESIGN §5 says changes numerics on any x86-64 machine with two
+cores — `MKL_CBWR=COMPATIBLE` and a single thread — and upload to a real uvicorn on a
+loopback port, on SQLite and on PostgreSQL. The server must find the split and name the
+attribute that causes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from numparity_server.demo import SimulatedNode, node_environment
+
+pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores")
+
+FLEET = (
+    SimulatedNode("stock-1"),
+    SimulatedNode("stock-2"),
+    SimulatedNode("mkl-compatible", {"MKL_CBWR": "COMPATIBLE"}),
+    SimulatedNode("one-thread", {"OMP_NUM_THREADS": "1"}),
+)
+
+
+@pytest.fixture(scope="session")
+def fleet_documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each node's run document, measured once by the real agent (`--output`)."""
+    out = tmp_path_factory.mktemp("fleet")
+    documents = {}
+    for node in FLEET:
+        path = out / f"{node.name}.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "numparity_agent", "run", "--node", node.name,
+             "--workloads", "cnn", "--variants", "default", "strict", "--output", str(path)],
+            env=node_environment(node), capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        documents[node.name] = path
+    return documents
+
+
+def upload_with_agent(documents: dict[str, Path], server: Any, spool: Path) -> None:
+    """Upload through the agent's own path: spool the documents, then `flush`."""
+    spool.mkdir()
+    for name, path in documents.items():
+        (spool / f"{name}.json").write_bytes(path.read_bytes())
+    done = subprocess.run(
+        [sys.executable, "-m", "numparity_agent", "flush", "--server", server.base_url,
+         "--spool", str(spool)],
+        env={**os.environ, "NUMPARITY_TOKEN": server.agent_token},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert not list(spool.glob("*.json")), "flush left documents in the spool"
+
+
+def divergence(server: Any, variant: str) -> dict[str, Any]:
+    response = httpx.get(
+        f"{server.base_url}/api/v1/divergence",
+        params={"workload": "cnn", "variant": variant},
+        headers={"Authorization": f"Bearer {server.reader_token}"},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def group_of(report: dict[str, Any], node: str) -> int:
+    (group,) = [g["id"] for g in report["groups"] if node in g["nodes"]]
+    return group
+
+
+def pair(report: dict[str, Any], a: int, b: int) -> dict[str, Any]:
+    (found,) = [p for p in report["pairs"] if {p["a"], p["b"]} == {a, b}]
+    return found
+
+
+def attributes(pair_report: dict[str, Any]) -> dict[str, tuple[list[str], list[str]]]:
+    return {item["attribute"]: (item["a"], item["b"]) for item in pair_report["attribution"]}
+
+
+@pytest.mark.parametrize("variant", ["default", "strict"])
+def test_fleet_splits_are_found_and_attributed(
+    fleet_documents: dict[str, Path], live_server: Any, tmp_path: Path, variant: str
+) -> None:
+    upload_with_agent(fleet_documents, live_server, tmp_path / "spool")
+    report = divergence(live_server, variant)
+
+    stock = group_of(report, "stock-1")
+    assert group_of(report, "stock-2") == stock, "identical nodes must agree bit for bit"
+    mkl = group_of(report, "mkl-compatible")
+    one_thread = group_of(report, "one-thread")
+    assert len({stock, mkl, one_thread}) == 3, report["groups"]
+
+    mkl_split = pair(report, stock, mkl)
+    assert mkl_split["verdict"] in {"equivalent", "divergent"}
+    assert mkl_split["metrics"]["max_abs"] > 0
+    assert mkl_split["first_divergent_layer"]["name"] == "fc1"
+    mkl_attrs = attributes(mkl_split)
+    assert list(mkl_attrs) == ["env_vars.MKL_CBWR"], mkl_attrs
+    stock_side, mkl_side = mkl_attrs["env_vars.MKL_CBWR"]
+    if mkl_split["a"] == mkl:
+        stock_side, mkl_side = mkl_side, stock_side
+    assert (stock_side, mkl_side) == (["unset"], ["COMPATIBLE"])
+
+    thread_split = pair(report, stock, one_thread)
+    thread_attrs = attributes(thread_split)
+    assert "threads.num_threads" in thread_attrs
+    assert "env_vars.OMP_NUM_THREADS" in thread_attrs
+    assert thread_split["indistinguishable"] is True
+    assert "env_vars.MKL_CBWR" not in thread_attrs
+
+    # Over the whole key, the best predictors of the group are the two causes.
+    ranked = [item["attribute"] for item in report["attribution"]]
+    assert "env_vars.MKL_CBWR" in ranked and "threads.num_threads" in ranked
+
+
+def test_upload_without_token_is_401(fleet_documents: dict[str, Path], live_server: Any) -> None:
+    body = fleet_documents["stock-1"].read_bytes()
+    response = httpx.post(
+        f"{live_server.base_url}/api/v1/runs",
+        content=body,
+        headers={"Content-Type": "application/json"},
+    )
+    assert response.status_code == 401
+    assert "Authorization" in response.text
+
+
+def test_malformed_document_is_422_naming_the_field(
+    fleet_documents: dict[str, Path], live_server: Any
+) -> None:
+    document = json.loads(fleet_documents["stock-1"].read_bytes())
+    document["results"][0]["status"] = {"not": "a status"}
+    response = httpx.post(
+        f"{live_server.base_url}/api/v1/runs",
+        json=document,
+        headers={"Authorization": f"Bearer {live_server.agent_token}"},
+    )
+    assert response.status_code == 422
+    body = response.json()
+    assert body["error"] == "validation_error"
+    located = [".".join(str(part) for part in item["loc"]) for item in body["detail"]]
+    assert any("results.0.status" in loc for loc in located), located

@@ -1,0 +1,135 @@
+"""Run documents built with numpy, independently of the agent (tests only).
+
+cnn-like tensors with the DESIGN §2.4 parts (hash, stats, CountSketch, sample, values) as
+base64 wire arrays, and environment documents keyed as .interfaces.md describes.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import json
+import uuid
+from typing import Any
+
+import numpy as np
+
+IDENTITY_KEYS = {"env_key", "hostname", "uuid", "serial"}
+
+
+def b64(array: np.ndarray, dtype: str) -> str:
+    return base64.b64encode(np.ascontiguousarray(array, dtype=np.dtype(dtype).newbyteorder("<"))
+                            .tobytes()).decode("ascii")
+
+
+def tensor_entry(name: str, kind: str, order: int, array: np.ndarray) -> dict[str, Any]:
+    """A full fingerprint of a float32 tensor (DESIGN §2.4), computed in float64."""
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    raw = array.astype("<f4").tobytes()
+    digest = hashlib.sha256(f"float32{list(array.shape)}".encode() + raw).hexdigest()
+    flat = array.astype(np.float64).ravel()
+    finite = flat[np.isfinite(flat)]
+    absolute = np.abs(flat)
+    stats = {
+        "count": int(flat.size), "nan": int(np.isnan(flat).sum()),
+        "inf": int(np.isinf(flat).sum()), "zero": int((flat == 0).sum()),
+        "subnormal": int(((absolute > 0) & (absolute < np.finfo(np.float32).tiny)).sum()),
+        "fp16_overflow": int((absolute > 65504).sum()),
+        "fp16_underflow": int(((absolute > 0) & (absolute < 6.1e-5)).sum()),
+        "min": float(finite.min()), "max": float(finite.max()), "mean": float(finite.mean()),
+        "std": float(finite.std()), "abs_max": float(np.abs(finite).max()),
+        "l2": float(np.sqrt((finite**2).sum())),
+    }
+    index = np.arange(flat.size, dtype=np.uint64)
+    buckets = (index * np.uint64(2654435761)) % np.uint64(256)
+    signs = np.where((index * np.uint64(40503)) & np.uint64(1), 1.0, -1.0)
+    sketch = np.zeros(256)
+    np.add.at(sketch, buckets.astype(np.int64), signs * flat)
+    positions = np.linspace(0, flat.size - 1, num=min(64, flat.size)).astype(np.int64)
+    entry: dict[str, Any] = {
+        "name": name, "kind": kind, "order": order, "hash": digest, "dtype": "float32",
+        "shape": list(array.shape), "stats": stats,
+        "sketch": {"k": 256, "dtype": "float64", "data": b64(sketch, "f8")},
+        "sample": {"m": int(positions.size), "dtype": "float32",
+                   "data": b64(array.ravel()[positions], "f4")},
+    }
+    if array.size <= 4096:
+        entry["values"] = {"dtype": "float32", "data": b64(array, "f4")}
+    return entry
+
+
+def environment(env_vars: dict[str, str] | None = None, threads: int = 2,
+                hostname: str = "host") -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "python": {"version": "3.11.7", "implementation": "CPython"},
+        "platform": {"system": "Linux", "release": "6.1", "machine": "x86_64",
+                     "libc": "glibc 2.36", "hostname": hostname},
+        "cpu": {"model": "Xeon", "flags": "avx2 avx512f", "logical_cpus": 2,
+                "capability": "AVX512", "aten_cpu_capability_env": None},
+        "threads": {"num_threads": threads, "num_interop_threads": 2, "parallel_info": "..."},
+        "torch": {"version": "2.13.0", "git_version": "abc", "config": "...", "cuda": None,
+                  "cudnn": None, "nccl": None},
+        "numpy": {"version": "2.1.0"},
+        "knobs": {"allow_tf32_matmul": False},
+        "env_vars": dict(env_vars or {}),
+        "gpus": [],
+        "unknown": {},
+    }
+    keyed = {k: v for k, v in document.items() if k not in IDENTITY_KEYS and k != "unknown"}
+    keyed["platform"] = {k: v for k, v in document["platform"].items() if k != "hostname"}
+    canonical = json.dumps(keyed, sort_keys=True, separators=(",", ":"))
+    document["env_key"] = hashlib.sha256(canonical.encode()).hexdigest()
+    return document
+
+
+def cnn_tensors(shift: float = 0.0) -> list[dict[str, Any]]:
+    """conv1 → conv2 → fc1 → output; ``shift`` perturbs conv2 onwards (a divergence)."""
+    rng = np.random.default_rng(1234)
+    conv1 = rng.standard_normal((4, 32, 12, 12)).astype(np.float32)
+    conv2 = rng.standard_normal((4, 64, 4, 4)).astype(np.float32)
+    fc1 = rng.standard_normal((4, 512)).astype(np.float32)
+    output = rng.standard_normal((4, 10)).astype(np.float32)
+    if shift:
+        conv2 = conv2 + np.float32(shift)
+        fc1 = fc1 * np.float32(1 + shift)
+        output = output * np.float32(1 + shift)
+    return [tensor_entry("conv1", "layer", 0, conv1), tensor_entry("conv2", "layer", 1, conv2),
+            tensor_entry("fc1", "layer", 2, fc1), tensor_entry("output", "output", 3, output)]
+
+
+def run_document(
+    node: str = "node-1", *, run_id: str | None = None, shift: float = 0.0,
+    env_vars: dict[str, str] | None = None, started_at: str = "2026-11-21T10:00:00Z",
+    input_hash: str = "in-" + "0" * 61, variants: tuple[str, ...] = ("default",),
+) -> dict[str, Any]:
+    return {
+        "schema": "numparity.run/v1",
+        "run_id": run_id or str(uuid.uuid4()),
+        "node": {"name": node, "labels": {"rack": "b2"}},
+        "agent_version": "0.1.0",
+        "started_at": started_at,
+        "finished_at": "2026-11-21T10:00:41Z",
+        "drill": False,
+        "environment": environment(env_vars, hostname=node),
+        "results": [
+            *({"suite": "standard", "workload": "cnn", "workload_version": 1,
+               "variant": variant, "device": "cpu", "status": "ok",
+               "input_hash": input_hash, "param_hash": "p" * 64, "repeats": 2,
+               "repeats_agree": True, "wall_s": 0.84, "knobs": {"threads": 2},
+               "tensors": cnn_tensors(shift if variant != "fp64-reference" else 0.0)}
+              for variant in variants),
+            {"workload": "cnn", "variant": "tf32", "status": "skipped",
+             "reason": "TF32 needs an NVIDIA GPU of compute capability 8.0 or newer"},
+        ],
+        "future_field": {"ignored": True},
+    }
+
+
+def bare(document: dict[str, Any]) -> dict[str, Any]:
+    """The same document with every tensor reduced to a reference (name, kind, order, hash)."""
+    document = copy.deepcopy(document)
+    for result in document["results"]:
+        result["tensors"] = [{k: t[k] for k in ("name", "kind", "order", "hash")}
+                             for t in result.get("tensors", [])]
+    return document
