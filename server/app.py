@@ -11,11 +11,13 @@ from starlette.concurrency import run_in_threadpool
 
 import numparity_server
 from numparity_server.divergence.api import router as divergence_router
+from numparity_server.environments.api import router as environments_router
 from numparity_server.health.api import router as health_router
 from numparity_server.kit import migrate
 from numparity_server.kit.db import get_engine, session_factory
 from numparity_server.kit.handlers import install_error_handlers
 from numparity_server.kit.settings import Settings, get_settings
+from numparity_server.nodes.api import router as nodes_router
 from numparity_server.runs.api import OPENAPI_MODELS
 from numparity_server.runs.api import router as runs_router
 
@@ -41,6 +43,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(health_router)
     app.include_router(runs_router)
+    app.include_router(nodes_router)
+    app.include_router(environments_router)
     app.include_router(divergence_router)
     _document_models(app)
     return app

@@ -1,4 +1,4 @@
-"""``numparity-server``: migrate, serve, manage tokens, run the demo.
+"""``numparity-server``: migrate, serve, manage tokens, apply retention, run the demo.
 
 Exit codes: 0 ok, 1 the command failed (message on stderr), 2 usage error.
 """
@@ -51,9 +51,31 @@ def _parser() -> argparse.ArgumentParser:
     revoke = token_commands.add_parser("revoke", parents=[common], help="revoke a token by id")
     revoke.add_argument("id", type=int)
 
+    retention = commands.add_parser(
+        "retention", parents=[common],
+        help="drop runs older than N days (never a node's latest) and content nothing uses",
+    )
+    retention.add_argument("--days", type=_positive, default=None,
+                           help="keep runs received in the last N days (default: "
+                                "$NUMPARITY_RETENTION_DAYS; unset keeps everything)")
+    retention.add_argument("--batch-size", type=_positive, default=500,
+                           help="runs per transaction (default 500)")
+    retention.add_argument("--dry-run", action="store_true",
+                           help="count what would be dropped, drop nothing")
+
     commands.add_parser("demo", parents=[common], add_help=False,
                         help="run the demonstration (the arguments after it go to the demo)")
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
 
 
 def _split_demo(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -87,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(settings, args)
         if args.command == "token":
             return _token(settings, args)
+        if args.command == "retention":
+            return _retention(settings, args)
         if args.command == "demo":
             return _demo(demo_args)
     except SQLAlchemyError as exc:
@@ -164,6 +188,38 @@ def _token(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_FAILED
     finally:
         engine.dispose()
+    return EXIT_OK
+
+
+def _retention(settings: Settings, args: argparse.Namespace) -> int:
+    from numparity_server.kit.db import create_engine_for, session_factory
+    from numparity_server.kit.migrate import current_revision, head_revision
+    from numparity_server.retention.service import apply_retention
+
+    days = args.days if args.days is not None else settings.retention_days
+    if days is None:
+        print("retention is off (NUMPARITY_RETENTION_DAYS is unset and no --days): nothing "
+              "dropped", file=sys.stderr)
+        return EXIT_OK
+    if _missing_sqlite_file(settings.database_url):
+        print(f"error: database {_safe_url(settings)} does not exist", file=sys.stderr)
+        return EXIT_FAILED
+    engine = create_engine_for(settings.database_url, settings=settings, pooled=False)
+    try:
+        with engine.connect() as connection:
+            revision = current_revision(connection)
+        if revision != head_revision():
+            print(f"error: database {_safe_url(settings)} is not migrated (revision "
+                  f"{revision or 'none'}): run `numparity-server migrate`", file=sys.stderr)
+            return EXIT_FAILED
+        report = apply_retention(sessions=session_factory(engine), days=days,
+                                 batch_size=args.batch_size, dry_run=args.dry_run)
+    finally:
+        engine.dispose()
+    verb = "would drop" if report.dry_run else "dropped"
+    print(f"{verb} {report.runs} runs ({report.results} results) received before "
+          f"{report.cutoff:%Y-%m-%d %H:%M:%SZ}, {report.manifests} manifests and "
+          f"{report.fingerprints} fingerprints no remaining result references")
     return EXIT_OK
 
 

@@ -8,6 +8,7 @@ hashed as received.
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from typing import Any
 
@@ -61,11 +62,64 @@ async def read_body(request: Request, *, limit: int) -> bytes:
     return decoded
 
 
+class _NotJson(ValueError):
+    """A literal Python's json reads but JSON does not have (NaN, Infinity, 1e400)."""
+
+
+def _reject_constant(literal: str) -> float:
+    raise _NotJson(f"{literal} is not valid JSON (JSON has no NaN or Infinity; the agent "
+                   "sends arrays as base64 and non-finite statistics as null)")
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise _NotJson(f"the number {literal[:40]} does not fit a float64")
+    return value
+
+
+# A NUL or a lone surrogate can only reach a JSON string as an escape (\u0000, \ud800);
+# PostgreSQL text refuses both and UTF-8 cannot encode a surrogate. Looking for the escape
+# in the raw body is cheap; only when one is there is the parsed document walked.
+_SUSPECT_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
+
+
 def parse_json_object(body: bytes) -> dict[str, Any]:
+    """A JSON object; anything else (including NaN/Infinity literals) is a 422."""
     try:
-        document = json.loads(body)
+        document = json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidDocument.at(["body"], f"invalid JSON: {exc}") from None
+    except _NotJson as exc:
+        raise InvalidDocument.at(["body"], f"invalid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidDocument.at(["body"], "invalid JSON: nested too deeply") from None
     if not isinstance(document, dict):
         raise InvalidDocument.at(["body"], "the body must be a JSON object")
+    if _SUSPECT_ESCAPE.search(body):
+        _check_strings(document)
     return document
+
+
+def _check_strings(document: dict[str, Any]) -> None:
+    """422 naming the first string (or key) holding a NUL or a lone surrogate."""
+    stack: list[tuple[list[str | int], Any]] = [(["body"], document)]
+    while stack:
+        loc, value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _check_string([*loc, key], key)
+                stack.append(([*loc, key], item))
+        elif isinstance(value, list):
+            stack.extend(([*loc, i], item) for i, item in enumerate(value))
+        elif isinstance(value, str):
+            _check_string(loc, value)
+
+
+def _check_string(loc: list[str | int], text: str) -> None:
+    if "\x00" in text:
+        raise InvalidDocument.at(loc, "strings must not contain NUL (\\u0000)")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidDocument.at(loc, "strings must not contain a lone UTF-16 surrogate") from None

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from numparity_server.kit.errors import DomainError
+
+log = logging.getLogger("numparity_server")
+
+# Seconds a client should wait before retrying when the database is out of reach.
+RETRY_AFTER_S = 5
+
+# The database cannot be reached or answered with a transient failure: refused or lost
+# connections, a dropped database, the pool exhausted, SQLite's busy timeout. A client
+# should retry later (the agent keeps the run in its spool), so 503, never 500.
+DATABASE_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError,
+                        sa_exc.DisconnectionError)
 
 
 def validation_details(errors: Sequence[Any]) -> list[dict[str, Any]]:
@@ -43,6 +56,19 @@ def install_error_handlers(app: FastAPI) -> None:
         code = _HTTP_CODES.get(exc.status_code, "error")
         return error_response(exc.status_code, code, exc.detail, getattr(exc, "headers", None))
 
+    async def on_database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        cause = getattr(exc, "orig", None) or exc
+        first_line = next(iter(str(cause).splitlines()), "")
+        log.warning("database unavailable during %s %s: %s: %s", request.method,
+                    request.url.path, type(cause).__name__, first_line)
+        return error_response(
+            503, "database_unavailable",
+            f"the database is unavailable ({type(cause).__name__}); retry later",
+            {"Retry-After": str(RETRY_AFTER_S)},
+        )
+
     app.add_exception_handler(DomainError, on_domain_error)
+    for error in DATABASE_UNAVAILABLE:
+        app.add_exception_handler(error, on_database_unavailable)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

@@ -26,6 +26,9 @@ class Settings(BaseSettings):
     page_max: int = Field(default=500, gt=0)
     db_pool_size: int = Field(default=5, gt=0)
     db_max_overflow: int = Field(default=10, ge=0)
+    # Runs received more than this many days ago are dropped by `numparity-server
+    # retention` (those holding a node's latest result are kept). None keeps everything.
+    retention_days: int | None = Field(default=None, gt=0)
     sqlite_busy_timeout_ms: int = Field(default=30_000, ge=0)
 
 

@@ -10,10 +10,18 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-from datetime import datetime
-from typing import Any, Literal
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 SUPPORTED_SCHEMAS = ("numparity.run/v1",)
 
@@ -29,14 +37,34 @@ ITEMSIZE: dict[str, int] = {
 }
 
 
+# Limits of one run document (DESIGN §2.7 sizes a run at ~36 results and ~400 tensors; a
+# custom workload may have many more leaf modules). Each is checked before the items are
+# validated, so a document far over a limit is refused cheaply with a 422 naming it.
+MAX_RESULTS_PER_RUN = 256
+MAX_TENSORS_PER_RESULT = 4096
+MAX_LABELS = 64
+MAX_DIMS = 32
+# reason/error: the agent keeps the last 4,000 characters of a traceback.
+MAX_MESSAGE_CHARS = 16_384
+# Column limits: Integer is 32-bit and BigInteger 64-bit on PostgreSQL.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+LabelValue = Annotated[str, StringConstraints(max_length=1024)] | int | float | bool | None
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+
+
 class _Wire(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are ignored: a new field is not a new schema version (DESIGN §2.7).
+    # JSON has no NaN or Infinity; pydantic would still read them from strings.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class WireArray(_Wire):
     """``{"dtype", "data"}``: base64 of little-endian bytes."""
 
-    dtype: str
+    dtype: str = Field(max_length=32)
     data: str
     _raw: bytes = PrivateAttr(default=b"")
 
@@ -60,21 +88,21 @@ class WireArray(_Wire):
 
 
 class SketchArray(WireArray):
-    k: int = Field(gt=0)
+    k: int = Field(gt=0, le=INT32_MAX)
 
 
 class SampleArray(WireArray):
-    m: int = Field(ge=0)
+    m: int = Field(ge=0, le=INT32_MAX)
 
 
 class TensorStats(_Wire):
-    count: int = Field(ge=0)
-    nan: int = Field(ge=0)
-    inf: int = Field(ge=0)
-    zero: int = Field(ge=0)
-    subnormal: int = Field(ge=0)
-    fp16_overflow: int = Field(ge=0)
-    fp16_underflow: int = Field(ge=0)
+    count: Count
+    nan: Count
+    inf: Count
+    zero: Count
+    subnormal: Count
+    fp16_overflow: Count
+    fp16_underflow: Count
     min: float | None = None
     max: float | None = None
     mean: float | None = None
@@ -88,10 +116,11 @@ class TensorEntry(_Wire):
 
     name: str = Field(min_length=1, max_length=512)
     kind: Literal["output", "layer", "grad", "param", "loss", "probe"]
-    order: int = Field(ge=0)
+    order: int = Field(ge=0, le=INT32_MAX)
     hash: str = Field(pattern=SHA256_HEX)
-    dtype: str | None = None
-    shape: list[int] | None = None
+    dtype: str | None = Field(default=None, max_length=32)
+    shape: list[Annotated[int, Field(le=INT64_MAX)]] | None = Field(default=None,
+                                                                     max_length=MAX_DIMS)
     stats: TensorStats | None = None
     sketch: SketchArray | None = None
     sample: SampleArray | None = None
@@ -137,19 +166,19 @@ _FULL_FIELDS = ("dtype", "shape", "stats", "sketch", "sample", "values")
 class ResultDoc(_Wire):
     suite: str = Field(default="standard", min_length=1, max_length=64)
     workload: str = Field(min_length=1, max_length=128)
-    workload_version: int | None = None
+    workload_version: int | None = Field(default=None, ge=0, le=INT32_MAX)
     variant: str = Field(min_length=1, max_length=64)
     device: str = Field(default="", max_length=64)
     status: Literal["ok", "skipped", "failed"]
-    reason: str | None = None
-    error: str | None = None
+    reason: str | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)
+    error: str | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)
     input_hash: str | None = Field(default=None, max_length=128)
     param_hash: str | None = Field(default=None, max_length=128)
-    repeats: int | None = Field(default=None, ge=0)
+    repeats: int | None = Field(default=None, ge=0, le=INT32_MAX)
     repeats_agree: bool | None = None
     wall_s: float | None = Field(default=None, ge=0)
     knobs: dict[str, Any] | None = None
-    tensors: list[TensorEntry] = Field(default_factory=list)
+    tensors: list[TensorEntry] = Field(default_factory=list, max_length=MAX_TENSORS_PER_RESULT)
 
     @model_validator(mode="after")
     def _check(self) -> ResultDoc:
@@ -167,7 +196,7 @@ class ResultDoc(_Wire):
 
 class NodeDoc(_Wire):
     name: str = Field(min_length=1, max_length=255)
-    labels: dict[str, Any] = Field(default_factory=dict)
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
 
 
 class EnvironmentDoc(BaseModel):
@@ -187,7 +216,18 @@ class RunDocument(_Wire):
     finished_at: datetime | None = None
     drill: bool = False
     environment: EnvironmentDoc
-    results: list[ResultDoc] = Field(default_factory=list)
+    results: list[ResultDoc] = Field(default_factory=list, max_length=MAX_RESULTS_PER_RUN)
+
+    @field_validator("started_at", "finished_at")
+    @classmethod
+    def _in_utc(cls, value: datetime | None) -> datetime | None:
+        # Stored as UTC; a time that cannot be expressed in UTC (year 1 at +05:00) is refused.
+        if value is None or value.tzinfo is None:
+            return value
+        try:
+            return value.astimezone(timezone.utc)
+        except (OverflowError, ValueError):
+            raise ValueError("time out of range once converted to UTC") from None
 
     @model_validator(mode="after")
     def _unique_results(self) -> RunDocument:
@@ -236,7 +276,7 @@ class RunSummary(BaseModel):
 
 
 class MissingIn(BaseModel):
-    hashes: list[str] = Field(max_length=100_000)
+    hashes: list[Annotated[str, Field(pattern=SHA256_HEX)]] = Field(max_length=100_000)
 
 
 class MissingOut(BaseModel):

@@ -1,0 +1,90 @@
+"""Queries of the node views."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from numparity_server.kit.db import chunked
+from numparity_server.models import Environment, Manifest, Node, Result, Run
+
+
+def count_nodes(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(Node)) or 0
+
+
+def nodes_page(session: Session, *, limit: int, offset: int) -> Sequence[Node]:
+    return session.scalars(select(Node).order_by(Node.name).limit(limit).offset(offset)).all()
+
+
+def run_counts(session: Session, node_ids: Sequence[int]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for part in chunked(node_ids):
+        counts.update((key, value) for key, value in session.execute(
+            select(Run.node_id, func.count()).where(Run.node_id.in_(part)).group_by(Run.node_id)
+        ))
+    return counts
+
+
+def newest_runs(session: Session, node_ids: Sequence[int]) -> dict[int, Any]:
+    """node id → (started_at, env_key) of its newest run (by started_at, then id)."""
+    newest: dict[int, Any] = {}
+    for part in chunked(node_ids):
+        ranked = (
+            select(Run.node_id, Run.started_at, Environment.env_key,
+                   func.row_number().over(partition_by=Run.node_id,
+                                          order_by=(Run.started_at.desc(), Run.id.desc()))
+                   .label("rank"))
+            .join(Environment, Environment.id == Run.environment_id)
+            .where(Run.node_id.in_(part))
+            .subquery()
+        )
+        for row in session.execute(
+            select(ranked.c.node_id, ranked.c.started_at, ranked.c.env_key)
+            .where(ranked.c.rank == 1)
+        ):
+            newest[row.node_id] = row
+    return newest
+
+
+def find_node(session: Session, name: str) -> Node | None:
+    return session.scalar(select(Node).where(Node.name == name))
+
+
+def count_runs(session: Session, node_id: int) -> int:
+    return session.scalar(select(func.count()).select_from(Run).where(Run.node_id == node_id)) or 0
+
+
+def timeline_runs(session: Session, node_id: int, *, limit: int, offset: int) -> Sequence[Any]:
+    """Runs of a node, newest first, with their env_key."""
+    return session.execute(
+        select(Run.id, Run.run_id, Run.started_at, Run.received_at, Run.agent_version,
+               Run.drill, Environment.env_key)
+        .join(Environment, Environment.id == Run.environment_id)
+        .where(Run.node_id == node_id)
+        .order_by(Run.started_at.desc(), Run.id.desc())
+        .limit(limit).offset(offset)
+    ).all()
+
+
+def results_of(session: Session, run_ids: Sequence[int]) -> Sequence[Any]:
+    rows: list[Any] = []
+    for part in chunked(run_ids):
+        rows.extend(session.execute(
+            select(Result.run_id, Result.suite, Result.workload, Result.variant, Result.device,
+                   Result.status, Result.manifest_hash)
+            .where(Result.run_id.in_(part))
+        ).all())
+    return rows
+
+
+def manifest_entries(session: Session, hashes: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    entries: dict[str, list[dict[str, Any]]] = {}
+    for part in chunked(sorted(set(hashes))):
+        entries.update((key, value) for key, value in session.execute(
+            select(Manifest.hash, Manifest.entries).where(Manifest.hash.in_(part))
+        ))
+    return entries

@@ -1,0 +1,56 @@
+"""Nodes and their timelines, as the API returns them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+from numparity_server.kit.pagination import Page
+
+
+class NodeItem(BaseModel):
+    name: str
+    labels: dict[str, Any]
+    first_seen: datetime
+    last_seen: datetime  # when its newest upload was received
+    last_run_at: datetime | None  # started_at of its newest run
+    env_key: str | None  # environment of its newest run
+    runs: int
+
+
+class ResultChange(BaseModel):
+    """A result whose manifest (or status) differs from the same key in the previous run."""
+
+    suite: str
+    workload: str
+    variant: str
+    device: str
+    status: str
+    previous_status: str
+    manifest_hash: str | None
+    previous_manifest_hash: str | None
+    # Whether the tensors of kind "output" changed (null when either side has no manifest).
+    outputs_changed: bool | None
+
+
+class TimelineRun(BaseModel):
+    run_id: str
+    started_at: datetime
+    received_at: datetime
+    agent_version: str | None
+    drill: bool
+    env_key: str
+    # Compared with the node's previous run (by started_at); null for its first run.
+    previous_run_id: str | None
+    environment_changed: bool | None
+    changed_results: list[ResultChange]
+
+
+class NodeTimeline(BaseModel):
+    name: str
+    labels: dict[str, Any]
+    first_seen: datetime
+    last_seen: datetime
+    runs: Page[TimelineRun]

@@ -1,0 +1,99 @@
+"""The fleet's nodes: what each runs on now, and its timeline of runs (DESIGN §3.2)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from numparity_server.kit.errors import NotFound
+from numparity_server.kit.pagination import Page
+from numparity_server.nodes import repository
+from numparity_server.nodes.schemas import NodeItem, NodeTimeline, ResultChange, TimelineRun
+
+ResultKey = tuple[str, str, str, str]  # suite, workload, variant, device
+
+
+def list_nodes(*, session: Session, limit: int, offset: int) -> Page[NodeItem]:
+    """Nodes by name, each with its run count and the environment of its newest run."""
+    total = repository.count_nodes(session)
+    nodes = repository.nodes_page(session, limit=limit, offset=offset)
+    ids = [node.id for node in nodes]
+    counts = repository.run_counts(session, ids)
+    newest = repository.newest_runs(session, ids)
+    items = []
+    for node in nodes:
+        last = newest.get(node.id)
+        items.append(NodeItem(
+            name=node.name, labels=node.labels or {}, first_seen=node.first_seen,
+            last_seen=node.last_seen, last_run_at=last.started_at if last else None,
+            env_key=last.env_key if last else None, runs=counts.get(node.id, 0),
+        ))
+    return Page[NodeItem](items=items, total=total, limit=limit, offset=offset)
+
+
+def node_timeline(*, session: Session, name: str, limit: int, offset: int) -> NodeTimeline:
+    """A node's runs, newest first; each compared with the run before it (by started_at):
+    did the environment change, and which results' manifests changed."""
+    node = repository.find_node(session, name)
+    if node is None:
+        raise NotFound(f"no node named {name!r}")
+    total = repository.count_runs(session, node.id)
+    # One run more than the page: the run before the page's oldest, to compare with.
+    runs = repository.timeline_runs(session, node.id, limit=limit + 1, offset=offset)
+    results: dict[int, dict[ResultKey, Any]] = defaultdict(dict)
+    for row in repository.results_of(session, [run.id for run in runs]):
+        results[row.run_id][(row.suite, row.workload, row.variant, row.device)] = row
+
+    pairs = [(run, runs[i + 1] if i + 1 < len(runs) else None)
+             for i, run in enumerate(runs[:limit])]
+    changes = {run.id: _changes(results[run.id], results[previous.id])
+               for run, previous in pairs if previous is not None}
+    outputs = _outputs(session, [c for found in changes.values() for c in found])
+
+    items = []
+    for run, previous in pairs:
+        changed = [
+            ResultChange(
+                suite=key[0], workload=key[1], variant=key[2], device=key[3],
+                status=now.status, previous_status=before.status,
+                manifest_hash=now.manifest_hash, previous_manifest_hash=before.manifest_hash,
+                outputs_changed=(
+                    outputs[now.manifest_hash] != outputs[before.manifest_hash]
+                    if now.manifest_hash and before.manifest_hash else None
+                ),
+            )
+            for key, now, before in changes.get(run.id, [])
+        ]
+        items.append(TimelineRun(
+            run_id=run.run_id, started_at=run.started_at, received_at=run.received_at,
+            agent_version=run.agent_version, drill=run.drill, env_key=run.env_key,
+            previous_run_id=previous.run_id if previous else None,
+            environment_changed=(run.env_key != previous.env_key) if previous else None,
+            changed_results=changed,
+        ))
+    return NodeTimeline(
+        name=node.name, labels=node.labels or {}, first_seen=node.first_seen,
+        last_seen=node.last_seen,
+        runs=Page[TimelineRun](items=items, total=total, limit=limit, offset=offset),
+    )
+
+
+def _changes(now: dict[ResultKey, Any], before: dict[ResultKey, Any]
+             ) -> list[tuple[ResultKey, Any, Any]]:
+    """Keys present in both runs whose manifest or status differ, in key order."""
+    return [(key, now[key], before[key]) for key in sorted(now.keys() & before.keys())
+            if (now[key].manifest_hash, now[key].status)
+            != (before[key].manifest_hash, before[key].status)]
+
+
+def _outputs(session: Session, changes: list[tuple[ResultKey, Any, Any]]
+             ) -> dict[str, frozenset[tuple[str, str]]]:
+    """manifest hash → its output tensors as (name, hash)."""
+    hashes = [h for _, now, before in changes
+              for h in (now.manifest_hash, before.manifest_hash) if h]
+    return {
+        digest: frozenset((e["name"], e["hash"]) for e in entries if e.get("kind") == "output")
+        for digest, entries in repository.manifest_entries(session, hashes).items()
+    }

@@ -1,0 +1,107 @@
+"""Queries of retention: expired runs, and content no remaining result references."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, delete, exists, func, select
+from sqlalchemy.orm import Session
+
+from numparity_server.models import Fingerprint, Latest, Manifest, Result, Run
+
+
+def _holds_latest() -> ColumnElement[bool]:
+    """The run holds some node's latest result of a key: it is never dropped."""
+    return exists(
+        select(Latest.id).join(Result, Result.id == Latest.result_id)
+        .where(Result.run_id == Run.id)
+    )
+
+
+def _expired(cutoff: datetime) -> ColumnElement[bool]:
+    return (Run.received_at < cutoff) & ~_holds_latest()
+
+
+def expired_run_ids(session: Session, cutoff: datetime, *, limit: int) -> list[int]:
+    return list(session.scalars(
+        select(Run.id).where(_expired(cutoff)).order_by(Run.id).limit(limit)
+    ))
+
+
+def count_expired(session: Session, cutoff: datetime) -> tuple[int, int]:
+    """(runs, results) that retention would drop."""
+    runs = session.scalar(select(func.count()).select_from(Run).where(_expired(cutoff))) or 0
+    results = session.scalar(
+        select(func.count()).select_from(Result).join(Run, Run.id == Result.run_id)
+        .where(_expired(cutoff))
+    ) or 0
+    return runs, results
+
+
+def delete_runs(session: Session, run_ids: Sequence[int]) -> int:
+    """Drop these runs and their results; the number of results dropped."""
+    results = session.execute(delete(Result).where(Result.run_id.in_(run_ids)))
+    session.execute(delete(Run).where(Run.id.in_(run_ids)))
+    return int(getattr(results, "rowcount", 0) or 0)
+
+
+def _unreferenced_manifest() -> ColumnElement[bool]:
+    return ~exists(select(Result.id).where(Result.manifest_hash == Manifest.hash))
+
+
+def orphan_manifests(session: Session, *, limit: int) -> list[str]:
+    return list(session.scalars(
+        select(Manifest.hash).where(_unreferenced_manifest()).order_by(Manifest.hash).limit(limit)
+    ))
+
+
+def delete_manifests(session: Session, hashes: Sequence[str]) -> int:
+    # Checked again in the statement: a result stored since the batch was chosen keeps it.
+    deleted = session.execute(
+        delete(Manifest).where(Manifest.hash.in_(hashes), _unreferenced_manifest())
+    )
+    return int(getattr(deleted, "rowcount", 0) or 0)
+
+
+def manifests_dropped_with(session: Session, cutoff: datetime) -> set[str]:
+    """Manifests whose every reference is a result of an expired run (for a dry run)."""
+    surviving = (
+        select(Result.id).join(Run, Run.id == Result.run_id)
+        .where(Result.manifest_hash == Manifest.hash, ~_expired(cutoff))
+    )
+    return set(session.scalars(select(Manifest.hash).where(~exists(surviving))))
+
+
+def manifest_entries(session: Session, *, created_since: datetime | None = None,
+                     page: int = 1000) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """Every manifest (or those created since a time) as (hash, entries), paged by hash."""
+    after = ""
+    while True:
+        query = select(Manifest.hash, Manifest.entries).where(Manifest.hash > after)
+        if created_since is not None:
+            query = query.where(Manifest.created_at >= created_since)
+        rows = session.execute(query.order_by(Manifest.hash).limit(page)).all()
+        if not rows:
+            return
+        yield from ((digest, entries) for digest, entries in rows)
+        after = rows[-1][0]
+
+
+def fingerprint_hashes(session: Session, *, page: int = 5000) -> Iterator[str]:
+    after = ""
+    while True:
+        hashes = list(session.scalars(
+            select(Fingerprint.hash).where(Fingerprint.hash > after)
+            .order_by(Fingerprint.hash).limit(page)
+        ))
+        if not hashes:
+            return
+        yield from hashes
+        after = hashes[-1]
+
+
+def delete_fingerprints(session: Session, hashes: Sequence[str]) -> int:
+    deleted = session.execute(delete(Fingerprint).where(Fingerprint.hash.in_(hashes)))
+    return int(getattr(deleted, "rowcount", 0) or 0)

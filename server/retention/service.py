@@ -1,0 +1,107 @@
+"""Retention (DESIGN §4): drop runs older than N days, then content nothing references.
+
+A run that holds a node's latest result of some key is kept however old it is: the
+fleet's current picture (divergence, audit) is made of those. Runs go in batches, each
+its own short transaction, so ingest is never blocked for long. Manifests and
+fingerprints are content-addressed and shared between runs: only those no remaining
+result (manifest) references are dropped afterwards.
+
+Known window: an upload that refers by bare hash to a fingerprint (or reuses a manifest)
+which only expired runs referenced, racing with the deletion of exactly that content, can
+lose it. Nodes keep their latest results, so content a node still produces is referenced
+and never dropped; the window needs a node that reproduces content only old runs had.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy.orm import Session
+
+from numparity_server.models import utcnow
+from numparity_server.retention import repository
+
+# Manifests committed while the fingerprint scan runs may carry an ingest time a little
+# before the scan started; they are re-read with this margin before each delete.
+_INGEST_MARGIN = timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class RetentionReport:
+    cutoff: datetime
+    dry_run: bool
+    runs: int
+    results: int
+    manifests: int
+    fingerprints: int
+
+
+def apply_retention(*, sessions: Callable[[], Session], days: int, batch_size: int = 500,
+                    dry_run: bool = False, now: datetime | None = None) -> RetentionReport:
+    """Drop (or with ``dry_run`` count) runs received more than ``days`` days ago."""
+    if days < 1 or batch_size < 1:
+        raise ValueError("days and batch_size must be at least 1")
+    cutoff = (now or utcnow()) - timedelta(days=days)
+    if dry_run:
+        return _dry_run(sessions, cutoff)
+
+    runs = results = 0
+    while True:
+        with sessions() as session, session.begin():
+            batch = repository.expired_run_ids(session, cutoff, limit=batch_size)
+            if not batch:
+                break
+            results += repository.delete_runs(session, batch)
+            runs += len(batch)
+
+    manifests = 0
+    while True:
+        with sessions() as session, session.begin():
+            hashes = repository.orphan_manifests(session, limit=batch_size)
+            if not hashes:
+                break
+            deleted = repository.delete_manifests(session, hashes)
+            manifests += deleted
+        if deleted == 0:  # every candidate was taken back by a new result
+            break
+
+    fingerprints = _drop_orphan_fingerprints(sessions, batch_size)
+    return RetentionReport(cutoff=cutoff, dry_run=False, runs=runs, results=results,
+                           manifests=manifests, fingerprints=fingerprints)
+
+
+def _referenced(session: Session, *, skip: Collection[str] = (),
+                created_since: datetime | None = None) -> set[str]:
+    referenced: set[str] = set()
+    for digest, entries in repository.manifest_entries(session, created_since=created_since):
+        if digest not in skip:
+            referenced.update(entry["hash"] for entry in entries)
+    return referenced
+
+
+def _drop_orphan_fingerprints(sessions: Callable[[], Session], batch_size: int) -> int:
+    scan_started = utcnow()
+    with sessions() as session:
+        referenced = _referenced(session)
+        orphans = [h for h in repository.fingerprint_hashes(session) if h not in referenced]
+    dropped = 0
+    for start in range(0, len(orphans), batch_size):
+        with sessions() as session, session.begin():
+            recent = _referenced(session, created_since=scan_started - _INGEST_MARGIN)
+            batch = [h for h in orphans[start : start + batch_size] if h not in recent]
+            if batch:
+                dropped += repository.delete_fingerprints(session, batch)
+    return dropped
+
+
+def _dry_run(sessions: Callable[[], Session], cutoff: datetime) -> RetentionReport:
+    with sessions() as session:
+        runs, results = repository.count_expired(session, cutoff)
+        doomed = repository.manifests_dropped_with(session, cutoff)
+        referenced = _referenced(session, skip=doomed)
+        fingerprints = sum(1 for h in repository.fingerprint_hashes(session)
+                           if h not in referenced)
+    return RetentionReport(cutoff=cutoff, dry_run=True, runs=runs, results=results,
+                           manifests=len(doomed), fingerprints=fingerprints)

@@ -1,0 +1,109 @@
+"""`numparity-server retention`: old runs go, each node's latest stays, shared content stays."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from server_documents import cnn_tensors, run_document
+from sqlalchemy import func, select, update
+
+from numparity_server.cli import main
+from numparity_server.kit.db import get_engine, session_factory
+from numparity_server.models import Fingerprint, Latest, Manifest, Result, Run, utcnow
+
+
+def counts(api) -> dict[str, int]:
+    with session_factory(get_engine(api.settings))() as session:
+        return {model.__tablename__: session.scalar(select(func.count()).select_from(model))
+                for model in (Run, Result, Manifest, Fingerprint, Latest)}
+
+
+def stored_run_ids(api) -> set[str]:
+    with session_factory(get_engine(api.settings))() as session:
+        return set(session.scalars(select(Run.run_id)))
+
+
+def fingerprint_hashes(api) -> set[str]:
+    with session_factory(get_engine(api.settings))() as session:
+        return set(session.scalars(select(Fingerprint.hash)))
+
+
+@pytest.fixture
+def aged(make_api, monkeypatch):
+    """node-a: an old run with its own numbers (shift 0.5) and a recent one; node-b: one old
+    run (its latest); node-c: two old runs, the newer one its latest (shift 0.25)."""
+    monkeypatch.delenv("NUMPARITY_RETENTION_DAYS", raising=False)
+    api = make_api()
+    # main() exports --database-url for uvicorn's workers; monkeypatch restores it.
+    monkeypatch.setenv("NUMPARITY_DATABASE_URL", api.settings.database_url)
+    documents = {
+        "a-old": run_document("node-a", run_id="a-old", started_at="2026-09-01T08:00:00Z",
+                              shift=0.5),
+        "a-new": run_document("node-a", run_id="a-new", started_at="2026-11-21T08:00:00Z"),
+        "b-old": run_document("node-b", run_id="b-old", started_at="2026-09-01T08:00:00Z"),
+        "c-old-1": run_document("node-c", run_id="c-old-1", started_at="2026-09-01T08:00:00Z"),
+        "c-old-2": run_document("node-c", run_id="c-old-2", started_at="2026-09-02T08:00:00Z",
+                                shift=0.25),
+    }
+    for document in documents.values():
+        assert api.post_run(document).status_code == 201
+    with session_factory(get_engine(api.settings))() as session, session.begin():
+        session.execute(update(Run).where(Run.run_id.in_(["a-old", "b-old", "c-old-1",
+                                                          "c-old-2"]))
+                        .values(received_at=utcnow() - timedelta(days=60)))
+    return api
+
+
+def retention(api, *args: str) -> int:
+    return main(["--database-url", api.settings.database_url, "retention", *args])
+
+
+def test_retention_drops_old_runs_but_keeps_latest_and_shared_content(aged, capsys):
+    before = counts(aged)
+    assert before == {"runs": 5, "results": 10, "manifests": 3, "fingerprints": 10,
+                      "latest": 6}
+    only_old_a = {t["hash"] for t in cnn_tensors(0.5)} - {t["hash"] for t in cnn_tensors()}
+    assert len(only_old_a) == 3 and only_old_a <= fingerprint_hashes(aged)
+
+    assert retention(aged, "--days", "30", "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "would drop 2 runs (4 results)" in out
+    assert "1 manifests and 3 fingerprints" in out
+    assert counts(aged) == before
+
+    assert retention(aged, "--days", "30", "--batch-size", "1") == 0
+    assert "dropped 2 runs (4 results)" in capsys.readouterr().out
+    # a-old is old and not node-a's latest; c-old-1 is superseded by c-old-2. b-old and
+    # c-old-2 are old but hold their node's latest results.
+    assert stored_run_ids(aged) == {"a-new", "b-old", "c-old-2"}
+    assert counts(aged) == {"runs": 3, "results": 6, "manifests": 2, "fingerprints": 7,
+                            "latest": 6}
+    remaining = fingerprint_hashes(aged)
+    assert not only_old_a & remaining  # orphaned: gone
+    assert {t["hash"] for t in cnn_tensors()} <= remaining  # shared by c-old-1 and a-new
+
+    assert retention(aged, "--days", "30") == 0
+    assert "dropped 0 runs" in capsys.readouterr().out
+    assert aged.client.get("/api/v1/nodes/node-a", headers=aged.reader).json()["runs"][
+        "total"] == 1
+
+
+def test_retention_reads_the_setting_and_is_off_without_it(aged, capsys, monkeypatch):
+    assert retention(aged) == 0
+    assert "retention is off" in capsys.readouterr().err
+    assert counts(aged)["runs"] == 5
+
+    monkeypatch.setenv("NUMPARITY_RETENTION_DAYS", "90")
+    assert retention(aged) == 0  # the runs are 60 days old: all kept
+    assert "dropped 0 runs" in capsys.readouterr().out
+    monkeypatch.setenv("NUMPARITY_RETENTION_DAYS", "30")
+    assert retention(aged) == 0
+    assert "dropped 2 runs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad", [["--days", "0"], ["--days", "x"], ["--batch-size", "-1"]])
+def test_retention_refuses_bad_numbers(bad, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--database-url", f"sqlite:///{tmp_path / 'x.db'}", "retention", *bad])
+    assert exit_info.value.code == 2
