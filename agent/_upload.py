@@ -4,6 +4,10 @@ A document is written to the spool (atomically: temporary file, then os.replace)
 before it is uploaded and deleted after a 2xx answer, so a crash or a network outage
 never loses a run. A document the server rejects for good (4xx other than 408/429)
 moves to `rejected/` so it is not retried forever. The token is never logged.
+
+Uploads ask first (DESIGN §3.2): the server says which fingerprints it lacks, and only
+those travel in full; on a known environment a run is then a few KiB of references.
+The spool always keeps the full document, so any server can take it later.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +27,9 @@ from numparity_agent._log import log
 
 DEFAULT_TIMEOUT_S = 30.0
 RUNS_PATH = "/api/v1/runs"
+MISSING_PATH = "/api/v1/fingerprints/missing"
+# A tensor entry that refers to a fingerprint the server already has (DESIGN §2.7).
+BARE_KEYS = ("name", "kind", "order", "hash")
 
 
 def default_spool_dir() -> Path:
@@ -69,20 +77,75 @@ class UploadOutcome:
         return self.status is None or self.status >= 500 or self.status in (408, 429)
 
 
+def _tensor_hashes(document: dict[str, Any]) -> list[str]:
+    """Every tensor hash of the document, first occurrence first, each once."""
+    hashes: dict[str, None] = {}
+    for result in document.get("results") or []:
+        for tensor in result.get("tensors") or []:
+            if isinstance(tensor, dict) and isinstance(tensor.get("hash"), str):
+                hashes.setdefault(tensor["hash"])
+    return list(hashes)
+
+
+def slim_document(document: dict[str, Any], missing: set[str]) -> dict[str, Any]:
+    """The document with a full fingerprint only for the first tensor of each hash in
+    `missing`; every other tensor becomes the bare reference {name, kind, order, hash}."""
+    to_send = set(missing)
+    results = []
+    for result in document.get("results") or []:
+        tensors = result.get("tensors")
+        if not tensors:
+            results.append(result)
+            continue
+        slim = []
+        for tensor in tensors:
+            digest = tensor.get("hash")
+            if digest in to_send:
+                to_send.discard(digest)
+                slim.append(tensor)
+            else:
+                slim.append({key: tensor[key] for key in BARE_KEYS if key in tensor})
+        results.append({**result, "tensors": slim})
+    return {**document, "results": results}
+
+
+def _post(
+    client: httpx.Client, url: str, gzipped: bytes, headers: dict[str, str]
+) -> tuple[UploadOutcome, str]:
+    try:
+        response = client.post(url, content=gzipped, headers=headers)
+    except httpx.HTTPError as exc:
+        return UploadOutcome(None, f"{url} unreachable: {type(exc).__name__}: {exc}"), ""
+    return UploadOutcome(response.status_code, response.text[:500]), response.text
+
+
+def _ask_missing(
+    client: httpx.Client, base: str, hashes: list[str], headers: dict[str, str]
+) -> set[str] | UploadOutcome | None:
+    """The hashes the server lacks; None when it cannot tell us (an older server: send
+    everything); an UploadOutcome when it is unreachable."""
+    url = base + MISSING_PATH
+    try:
+        response = client.post(url, json={"hashes": hashes}, headers=headers)
+    except httpx.HTTPError as exc:
+        return UploadOutcome(None, f"{url} unreachable: {type(exc).__name__}: {exc}")
+    if response.status_code != 200:
+        return None
+    try:
+        missing = response.json()["missing"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(missing, list):
+        return None
+    return {h for h in missing if isinstance(h, str)}
+
+
 def upload_bytes(
     body: bytes, *, server: str, token: str | None, timeout: float = DEFAULT_TIMEOUT_S
 ) -> UploadOutcome:
-    """POST a JSON document (already serialised) gzip-compressed to the server."""
-    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    url = server.rstrip("/") + RUNS_PATH
-    try:
-        response = httpx.post(url, content=gzip.compress(body), headers=headers, timeout=timeout)
-    except httpx.HTTPError as exc:
-        return UploadOutcome(None, f"{url} unreachable: {type(exc).__name__}: {exc}")
-    detail = response.text[:500]
-    return UploadOutcome(response.status_code, detail)
+    """POST a JSON document (already serialised) gzip-compressed to the server, whole."""
+    with httpx.Client(timeout=timeout) as client:
+        return _post(client, server.rstrip("/") + RUNS_PATH, _gzip(body), _headers(token))[0]
 
 
 def upload_document(
@@ -91,9 +154,61 @@ def upload_document(
     server: str,
     token: str | None,
     timeout: float = DEFAULT_TIMEOUT_S,
+    client: httpx.Client | None = None,
+    gzipped_full: bytes | None = None,
 ) -> UploadOutcome:
-    body = json.dumps(document, separators=(",", ":")).encode()
-    return upload_bytes(body, server=server, token=token, timeout=timeout)
+    """Upload a run document, asking first which fingerprints the server lacks (DESIGN §3.2).
+
+    Full fingerprints go only for the missing hashes, bare references for the rest. A 422
+    naming a hash we sent bare (retention dropped it meanwhile) is retried once with the
+    full document; a server without the question (404/405) gets the full document.
+    `gzipped_full` is the full document already gzip-compressed, when the caller has it.
+    """
+    if client is None:
+        with httpx.Client(timeout=timeout) as own:
+            return upload_document(document, server=server, token=token, client=own,
+                                   gzipped_full=gzipped_full)
+    base = server.rstrip("/")
+    headers = _headers(token)
+
+    def full() -> bytes:
+        return gzipped_full if gzipped_full is not None else _gzip(_dumps(document))
+
+    hashes = _tensor_hashes(document)
+    auth = {k: v for k, v in headers.items() if k == "Authorization"}
+    missing = _ask_missing(client, base, hashes, auth) if hashes else None
+    if isinstance(missing, UploadOutcome):
+        return missing
+    if missing is None or missing.issuperset(hashes):
+        return _post(client, base + RUNS_PATH, full(), headers)[0]
+    outcome, text = _post(client, base + RUNS_PATH,
+                          _gzip(_dumps(slim_document(document, missing))), headers)
+    if outcome.status == 422 and _names_a_bare_hash(text, set(hashes) - missing):
+        outcome = _post(client, base + RUNS_PATH, full(), headers)[0]
+    return outcome
+
+
+def _names_a_bare_hash(text: str, bare: set[str]) -> bool:
+    return any(match in bare for match in _HASH.findall(text))
+
+
+_HASH = re.compile(r"[0-9a-f]{64}")
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
+def _dumps(document: dict[str, Any]) -> bytes:
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def _gzip(body: bytes) -> bytes:
+    # Level 6: nearly level 9's ratio on JSON with base64 at a fraction of the time.
+    return gzip.compress(body, compresslevel=6)
 
 
 def _settle(path: Path, outcome: UploadOutcome, log_line: Callable[[str], None]) -> None:
@@ -124,7 +239,15 @@ def send_spooled(
     log_line: Callable[[str], None] = log,
 ) -> UploadOutcome:
     """Upload one spooled document and settle it (delete, keep or move to rejected/)."""
-    outcome = upload_bytes(path.read_bytes(), server=server, token=token, timeout=timeout)
+    body = path.read_bytes()
+    try:
+        document = json.loads(body)
+    except ValueError:
+        document = None
+    if isinstance(document, dict):
+        outcome = upload_document(document, server=server, token=token, timeout=timeout)
+    else:  # not ours to judge: the server answers what is wrong with it
+        outcome = upload_bytes(body, server=server, token=token, timeout=timeout)
     _settle(path, outcome, log_line)
     return outcome
 

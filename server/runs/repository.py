@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, insert, select
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import chunked, dialect_insert, insert_ignoring_conflicts
@@ -22,16 +22,23 @@ def count_results(session: Session, run_pk: int) -> int:
     return session.scalar(query) or 0
 
 
-def upsert_node(session: Session, *, name: str, labels: dict[str, Any], seen_at: datetime) -> Node:
-    insert_ignoring_conflicts(
-        session, Node.__table__,
-        [{"name": name, "labels": labels, "first_seen": seen_at, "last_seen": seen_at}],
-        keys=["name"],
+def upsert_node(session: Session, *, name: str, labels: dict[str, Any], seen_at: datetime) -> int:
+    """Insert or refresh the node (labels, last_seen never going back); its id. One statement."""
+    table = Node.__table__
+    stmt = dialect_insert(session, table).values(
+        name=name, labels=labels, first_seen=seen_at, last_seen=seen_at
     )
-    node = session.scalars(select(Node).where(Node.name == name)).one()
-    node.labels = labels
-    node.last_seen = max(node.last_seen, seen_at)
-    return node
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["name"],
+        set_={"labels": stmt.excluded.labels,
+              "last_seen": case((table.c.last_seen > stmt.excluded.last_seen, table.c.last_seen),
+                                else_=stmt.excluded.last_seen)},
+    ).returning(table.c.id)
+    return int(session.execute(stmt).scalar_one())
+
+
+def find_environment(session: Session, env_key: str) -> int | None:
+    return session.scalar(select(Environment.id).where(Environment.env_key == env_key))
 
 
 def ensure_environment(session: Session, *, row: dict[str, Any]) -> int:
@@ -42,10 +49,18 @@ def ensure_environment(session: Session, *, row: dict[str, Any]) -> int:
 
 
 def existing_fingerprints(session: Session, hashes: Iterable[str]) -> set[str]:
+    return _existing(session, Fingerprint.hash, hashes)
+
+
+def existing_manifests(session: Session, hashes: Iterable[str]) -> set[str]:
+    return _existing(session, Manifest.hash, hashes)
+
+
+def _existing(session: Session, column: Any, hashes: Iterable[str]) -> set[str]:
     wanted = sorted(set(hashes))
     found: set[str] = set()
     for part in chunked(wanted):
-        found.update(session.scalars(select(Fingerprint.hash).where(Fingerprint.hash.in_(part))))
+        found.update(session.scalars(select(column).where(column.in_(part))))
     return found
 
 
@@ -55,6 +70,20 @@ def insert_fingerprints(session: Session, rows: Sequence[dict[str, Any]]) -> Non
 
 def insert_manifests(session: Session, rows: Sequence[dict[str, Any]]) -> None:
     insert_ignoring_conflicts(session, Manifest.__table__, rows, keys=["hash"])
+
+
+def insert_run(session: Session, row: dict[str, Any]) -> int:
+    table = Run.__table__
+    return int(session.execute(insert(table).values(row).returning(table.c.id)).scalar_one())
+
+
+def insert_results(session: Session, rows: Sequence[dict[str, Any]]) -> list[int]:
+    """Bulk insert (one multi-row statement per batch); the new ids in the rows' order."""
+    if not rows:
+        return []
+    table = Result.__table__
+    stmt = insert(table).returning(table.c.id, sort_by_parameter_order=True)
+    return [int(pk) for pk in session.execute(stmt, list(rows)).scalars()]
 
 
 def upsert_latest(session: Session, rows: Sequence[dict[str, Any]]) -> None:

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from numparity_server.kit.errors import Conflict, InvalidDocument, NotFound, UnsupportedSchema
 from numparity_server.kit.pagination import Page
-from numparity_server.models import STAT_FIELDS, Result, Run, utcnow
+from numparity_server.models import STAT_FIELDS, Run, utcnow
 from numparity_server.runs import repository
 from numparity_server.runs.schemas import (
     SUPPORTED_SCHEMAS,
@@ -35,9 +35,31 @@ class IngestOutcome:
 
 
 def document_sha256(document: dict[str, Any]) -> str:
-    """sha256 of the canonical JSON, so a re-serialised identical document still matches."""
-    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """sha256 of the canonical JSON of the document with every tensor reduced to its
+    reference (name, kind, order, hash).
+
+    Everything else in a fingerprint is a function of its hash, so a run is the same run
+    whether a fingerprint travelled in full or as a reference: the agent sends references
+    for what the server has, and its retry after a lost answer sends fewer full ones.
+    Hashing the reduced document also keeps megabytes of base64 out of the canonical form.
+    """
+    reduced = dict(document)
+    results = document.get("results")
+    if isinstance(results, list):
+        reduced["results"] = [_reduced_result(result) for result in results]
+    canonical = json.dumps(reduced, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+_REFERENCE_KEYS = ("name", "kind", "order", "hash")
+
+
+def _reduced_result(result: Any) -> Any:
+    if not isinstance(result, dict) or not isinstance(result.get("tensors"), list):
+        return result
+    tensors = [{key: t[key] for key in _REFERENCE_KEYS if key in t} if isinstance(t, dict) else t
+               for t in result["tensors"]]
+    return {**result, "tensors": tensors}
 
 
 def manifest_hash(entries: list[tuple[str, str, str]]) -> str:
@@ -94,17 +116,26 @@ def _replay(session: Session, existing: Run, sha256: str) -> IngestOutcome:
 
 
 def _store(session: Session, run: RunDocument, sha256: str) -> RunCreated:
+    """Write the run with a fixed, small number of statements, whatever its size.
+
+    Core inserts (no ORM unit of work): rows that are content-addressed (environments,
+    manifests, fingerprints) are looked up first and only the new ones are built and
+    sent, so a run on a known environment writes its run row, its result rows and the
+    `latest` pointers, and little else.
+    """
     now = utcnow()
-    node = repository.upsert_node(session, name=run.node.name, labels=run.node.labels,
-                                  seen_at=now)
-    environment = run.environment.model_dump(mode="json")
-    environment_id = repository.ensure_environment(
-        session, row={"env_key": run.environment.env_key, "document": environment,
-                      "first_seen": now, **promoted_columns(environment)},
-    )
+    node_id = repository.upsert_node(session, name=run.node.name, labels=run.node.labels,
+                                     seen_at=now)
+    environment_id = repository.find_environment(session, run.environment.env_key)
+    if environment_id is None:
+        environment = run.environment.model_dump(mode="json")
+        environment_id = repository.ensure_environment(
+            session, row={"env_key": run.environment.env_key, "document": environment,
+                          "first_seen": now, **promoted_columns(environment)},
+        )
     _store_fingerprints(session, run, now=now)
 
-    manifests: dict[str, dict[str, Any]] = {}
+    manifests: dict[str, list[tuple[str, str, str]]] = {}
     result_manifest: list[str | None] = []
     for result in run.results:
         if result.status != "ok":
@@ -112,37 +143,36 @@ def _store(session: Session, run: RunDocument, sha256: str) -> RunCreated:
             continue
         triples = [(t.name, t.kind, t.hash) for t in _ordered(result.tensors)]
         digest = manifest_hash(triples)
-        manifests.setdefault(digest, {
-            "hash": digest,
-            "entries": [{"name": n, "kind": k, "hash": h} for n, k, h in triples],
-            "tensor_count": len(triples),
-            "created_at": now,
-        })
+        manifests.setdefault(digest, triples)
         result_manifest.append(digest)
-    repository.insert_manifests(session, [manifests[h] for h in sorted(manifests)])
+    known_manifests = repository.existing_manifests(session, manifests)
+    repository.insert_manifests(session, [
+        {"hash": digest, "entries": [{"name": n, "kind": k, "hash": h}
+                                     for n, k, h in manifests[digest]],
+         "tensor_count": len(manifests[digest]), "created_at": now}
+        for digest in sorted(manifests) if digest not in known_manifests
+    ])
 
-    run_row = Run(
-        run_id=run.run_id, node_id=node.id, environment_id=environment_id,
-        started_at=run.started_at, finished_at=run.finished_at,
-        agent_version=run.agent_version, document_sha256=sha256, drill=run.drill,
-        received_at=now,
+    run_pk = repository.insert_run(session, {
+        "run_id": run.run_id, "node_id": node_id, "environment_id": environment_id,
+        "started_at": run.started_at, "finished_at": run.finished_at,
+        "agent_version": run.agent_version, "document_sha256": sha256, "drill": run.drill,
+        "received_at": now,
+    })
+    result_ids = repository.insert_results(
+        session, [_result_row(run_pk, result, digest)
+                  for result, digest in zip(run.results, result_manifest, strict=True)],
     )
-    session.add(run_row)
-    session.flush()
-    results = [_result_row(run_row.id, result, digest)
-               for result, digest in zip(run.results, result_manifest, strict=True)]
-    session.add_all(results)
-    session.flush()
 
     # Within one document the last result of a key wins (one per device at most).
     latest: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for row in results:
-        latest[(row.suite, row.workload, row.variant)] = {
-            "node_id": node.id, "suite": row.suite, "workload": row.workload,
-            "variant": row.variant, "result_id": row.id, "started_at": run.started_at,
+    for result, result_id in zip(run.results, result_ids, strict=True):
+        latest[(result.suite, result.workload, result.variant)] = {
+            "node_id": node_id, "suite": result.suite, "workload": result.workload,
+            "variant": result.variant, "result_id": result_id, "started_at": run.started_at,
         }
     repository.upsert_latest(session, list(latest.values()))
-    return RunCreated(id=run_row.id, run_id=run.run_id, results=len(results))
+    return RunCreated(id=run_pk, run_id=run.run_id, results=len(result_ids))
 
 
 def _ordered(tensors: list[TensorEntry]) -> list[TensorEntry]:
@@ -154,7 +184,9 @@ def _store_fingerprints(session: Session, run: RunDocument, *, now: Any) -> None
     bare: list[tuple[list[str | int], TensorEntry]] = []
     for i, result in enumerate(run.results):
         for j, tensor in enumerate(result.tensors):
-            if tensor.is_bare:
+            # Validation guarantees a full fingerprint has a dtype: no dtype means bare
+            # (cheaper than TensorEntry.is_bare, which is hot here at ~400 tensors a run).
+            if tensor.dtype is None:
                 bare.append((["body", "results", i, "tensors", j, "hash"], tensor))
             else:
                 full.setdefault(tensor.hash, tensor)
@@ -169,6 +201,7 @@ def _store_fingerprints(session: Session, run: RunDocument, *, now: Any) -> None
             for loc, t in unknown
         ])
     # Sorted by hash: concurrent ingests then take row locks in one order (no deadlock).
+    # Fingerprints the server already has are neither rebuilt nor sent again.
     repository.insert_fingerprints(
         session,
         [fingerprint_row(full[h], now=now) for h in sorted(full) if h not in known],
@@ -187,15 +220,16 @@ def fingerprint_row(tensor: TensorEntry, *, now: Any) -> dict[str, Any]:
     return row
 
 
-def _result_row(run_pk: int, result: ResultDoc, digest: str | None) -> Result:
-    return Result(
-        run_id=run_pk, suite=result.suite, workload=result.workload,
-        workload_version=result.workload_version, variant=result.variant,
-        device=result.device, status=result.status, reason=result.reason,
-        error=result.error, input_hash=result.input_hash, param_hash=result.param_hash,
-        manifest_hash=digest, wall_s=result.wall_s, repeats=result.repeats,
-        repeats_agree=result.repeats_agree, knobs=result.knobs,
-    )
+def _result_row(run_pk: int, result: ResultDoc, digest: str | None) -> dict[str, Any]:
+    return {
+        "run_id": run_pk, "suite": result.suite, "workload": result.workload,
+        "workload_version": result.workload_version, "variant": result.variant,
+        "device": result.device, "status": result.status, "reason": result.reason,
+        "error": result.error, "input_hash": result.input_hash,
+        "param_hash": result.param_hash, "manifest_hash": digest, "wall_s": result.wall_s,
+        "repeats": result.repeats, "repeats_agree": result.repeats_agree,
+        "knobs": result.knobs,
+    }
 
 
 _PROMOTED_LENGTHS = {"gpu_name": 255, "compute_capability": 16, "driver": 64, "cuda": 64,

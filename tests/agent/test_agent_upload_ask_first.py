@@ -1,0 +1,155 @@
+"""Ask-first uploads against a real server (DESIGN §3.2): only missing fingerprints travel."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from numparity_agent._cli import main
+from numparity_agent._fingerprint import fingerprint
+from numparity_agent._upload import MISSING_PATH, RUNS_PATH, spool_document, spooled
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def agent_document(node: str) -> dict[str, Any]:
+    """A run document whose tensors are fingerprinted by the agent itself."""
+    generator = torch.Generator().manual_seed(7)
+    specs = [("conv1", "layer", (8, 16, 12, 12)), ("fc1", "layer", (8, 128)),
+             ("output", "output", (8, 10))]
+    tensors = [{"name": name, "kind": kind, "order": order,
+                **fingerprint(torch.randn(shape, generator=generator))}
+               for order, (name, kind, shape) in enumerate(specs)]
+    results = [{"suite": "standard", "workload": "cnn", "workload_version": 1,
+                "variant": variant, "device": "cpu", "status": "ok",
+                "input_hash": "i" * 64, "param_hash": "p" * 64, "repeats": 2,
+                "repeats_agree": True, "wall_s": 0.1, "tensors": copy.deepcopy(tensors)}
+               for variant in ("default", "strict")]
+    return {
+        "schema": "numparity.run/v1", "run_id": str(uuid.uuid4()),
+        "node": {"name": node, "labels": {}}, "agent_version": "0.1.0",
+        "started_at": "2026-11-21T10:00:00Z", "finished_at": "2026-11-21T10:00:41Z",
+        "drill": False, "environment": {"env_key": "e" * 64, "torch": {"version": "2.13.0"}},
+        "results": results,
+    }
+
+
+_CLIENT_INIT = httpx.Client.__init__
+
+
+class Recorder:
+    """Counts what the agent sends, per path, through an httpx event hook."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, bytes]] = []
+
+    def __call__(self, request: httpx.Request) -> None:
+        self.requests.append((request.url.path, request.content))
+
+    def sent(self, path: str) -> list[bytes]:
+        return [body for p, body in self.requests if p == path]
+
+
+def flush_with(monkeypatch, recorder: Recorder, *args: str) -> int:
+    """`numparity-agent flush ARGS` with every httpx.Client of the agent recording."""
+    def init(self, *a, **kw):
+        kw["event_hooks"] = {"request": [recorder]}
+        _CLIENT_INIT(self, *a, **kw)
+
+    monkeypatch.setattr(httpx.Client, "__init__", init)
+    return main(["flush", *args])
+
+
+def test_second_node_on_known_tensors_uploads_references_only(live_server, tmp_path,
+                                                              monkeypatch):
+    first, second = agent_document("node-a"), agent_document("node-b")
+    spool = tmp_path / "spool"
+    flags = ["--server", live_server.base_url, "--token", live_server.agent_token,
+             "--spool", str(spool)]
+
+    first_path = spool_document(first, spool)
+    full_text = first_path.read_bytes()
+    recorder = Recorder()
+    assert flush_with(monkeypatch, recorder, *flags) == 0
+    (first_body,) = recorder.sent(RUNS_PATH)
+    # Nothing known yet: the document goes whole (each fingerprint once).
+    assert json.loads(gzip.decompress(first_body)) == json.loads(full_text)
+
+    second_path = spool_document(second, spool)
+    assert json.loads(second_path.read_bytes()) == second  # the spool keeps it whole
+    recorder = Recorder()
+    assert flush_with(monkeypatch, recorder, *flags) == 0
+    assert spooled(spool) == []
+    (question,) = recorder.sent(MISSING_PATH)
+    assert sorted(json.loads(question)["hashes"]) == sorted(
+        {t["hash"] for r in second["results"] for t in r["tensors"]})
+    (second_body,) = recorder.sent(RUNS_PATH)
+    sent = json.loads(gzip.decompress(second_body))
+    assert all(set(t) == {"name", "kind", "order", "hash"}
+               for r in sent["results"] for t in r["tensors"])
+    assert len(second_body) * 10 < len(first_body), (len(second_body), len(first_body))
+
+    summary = httpx.get(f"{live_server.base_url}/api/v1/runs/{second['run_id']}",
+                        headers=live_server.headers("reader"), timeout=10).json()
+    assert summary["node"] == "node-b"
+    assert [(r["variant"], r["status"], r["tensors"]) for r in summary["results"]] == [
+        ("default", "ok", 3), ("strict", "ok", 3)]
+    first_summary = httpx.get(f"{live_server.base_url}/api/v1/runs/{first['run_id']}",
+                              headers=live_server.headers("reader"), timeout=10).json()
+    assert ([r["manifest_hash"] for r in summary["results"]]
+            == [r["manifest_hash"] for r in first_summary["results"]])
+
+
+def test_retry_after_a_lost_answer_is_the_same_run(live_server):
+    """A run first stored with full fingerprints, sent again as references: 200, not 409."""
+    from numparity_agent._upload import upload_document
+
+    document = agent_document("node-a")
+    kwargs = {"server": live_server.base_url, "token": live_server.agent_token}
+    assert upload_document(document, **kwargs).status == 201
+    assert upload_document(document, **kwargs).status == 200
+
+
+def test_unknown_reference_is_retried_once_with_the_full_document(live_server, monkeypatch):
+    """The server forgot a fingerprint between the question and the upload (retention)."""
+    from numparity_agent import _upload
+
+    document = agent_document("node-a")
+    monkeypatch.setattr(_upload, "_ask_missing", lambda *args: set())  # "I have them all"
+    recorder = Recorder()
+    with httpx.Client(timeout=30, event_hooks={"request": [recorder]}) as client:
+        outcome = _upload.upload_document(document, server=live_server.base_url,
+                                          token=live_server.agent_token, client=client)
+    assert outcome.status == 201, outcome.detail
+    slim, full = recorder.sent(RUNS_PATH)
+    assert all("stats" not in t for r in json.loads(gzip.decompress(slim))["results"]
+               for t in r["tensors"])
+    assert json.loads(gzip.decompress(full)) == document
+
+
+def test_server_without_the_question_gets_the_full_document(tmp_path, monkeypatch):
+    """An older server answers 404 to /fingerprints/missing: send everything."""
+    seen: list[tuple[str, bytes]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, request.content))
+        if request.url.path == MISSING_PATH:
+            return httpx.Response(404, json={"detail": "Not Found"})
+        return httpx.Response(201, json={"id": 1, "run_id": "x", "results": 2})
+
+    from numparity_agent._upload import upload_document
+
+    document = agent_document("node-a")
+    with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+        outcome = upload_document(document, server="http://numparity.invalid", token="t",
+                                  client=client)
+    assert outcome.ok
+    assert [path for path, _ in seen] == [MISSING_PATH, RUNS_PATH]
+    assert json.loads(gzip.decompress(seen[1][1])) == document
