@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from numparity_server.auth import repository
 from numparity_server.auth.schemas import ROLES, CreatedToken, Principal, Role, TokenOut
+from numparity_server.kit.db import writing
 from numparity_server.kit.errors import BadRequest, Forbidden, NotFound, Unauthorized
 from numparity_server.models import Token, utcnow
 
@@ -25,8 +26,8 @@ def create_token(*, session: Session, role: str, label: str = "") -> CreatedToke
     # 32 random bytes; the "np_" prefix makes a leaked token easy to recognise in logs.
     token = "np_" + secrets.token_urlsafe(32)
     row = Token(sha256=hash_token(token), role=role, label=label)
-    session.add(row)
-    session.commit()
+    with writing(session):
+        session.add(row)
     return CreatedToken(id=row.id, role=row.role, label=row.label, token=token)
 
 
@@ -36,12 +37,12 @@ def list_tokens(*, session: Session) -> list[TokenOut]:
 
 
 def revoke_token(*, session: Session, token_id: int) -> TokenOut:
-    row = repository.get(session, token_id)
-    if row is None:
-        raise NotFound(f"no token with id {token_id}")
-    if row.revoked_at is None:
-        row.revoked_at = utcnow()
-        session.commit()
+    with writing(session):
+        row = repository.get(session, token_id)
+        if row is None:
+            raise NotFound(f"no token with id {token_id}")
+        if row.revoked_at is None:
+            row.revoked_at = utcnow()
     return TokenOut.model_validate(row, from_attributes=True)
 
 

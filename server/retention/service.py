@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
+from numparity_server.kit.db import writing
 from numparity_server.models import utcnow
 from numparity_server.retention import repository
 
@@ -49,7 +50,7 @@ def apply_retention(*, sessions: Callable[[], Session], days: int, batch_size: i
 
     runs = results = 0
     while True:
-        with sessions() as session, session.begin():
+        with sessions() as session, writing(session):
             batch = repository.expired_run_ids(session, cutoff, limit=batch_size)
             if not batch:
                 break
@@ -58,7 +59,7 @@ def apply_retention(*, sessions: Callable[[], Session], days: int, batch_size: i
 
     manifests = 0
     while True:
-        with sessions() as session, session.begin():
+        with sessions() as session, writing(session):
             hashes = repository.orphan_manifests(session, limit=batch_size)
             if not hashes:
                 break
@@ -88,7 +89,7 @@ def _drop_orphan_fingerprints(sessions: Callable[[], Session], batch_size: int) 
         orphans = [h for h in repository.fingerprint_hashes(session) if h not in referenced]
     dropped = 0
     for start in range(0, len(orphans), batch_size):
-        with sessions() as session, session.begin():
+        with sessions() as session, writing(session):
             recent = _referenced(session, created_since=scan_started - _INGEST_MARGIN)
             batch = [h for h in orphans[start : start + batch_size] if h not in recent]
             if batch:

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from numparity_server.kit.db import writing
 from numparity_server.kit.errors import Conflict, InvalidDocument, NotFound, UnsupportedSchema
 from numparity_server.kit.pagination import Page
 from numparity_server.models import STAT_FIELDS, Run, utcnow
@@ -92,11 +93,10 @@ def ingest_run(*, session: Session, document: dict[str, Any]) -> IngestOutcome:
     if existing is not None:
         return _replay(session, existing, sha256)
     try:
-        created = _store(session, run, sha256)
-        session.commit()
+        with writing(session):
+            created = _store(session, run, sha256)
     except IntegrityError:
         # Another request stored the same run_id between our check and our insert.
-        session.rollback()
         existing = repository.find_run(session, run.run_id)
         if existing is None:
             raise
