@@ -5,18 +5,21 @@ before it is uploaded and deleted after a 2xx answer, so a crash or a network ou
 never loses a run. A document the server rejects for good (4xx other than 408/429)
 moves to `rejected/` so it is not retried forever. The token is never logged.
 
-Uploads ask first (DESIGN §3.2): the server says which fingerprints it lacks, and only
-those travel in full; on a known environment a run is then a few KiB of references.
-The spool always keeps the full document, so any server can take it later.
+Uploads ask first (DESIGN §3.2). The agent asks which of its results' manifests (the
+ordered (name, kind, hash) lists) the server lacks; a result whose manifest it has
+travels as that one hash. For the others it asks which fingerprints are missing, and
+only those travel in full, the rest as bare references. On a known environment a run is
+then a few KiB. The spool always keeps the full document, so any server can take it.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,23 +80,52 @@ class UploadOutcome:
         return self.status is None or self.status >= 500 or self.status in (408, 429)
 
 
-def _tensor_hashes(document: dict[str, Any]) -> list[str]:
-    """Every tensor hash of the document, first occurrence first, each once."""
+def manifest_hash(tensors: list[dict[str, Any]]) -> str:
+    """The server's manifest hash of a result's tensors: sha256 of the canonical JSON of
+    the (name, kind, hash) triples in `order` (the form is part of the contract)."""
+    ordered = sorted(enumerate(tensors), key=lambda it: (it[1]["order"], it[0]))
+    triples = [[t["name"], t["kind"], t["hash"]] for _, t in ordered]
+    canonical = json.dumps(triples, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _manifests(document: dict[str, Any]) -> dict[int, str]:
+    """Result index -> manifest hash, for every result that has tensors."""
+    return {i: manifest_hash(result["tensors"])
+            for i, result in enumerate(document.get("results") or [])
+            if result.get("tensors")}
+
+
+def _tensor_hashes(document: dict[str, Any], only: set[int] | None = None) -> list[str]:
+    """Every tensor hash of the document (of results `only`), first occurrence first, once."""
     hashes: dict[str, None] = {}
-    for result in document.get("results") or []:
+    for i, result in enumerate(document.get("results") or []):
+        if only is not None and i not in only:
+            continue
         for tensor in result.get("tensors") or []:
             if isinstance(tensor, dict) and isinstance(tensor.get("hash"), str):
                 hashes.setdefault(tensor["hash"])
     return list(hashes)
 
 
-def slim_document(document: dict[str, Any], missing: set[str]) -> dict[str, Any]:
-    """The document with a full fingerprint only for the first tensor of each hash in
-    `missing`; every other tensor becomes the bare reference {name, kind, order, hash}."""
+def slim_document(
+    document: dict[str, Any], missing: set[str], known_manifests: dict[int, str] | None = None
+) -> dict[str, Any]:
+    """The document as it travels to a server that lacks only `missing` fingerprints.
+
+    A result in `known_manifests` (index -> manifest hash the server has) carries only
+    that hash. Elsewhere the first tensor of each hash in `missing` travels in full and
+    every other tensor as the bare reference {name, kind, order, hash}.
+    """
+    known_manifests = known_manifests or {}
     to_send = set(missing)
     results = []
-    for result in document.get("results") or []:
+    for i, result in enumerate(document.get("results") or []):
         tensors = result.get("tensors")
+        if i in known_manifests:
+            slim_result = {k: v for k, v in result.items() if k != "tensors"}
+            results.append({**slim_result, "manifest": known_manifests[i]})
+            continue
         if not tensors:
             results.append(result)
             continue
@@ -119,25 +151,41 @@ def _post(
     return UploadOutcome(response.status_code, response.text[:500]), response.text
 
 
+@dataclass(frozen=True)
+class _Missing:
+    fingerprints: set[str]
+    manifests: set[str]
+
+
 def _ask_missing(
-    client: httpx.Client, base: str, hashes: list[str], headers: dict[str, str]
-) -> set[str] | UploadOutcome | None:
-    """The hashes the server lacks; None when it cannot tell us (an older server: send
+    client: httpx.Client,
+    base: str,
+    headers: dict[str, str],
+    *,
+    hashes: Sequence[str] = (),
+    manifests: Sequence[str] = (),
+) -> _Missing | UploadOutcome | None:
+    """What the server lacks of these; None when it cannot tell us (an older server: send
     everything); an UploadOutcome when it is unreachable."""
     url = base + MISSING_PATH
     try:
-        response = client.post(url, json={"hashes": hashes}, headers=headers)
+        response = client.post(url, json={"hashes": list(hashes), "manifests": list(manifests)},
+                               headers=headers)
     except httpx.HTTPError as exc:
         return UploadOutcome(None, f"{url} unreachable: {type(exc).__name__}: {exc}")
     if response.status_code != 200:
         return None
     try:
-        missing = response.json()["missing"]
-    except (ValueError, KeyError, TypeError):
+        answer = response.json()
+        missing = answer["missing"]
+        # A server that predates manifest references does not answer for them: it has none.
+        missing_manifests = answer.get("missing_manifests", manifests)
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    if not isinstance(missing, list):
+    if not isinstance(missing, list) or not isinstance(missing_manifests, list):
         return None
-    return {h for h in missing if isinstance(h, str)}
+    return _Missing({h for h in missing if isinstance(h, str)},
+                    {h for h in missing_manifests if isinstance(h, str)})
 
 
 def upload_bytes(
@@ -157,10 +205,11 @@ def upload_document(
     client: httpx.Client | None = None,
     gzipped_full: bytes | None = None,
 ) -> UploadOutcome:
-    """Upload a run document, asking first which fingerprints the server lacks (DESIGN §3.2).
+    """Upload a run document, asking first what the server lacks (DESIGN §3.2).
 
-    Full fingerprints go only for the missing hashes, bare references for the rest. A 422
-    naming a hash we sent bare (retention dropped it meanwhile) is retried once with the
+    Results whose manifest the server has travel as its hash; of the others, full
+    fingerprints go only for the missing hashes, bare references for the rest. A 422
+    naming a hash we referenced (retention dropped it meanwhile) is retried once with the
     full document; a server without the question (404/405) gets the full document.
     `gzipped_full` is the full document already gzip-compressed, when the caller has it.
     """
@@ -174,16 +223,32 @@ def upload_document(
     def full() -> bytes:
         return gzipped_full if gzipped_full is not None else _gzip(_dumps(document))
 
-    hashes = _tensor_hashes(document)
     auth = {k: v for k, v in headers.items() if k == "Authorization"}
-    missing = _ask_missing(client, base, hashes, auth) if hashes else None
-    if isinstance(missing, UploadOutcome):
-        return missing
-    if missing is None or missing.issuperset(hashes):
+    manifests = _manifests(document)
+    if not manifests:
+        return _post(client, base + RUNS_PATH, full(), headers)[0]
+    answer = _ask_missing(client, base, auth, manifests=sorted(set(manifests.values())))
+    if isinstance(answer, UploadOutcome):
+        return answer
+    if answer is None:  # a server that cannot tell: send everything
+        return _post(client, base + RUNS_PATH, full(), headers)[0]
+    known_manifests = {i: digest for i, digest in manifests.items()
+                       if digest not in answer.manifests}
+    hashes = _tensor_hashes(document, only=set(manifests) - set(known_manifests))
+    missing: set[str] = set()
+    if hashes:
+        answer = _ask_missing(client, base, auth, hashes=hashes)
+        if isinstance(answer, UploadOutcome):
+            return answer
+        missing = set(hashes) if answer is None else answer.fingerprints
+    if not known_manifests and missing.issuperset(hashes):
         return _post(client, base + RUNS_PATH, full(), headers)[0]
     outcome, text = _post(client, base + RUNS_PATH,
-                          _gzip(_dumps(slim_document(document, missing))), headers)
-    if outcome.status == 422 and _names_a_bare_hash(text, set(hashes) - missing):
+                          _gzip(_dumps(slim_document(document, missing, known_manifests))),
+                          headers)
+    referenced = (set(hashes) - missing) | set(known_manifests.values())
+    if outcome.status == 422 and _names_a_bare_hash(text, referenced):
+        # Retention dropped what we referenced between the question and the upload.
         outcome = _post(client, base + RUNS_PATH, full(), headers)[0]
     return outcome
 

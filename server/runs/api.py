@@ -57,7 +57,9 @@ async def upload_run(
 
 @router.post("/fingerprints/missing", response_model=MissingOut)
 def missing_fingerprints(body: MissingIn, session: DbSession, _principal: AgentAuth) -> MissingOut:
-    return service.missing_fingerprints(session=session, hashes=body.hashes)
+    """Which of these tensor hashes and manifest hashes the server lacks (DESIGN §3.2)."""
+    return service.missing_fingerprints(session=session, hashes=body.hashes,
+                                        manifests=body.manifests)
 
 
 @router.get("/runs", response_model=Page[RunListItem])

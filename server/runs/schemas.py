@@ -179,6 +179,10 @@ class ResultDoc(_Wire):
     wall_s: float | None = Field(default=None, ge=0)
     knobs: dict[str, Any] | None = None
     tensors: list[TensorEntry] = Field(default_factory=list, max_length=MAX_TENSORS_PER_RESULT)
+    # The hash of a manifest the server already has, instead of the tensor list: what an
+    # agent on a known environment sends (the sha256 of the ordered (name, kind, hash)
+    # triples as canonical JSON; see runs.service.manifest_hash).
+    manifest: str | None = Field(default=None, pattern=SHA256_HEX)
 
     @model_validator(mode="after")
     def _check(self) -> ResultDoc:
@@ -276,11 +280,17 @@ class RunSummary(BaseModel):
 
 
 class MissingIn(BaseModel):
-    hashes: list[Annotated[str, Field(pattern=SHA256_HEX)]] = Field(max_length=100_000)
+    """Tensor hashes and/or manifest hashes an agent is about to reference."""
+
+    hashes: list[Annotated[str, Field(pattern=SHA256_HEX)]] = Field(default_factory=list,
+                                                                    max_length=100_000)
+    manifests: list[Annotated[str, Field(pattern=SHA256_HEX)]] = Field(default_factory=list,
+                                                                       max_length=10_000)
 
 
 class MissingOut(BaseModel):
     missing: list[str]
+    missing_manifests: list[str] = Field(default_factory=list)
 
 
 class RunListItem(BaseModel):

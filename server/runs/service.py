@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,13 +37,14 @@ class IngestOutcome:
 
 
 def document_sha256(document: dict[str, Any]) -> str:
-    """sha256 of the canonical JSON of the document with every tensor reduced to its
-    reference (name, kind, order, hash).
+    """sha256 of the canonical JSON of the document with every result's tensor list
+    reduced to its manifest hash.
 
-    Everything else in a fingerprint is a function of its hash, so a run is the same run
-    whether a fingerprint travelled in full or as a reference: the agent sends references
-    for what the server has, and its retry after a lost answer sends fewer full ones.
-    Hashing the reduced document also keeps megabytes of base64 out of the canonical form.
+    Everything in a fingerprint but its name, kind and order is a function of its hash,
+    and the manifest hash covers those, so a run is the same run whether its tensors
+    travelled as full fingerprints, as bare references or as a manifest reference: the
+    agent sends less for what the server has, and its retry after a lost answer may send
+    another form. Hashing the reduced document also keeps megabytes of base64 out of it.
     """
     reduced = dict(document)
     results = document.get("results")
@@ -52,19 +54,23 @@ def document_sha256(document: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-_REFERENCE_KEYS = ("name", "kind", "order", "hash")
-
-
 def _reduced_result(result: Any) -> Any:
-    if not isinstance(result, dict) or not isinstance(result.get("tensors"), list):
+    """A validated result with its tensors replaced by their manifest hash."""
+    if not isinstance(result, dict) or not result.get("tensors"):
         return result
-    tensors = [{key: t[key] for key in _REFERENCE_KEYS if key in t} if isinstance(t, dict) else t
-               for t in result["tensors"]]
-    return {**result, "tensors": tensors}
+    ordered = sorted(enumerate(result["tensors"]), key=lambda it: (it[1]["order"], it[0]))
+    digest = manifest_hash([(t["name"], t["kind"], t["hash"]) for _, t in ordered])
+    reduced = {key: value for key, value in result.items() if key != "tensors"}
+    reduced["manifest"] = digest
+    return reduced
 
 
 def manifest_hash(entries: list[tuple[str, str, str]]) -> str:
-    """sha256 of the ordered (name, kind, hash) triples as canonical JSON."""
+    """sha256 of the ordered (name, kind, hash) triples as canonical JSON.
+
+    The agent computes the same hash to refer to a manifest the server has (wire field
+    ``manifest`` of a result), so this form is part of the contract.
+    """
     canonical = json.dumps([list(entry) for entry in entries], separators=(",", ":"),
                            ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
@@ -135,23 +141,7 @@ def _store(session: Session, run: RunDocument, sha256: str) -> RunCreated:
         )
     _store_fingerprints(session, run, now=now)
 
-    manifests: dict[str, list[tuple[str, str, str]]] = {}
-    result_manifest: list[str | None] = []
-    for result in run.results:
-        if result.status != "ok":
-            result_manifest.append(None)
-            continue
-        triples = [(t.name, t.kind, t.hash) for t in _ordered(result.tensors)]
-        digest = manifest_hash(triples)
-        manifests.setdefault(digest, triples)
-        result_manifest.append(digest)
-    known_manifests = repository.existing_manifests(session, manifests)
-    repository.insert_manifests(session, [
-        {"hash": digest, "entries": [{"name": n, "kind": k, "hash": h}
-                                     for n, k, h in manifests[digest]],
-         "tensor_count": len(manifests[digest]), "created_at": now}
-        for digest in sorted(manifests) if digest not in known_manifests
-    ])
+    manifests, result_manifest = _manifests(session, run, now=now)
 
     run_pk = repository.insert_run(session, {
         "run_id": run.run_id, "node_id": node_id, "environment_id": environment_id,
@@ -173,6 +163,51 @@ def _store(session: Session, run: RunDocument, sha256: str) -> RunCreated:
         }
     repository.upsert_latest(session, list(latest.values()))
     return RunCreated(id=run_pk, run_id=run.run_id, results=len(result_ids))
+
+
+def _manifests(session: Session, run: RunDocument, *, now: Any
+               ) -> tuple[dict[str, list[tuple[str, str, str]]], list[str | None]]:
+    """Each ok result's manifest hash (stored now if new) and the run's new manifests.
+
+    A result carries its tensors (the manifest is built from them; a `manifest` sent
+    beside them must match) or only the hash of a manifest the server already has.
+    """
+    manifests: dict[str, list[tuple[str, str, str]]] = {}
+    referenced: dict[str, list[str | int]] = {}
+    result_manifest: list[str | None] = []
+    mismatched = []
+    for i, result in enumerate(run.results):
+        if result.status != "ok":
+            result_manifest.append(None)
+            continue
+        if result.tensors or result.manifest is None:
+            triples = [(t.name, t.kind, t.hash) for t in _ordered(result.tensors)]
+            digest = manifest_hash(triples)
+            if result.manifest is not None and result.manifest != digest:
+                mismatched.append({"loc": ["body", "results", i, "manifest"],
+                                   "msg": f"manifest {result.manifest} is not the hash of this "
+                                          f"result's tensors ({digest})"})
+            manifests.setdefault(digest, triples)
+        else:
+            digest = result.manifest
+            referenced.setdefault(digest, ["body", "results", i, "manifest"])
+        result_manifest.append(digest)
+    if mismatched:
+        raise InvalidDocument(mismatched)
+    known = repository.existing_manifests(session, [*manifests, *referenced])
+    unknown = [{"loc": loc, "msg": f"unknown manifest {digest}: the server does not have it, "
+                                   "send the result's tensors"}
+               for digest, loc in referenced.items() if digest not in known
+               and digest not in manifests]
+    if unknown:
+        raise InvalidDocument(unknown)
+    repository.insert_manifests(session, [
+        {"hash": digest, "entries": [{"name": n, "kind": k, "hash": h}
+                                     for n, k, h in manifests[digest]],
+         "tensor_count": len(manifests[digest]), "created_at": now}
+        for digest in sorted(manifests) if digest not in known
+    ])
+    return manifests, result_manifest
 
 
 def _ordered(tensors: list[TensorEntry]) -> list[TensorEntry]:
@@ -260,10 +295,15 @@ def promoted_columns(environment: dict[str, Any]) -> dict[str, str | None]:
             for name, value in values.items()}
 
 
-def missing_fingerprints(*, session: Session, hashes: list[str]) -> MissingOut:
+def missing_fingerprints(*, session: Session, hashes: Sequence[str],
+                         manifests: Sequence[str] = ()) -> MissingOut:
     wanted = list(dict.fromkeys(hashes))
-    known = repository.existing_fingerprints(session, wanted)
-    return MissingOut(missing=[h for h in wanted if h not in known])
+    known = repository.existing_fingerprints(session, wanted) if wanted else set()
+    wanted_manifests = list(dict.fromkeys(manifests))
+    known_manifests = (repository.existing_manifests(session, wanted_manifests)
+                       if wanted_manifests else set())
+    return MissingOut(missing=[h for h in wanted if h not in known],
+                      missing_manifests=[m for m in wanted_manifests if m not in known_manifests])
 
 
 def run_summary(*, session: Session, run_id: str) -> RunSummary:

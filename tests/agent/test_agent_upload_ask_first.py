@@ -14,7 +14,13 @@ import torch
 
 from numparity_agent._cli import main
 from numparity_agent._fingerprint import fingerprint
-from numparity_agent._upload import MISSING_PATH, RUNS_PATH, spool_document, spooled
+from numparity_agent._upload import (
+    MISSING_PATH,
+    RUNS_PATH,
+    manifest_hash,
+    spool_document,
+    spooled,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -87,13 +93,16 @@ def test_second_node_on_known_tensors_uploads_references_only(live_server, tmp_p
     recorder = Recorder()
     assert flush_with(monkeypatch, recorder, *flags) == 0
     assert spooled(spool) == []
+    # One question, about the two results' manifests; the server has both.
     (question,) = recorder.sent(MISSING_PATH)
-    assert sorted(json.loads(question)["hashes"]) == sorted(
-        {t["hash"] for r in second["results"] for t in r["tensors"]})
+    asked = json.loads(question)
+    assert asked["hashes"] == []
+    assert sorted(asked["manifests"]) == sorted({manifest_hash(r["tensors"])
+                                                 for r in second["results"]})
     (second_body,) = recorder.sent(RUNS_PATH)
     sent = json.loads(gzip.decompress(second_body))
-    assert all(set(t) == {"name", "kind", "order", "hash"}
-               for r in sent["results"] for t in r["tensors"])
+    assert all("tensors" not in r and r["manifest"] == manifest_hash(original["tensors"])
+               for r, original in zip(sent["results"], second["results"], strict=True))
     assert len(second_body) * 10 < len(first_body), (len(second_body), len(first_body))
 
     summary = httpx.get(f"{live_server.base_url}/api/v1/runs/{second['run_id']}",
@@ -122,16 +131,51 @@ def test_unknown_reference_is_retried_once_with_the_full_document(live_server, m
     from numparity_agent import _upload
 
     document = agent_document("node-a")
-    monkeypatch.setattr(_upload, "_ask_missing", lambda *args: set())  # "I have them all"
+    # "I have them all": manifests and fingerprints alike.
+    monkeypatch.setattr(_upload, "_ask_missing",
+                        lambda *args, **kwargs: _upload._Missing(set(), set()))
     recorder = Recorder()
     with httpx.Client(timeout=30, event_hooks={"request": [recorder]}) as client:
         outcome = _upload.upload_document(document, server=live_server.base_url,
                                           token=live_server.agent_token, client=client)
     assert outcome.status == 201, outcome.detail
     slim, full = recorder.sent(RUNS_PATH)
-    assert all("stats" not in t for r in json.loads(gzip.decompress(slim))["results"]
-               for t in r["tensors"])
+    assert all("tensors" not in r and "manifest" in r
+               for r in json.loads(gzip.decompress(slim))["results"])
     assert json.loads(gzip.decompress(full)) == document
+
+
+def test_a_result_with_one_new_tensor_sends_only_that_fingerprint(live_server):
+    """Known manifests travel as their hash; a changed result as references plus the one
+    new fingerprint; the server stores the run complete."""
+    from numparity_agent import _upload
+
+    first = agent_document("node-a")
+    kwargs = {"server": live_server.base_url, "token": live_server.agent_token}
+    assert _upload.upload_document(first, **kwargs).status == 201
+
+    second = agent_document("node-b")
+    changed = second["results"][1]["tensors"][2]
+    changed.update(fingerprint(torch.ones(8, 10)))
+    recorder = Recorder()
+    with httpx.Client(timeout=30, event_hooks={"request": [recorder]}) as client:
+        outcome = _upload.upload_document(second, client=client, **kwargs)
+    assert outcome.status == 201, outcome.detail
+    manifests_question, hashes_question = (json.loads(b) for b in recorder.sent(MISSING_PATH))
+    assert len(manifests_question["manifests"]) == 2 and manifests_question["hashes"] == []
+    assert sorted(hashes_question["hashes"]) == sorted(
+        t["hash"] for t in second["results"][1]["tensors"])
+    (body,) = recorder.sent(RUNS_PATH)
+    default, strict = json.loads(gzip.decompress(body))["results"]
+    assert default["manifest"] == manifest_hash(first["results"][0]["tensors"])
+    assert [set(t) > {"name", "kind", "order", "hash"} for t in strict["tensors"]] == [
+        False, False, True]
+
+    summary = httpx.get(f"{live_server.base_url}/api/v1/runs/{second['run_id']}",
+                        headers=live_server.headers("reader"), timeout=10).json()
+    assert [r["tensors"] for r in summary["results"]] == [3, 3]
+    assert summary["results"][1]["manifest_hash"] == manifest_hash(
+        second["results"][1]["tensors"])
 
 
 def test_server_without_the_question_gets_the_full_document(tmp_path, monkeypatch):
