@@ -37,7 +37,9 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         }
 
     try:
-        device = torch.device(device_name)
+        # fp64-reference runs on the CPU whatever device the node asked for.
+        device = variant.target_device(torch.device(device_name))
+        device_name = str(device)
         if device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"device {device_name} requested but CUDA is not available")
     except Exception as exc:  # noqa: BLE001

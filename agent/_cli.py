@@ -7,6 +7,7 @@ NUMPARITY_SPOOL. Exit codes:
   3 the document is spooled: the server was unreachable or answered 5xx/408/429
   4 a variant failed (crash, timeout or exception); takes precedence over 3 and 5
   5 the server rejected the document (4xx); it was moved to the spool's rejected/
+  1 doctor --strict: at least one check warned
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from numparity_agent import _upload, _variants, _workloads
 from numparity_agent._log import log
 
 EXIT_OK = 0
+EXIT_DOCTOR_WARNINGS = 1
 EXIT_USAGE = 2
 EXIT_SPOOLED = 3
 EXIT_VARIANT_FAILED = 4
@@ -100,6 +102,12 @@ def _parser() -> argparse.ArgumentParser:
     server_args(flush)
 
     sub.add_parser("env", help="print the environment document")
+
+    doctor = sub.add_parser("doctor", help="the reproducibility checklist of this node")
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
+    doctor.add_argument(
+        "--strict", action="store_true", help="exit 1 when any check warns (default exit 0)"
+    )
     return parser
 
 
@@ -192,12 +200,28 @@ def _cmd_env(_args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from numparity_agent._doctor import as_json, diagnose, render
+    from numparity_agent._environment import capture_environment
+
+    environment = capture_environment()
+    checks = diagnose(environment=environment)
+    if args.json:
+        json.dump(as_json(checks), sys.stdout, indent=1)
+    else:
+        sys.stdout.write(render(checks, environment))
+    sys.stdout.write("\n")
+    if args.strict and any(c.status == "warn" for c in checks):
+        return EXIT_DOCTOR_WARNINGS
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
-    handlers = {"run": _cmd_run, "flush": _cmd_flush, "env": _cmd_env}
+    handlers = {"run": _cmd_run, "flush": _cmd_flush, "env": _cmd_env, "doctor": _cmd_doctor}
     return handlers[args.command](args)
 
 

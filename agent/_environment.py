@@ -92,6 +92,7 @@ def _torch(unknown: dict[str, str]) -> dict[str, Any]:
         "git_version": getattr(torch.version, "git_version", None),
         "config": None,
         "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),  # ROCm builds: HIP instead of CUDA
         "cudnn": None,
         "nccl": None,
         "mkldnn_available": None,

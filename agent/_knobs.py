@@ -43,6 +43,26 @@ _LEGACY = [
     ("cudnn.benchmark", "cudnn", "benchmark"),
     ("cudnn.deterministic", "cudnn", "deterministic"),
     ("mkldnn.enabled", "mkldnn", "enabled"),
+    ("mkldnn.deterministic", "mkldnn", "deterministic"),
+    # opt_einsum picks the contraction order of torch.einsum, hence the rounding.
+    ("opt_einsum.enabled", "opt_einsum", "enabled"),
+]
+
+# Knobs read by calling a getter below torch.backends: the SDPA backends that
+# scaled_dot_product_attention may choose (each computes softmax differently), and
+# the BLAS / linear algebra library preferred on CUDA (cuBLAS vs cuBLASLt, ...).
+_GETTERS = [
+    ("cuda.flash_sdp_enabled", "cuda", "flash_sdp_enabled"),
+    ("cuda.mem_efficient_sdp_enabled", "cuda", "mem_efficient_sdp_enabled"),
+    ("cuda.math_sdp_enabled", "cuda", "math_sdp_enabled"),
+    ("cuda.cudnn_sdp_enabled", "cuda", "cudnn_sdp_enabled"),
+    (
+        "cuda.fp16_bf16_reduction_math_sdp_allowed",
+        "cuda",
+        "fp16_bf16_reduction_math_sdp_allowed",
+    ),
+    ("cuda.preferred_blas_library", "cuda", "preferred_blas_library"),
+    ("cuda.preferred_linalg_library", "cuda", "preferred_linalg_library"),
 ]
 
 NUMERIC_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "PYTORCH_")
@@ -76,7 +96,8 @@ def _backend(path: str) -> Any:
 def _plain(value: Any) -> Any:
     if isinstance(value, bool | int | float | str) or value is None:
         return value
-    return str(value)
+    name = getattr(value, "name", None)  # enums such as _BlasBackend.Cublas -> "Cublas"
+    return name if isinstance(name, str) else str(value)
 
 
 def read_knobs(unknown: dict[str, str] | None = None) -> dict[str, Any]:
@@ -115,12 +136,33 @@ def read_knobs(unknown: dict[str, str] | None = None) -> dict[str, Any]:
             knobs[name] = _plain(getattr(backend, attr))
         except Exception as exc:  # noqa: BLE001 - legacy getters raise when APIs are mixed
             note(name, exc)
-    knobs["float32_matmul_precision"] = torch.get_float32_matmul_precision()
-    knobs["deterministic_algorithms"] = torch.are_deterministic_algorithms_enabled()
-    if hasattr(torch, "is_deterministic_algorithms_warn_only_enabled"):
-        knobs["deterministic_warn_only"] = torch.is_deterministic_algorithms_warn_only_enabled()
-    knobs["num_threads"] = torch.get_num_threads()
-    knobs["num_interop_threads"] = torch.get_num_interop_threads()
+    for name, path, attr in _GETTERS:
+        try:
+            getter = getattr(_backend(path), attr)
+        except AttributeError:
+            continue
+        try:
+            knobs[name] = _plain(getter())
+        except Exception as exc:  # noqa: BLE001
+            note(name, exc)
+    top_level = [
+        # Raises like the legacy getters once the fp32_precision tree has been mixed in.
+        ("float32_matmul_precision", torch.get_float32_matmul_precision),
+        ("deterministic_algorithms", torch.are_deterministic_algorithms_enabled),
+        (
+            "deterministic_warn_only",
+            getattr(torch, "is_deterministic_algorithms_warn_only_enabled", None),
+        ),
+        ("num_threads", torch.get_num_threads),
+        ("num_interop_threads", torch.get_num_interop_threads),
+    ]
+    for name, read in top_level:
+        if read is None:
+            continue
+        try:
+            knobs[name] = _plain(read())
+        except Exception as exc:  # noqa: BLE001
+            note(name, exc)
     knobs["CUBLAS_WORKSPACE_CONFIG"] = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     return knobs
 

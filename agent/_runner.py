@@ -11,7 +11,7 @@ import torch
 from numparity_agent._fingerprint import combined_hash, fingerprint, tensor_hash
 from numparity_agent._knobs import read_knobs
 from numparity_agent._variants import Variant
-from numparity_agent._workloads._base import Recorder, Workload
+from numparity_agent._workloads._base import Built, Recorder, Workload
 
 
 def _sync(device: torch.device) -> None:
@@ -47,15 +47,14 @@ def run_workload(
     signatures: list[list[tuple[str, str]]] = []
     times: list[float] = []
     input_hash = param_hash = None
+    fields: dict[str, Any] = {}
     try:
         for repeat in range(repeats):
             built = workload.build(dtype=dtype, device=device)
-            hashes = [
-                ("<inputs>", combined_hash(list(built.inputs.items()))),
-                ("<params>", combined_hash(list(built.model.state_dict().items()))),
-            ]
+            built_inputs, built_params = built_hashes(built)
+            hashes = [("<inputs>", built_inputs), ("<params>", built_params)]
             if repeat == 0:
-                input_hash, param_hash = hashes[0][1], hashes[1][1]
+                input_hash, param_hash = built_inputs, built_params
             recorder = Recorder()
             _sync(device)
             start = time.perf_counter()
@@ -63,6 +62,8 @@ def run_workload(
                 workload.run(built, recorder)
             _sync(device)
             times.append(time.perf_counter() - start)
+            if repeat == 0:
+                fields = recorder.fields
             for order, (name, kind, value) in enumerate(recorder.tensors):
                 if repeat == 0:
                     entry = {"name": name, "kind": kind, "order": order, **fingerprint(value)}
@@ -85,12 +86,22 @@ def run_workload(
         "repeats_agree": not differing,
         "wall_s": round(sum(times) / len(times), 6),
         "wall_s_repeats": [round(t, 6) for t in times],
-        "knobs": read_knobs(),
+        "knobs": {**read_knobs(), **variant.knobs(device)},
         "tensors": tensors,
     }
+    # Workload-specific fields ("train", "probes"); they never replace a contract field.
+    result.update({k: v for k, v in fields.items() if k not in result})
     if differing:
         result["repeats_differ"] = differing
     return result
+
+
+def built_hashes(built: Built) -> tuple[str, str]:
+    """(input_hash, param_hash) of a built workload, before it runs (DESIGN §2.1)."""
+    return (
+        combined_hash(list(built.inputs.items())),
+        combined_hash(list(built.model.state_dict().items())),
+    )
 
 
 def _repeat_differences(signatures: list[list[tuple[str, str]]]) -> list[str]:
@@ -106,5 +117,8 @@ def _repeat_differences(signatures: list[list[tuple[str, str]]]) -> list[str]:
 
 
 def _error_text(exc: BaseException, limit: int = 4000) -> str:
+    """The exception's own last line first (what logs and dashboards show), then the
+    end of the traceback."""
+    summary = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return text[-limit:]
+    return f"{summary[-1] if summary else type(exc).__name__}\n\n{text[-limit:]}"

@@ -5,8 +5,9 @@ A variant acts at three moments, all in its own child process:
 - `skip_reason`: why it cannot run on this device (reported as skipped, never dropped);
 - `apply`: knobs set once, before the workloads;
 and a variant may wrap each run in a context (`run_context`, for autocast) and choose
-the dtype workloads are built in (`dtype`, float64 for the reference). New variants
-(tf32, fp16-autocast, bf16-autocast, fp64-reference) subclass Variant and register.
+the dtype workloads are built in (`dtype`, float64 for the reference) and the device
+they run on (`target_device`: the reference always runs on the CPU). `knobs` adds what
+read_knobs cannot see (autocast is a context, not a global flag) to each result.
 
 Nothing here imports torch at module level: the parent process only validates names.
 """
@@ -45,6 +46,14 @@ class Variant:
         import torch
 
         return getattr(torch, self.dtype_name)
+
+    def target_device(self, device: Any) -> Any:
+        """The device this variant runs on when `device` is requested."""
+        return device
+
+    def knobs(self, device: Any) -> dict[str, Any]:
+        """Knobs in force that read_knobs cannot read from global state."""
+        return {"autocast": None}
 
 
 class Default(Variant):
@@ -96,7 +105,161 @@ def _use_deterministic_algorithms(torch: Any) -> None:
         setattr(inductor_config, "deterministic", True)  # noqa: B010 - a module attribute
 
 
-VARIANTS: dict[str, Variant] = {v.name: v for v in (Default(), Strict())}
+class TF32(Variant):
+    """TF32 for fp32 matmuls and convolutions on CUDA (Ampere and newer); on a CPU whose
+    oneDNN has native bf16 (AMX or AVX512-BF16), its analogue (DESIGN §5): fp32 matmuls
+    (and, with the fp32_precision tree of torch >= 2.9, convolutions) computed in bf16."""
+
+    name = "tf32"
+    description = "TF32 (CUDA, cc >= 8.0) or oneDNN bf16 fp32 math (CPU with AMX/AVX512-BF16)"
+
+    def skip_reason(self, device: Any) -> str | None:
+        import torch
+
+        if device.type == "cuda":
+            major, minor = torch.cuda.get_device_capability(device)
+            if major < 8:
+                return (
+                    "TF32 needs an NVIDIA GPU of compute capability 8.0 or newer; "
+                    f"{torch.cuda.get_device_name(device)} is {major}.{minor}"
+                )
+            return None
+        if device.type == "cpu":
+            return cpu_bf16_matmul_skip_reason()
+        return f"TF32 is not defined for device type {device.type}"
+
+    def apply(self, device: Any, *, threads: int) -> None:
+        import torch
+
+        backends: Any = torch.backends  # the fp32_precision tree is not in the stubs
+        new_api = hasattr(backends, "fp32_precision")
+        if device.type == "cuda":
+            torch.set_float32_matmul_precision("high")
+            if new_api:
+                # Only the new API once it is in use: mixing makes legacy getters raise.
+                backends.cuda.matmul.fp32_precision = "tf32"
+                backends.cudnn.conv.fp32_precision = "tf32"
+            else:
+                backends.cuda.matmul.allow_tf32 = True
+                backends.cudnn.allow_tf32 = True
+            return
+        torch.set_float32_matmul_precision("medium")
+        mkldnn_conv = getattr(backends.mkldnn, "conv", None)
+        if new_api and mkldnn_conv is not None:
+            mkldnn_conv.fp32_precision = "bf16"
+
+
+def cpu_flags() -> set[str] | None:
+    """The CPU feature flags from /proc/cpuinfo (None where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        return None
+    return None
+
+
+def cpu_bf16_matmul_skip_reason() -> str | None:
+    """Why oneDNN cannot compute fp32 matmuls in native bf16 here (None: it can)."""
+    import torch
+
+    if not torch.backends.mkldnn.is_available():
+        return "this torch has no oneDNN (mkldnn): no bf16 path for fp32 matmul on the CPU"
+    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    if supported is not None and not supported():
+        return "oneDNN reports no bf16 support on this CPU"
+    flags = cpu_flags()
+    if flags is None:
+        return "cannot read the CPU flags to check for AMX-BF16 or AVX512-BF16"
+    if not flags & {"amx_bf16", "avx512_bf16"}:
+        return (
+            "TF32 needs an NVIDIA GPU of compute capability 8.0 or newer, and this CPU has "
+            "no native bf16 (amx_bf16 or avx512_bf16) for its CPU analogue"
+        )
+    return None
+
+
+class Autocast(Variant):
+    autocast_dtype_name = "float16"
+
+    def skip_reason(self, device: Any) -> str | None:
+        import torch
+
+        dtype = getattr(torch, self.autocast_dtype_name)
+        if device.type == "cuda":
+            if dtype == torch.bfloat16:
+                major, _minor = torch.cuda.get_device_capability(device)
+                if major < 8 and not torch.cuda.is_bf16_supported():
+                    return f"{torch.cuda.get_device_name(device)} has no bfloat16"
+            return None
+        return _autocast_skip_reason(torch, device.type, dtype)
+
+    @contextlib.contextmanager
+    def run_context(self, device: Any) -> Iterator[None]:
+        import torch
+
+        with torch.autocast(device.type, dtype=getattr(torch, self.autocast_dtype_name)):
+            yield
+
+    def knobs(self, device: Any) -> dict[str, Any]:
+        return {"autocast": self.autocast_dtype_name}
+
+
+def _autocast_skip_reason(torch: Any, device_type: str, dtype: Any) -> str | None:
+    """Try autocast on `device_type`: older torch warns and disables it for dtypes it
+    does not support (CPU autocast had only bfloat16 before torch 2.4)."""
+    import warnings
+
+    name = str(dtype).removeprefix("torch.")
+    available = getattr(torch.amp.autocast_mode, "is_autocast_available", None)
+    if available is not None and not available(device_type):
+        return f"torch {torch.__version__} has no autocast for {device_type}"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.autocast(device_type, dtype=dtype):
+                a = torch.ones(2, 2, device=device_type)
+                out_dtype = (a @ a).dtype
+    except (RuntimeError, ValueError, AssertionError) as exc:
+        return f"autocast {name} on {device_type} fails: {exc}"
+    if out_dtype != dtype:
+        return f"torch {torch.__version__} does not autocast to {name} on {device_type}"
+    return None
+
+
+class FP16Autocast(Autocast):
+    name = "fp16-autocast"
+    description = "autocast to float16 (CUDA; CPU where this torch supports it)"
+    autocast_dtype_name = "float16"
+
+
+class BF16Autocast(Autocast):
+    name = "bf16-autocast"
+    description = "autocast to bfloat16 (CPU; CUDA with bfloat16)"
+    autocast_dtype_name = "bfloat16"
+
+
+class FP64Reference(Variant):
+    """The golden answer: every workload in float64 on the CPU. Workloads build their
+    data in float32 from the generator and cast it up (exact), so the reference
+    computes from the same numbers as the float32 variants."""
+
+    name = "fp64-reference"
+    description = "the whole workload in float64 on the CPU"
+    dtype_name = "float64"
+
+    def target_device(self, device: Any) -> Any:
+        import torch
+
+        return torch.device("cpu")
+
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (Default(), Strict(), TF32(), FP16Autocast(), BF16Autocast(), FP64Reference())
+}
 
 
 def names() -> list[str]:

@@ -13,7 +13,12 @@ SUITE = "standard"
 
 # name -> (module, class); each is a Workload subclass with `name` and `version`.
 BUILTIN: dict[str, tuple[str, str]] = {
+    "mlp": ("numparity_agent._workloads.mlp", "MLP"),
     "cnn": ("numparity_agent._workloads.cnn", "CNN"),
+    "transformer": ("numparity_agent._workloads.transformer", "Transformer"),
+    "lstm": ("numparity_agent._workloads.lstm", "LSTM"),
+    "train": ("numparity_agent._workloads.train", "Train"),
+    "probes": ("numparity_agent._workloads.probes", "Probes"),
 }
 
 

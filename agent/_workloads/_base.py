@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -38,6 +39,8 @@ class Recorder:
     """Collects (name, kind, tensor) in the order they are produced."""
 
     tensors: list[tuple[str, str, torch.Tensor]] = field(default_factory=list)
+    # Result fields a workload adds beside its tensors (e.g. "train": {...}), JSON-ready.
+    fields: dict[str, Any] = field(default_factory=dict)
     _seen: dict[str, int] = field(default_factory=dict)
 
     def record(self, name: str, kind: str, value: Any) -> None:
@@ -53,6 +56,20 @@ class Recorder:
                 self.record(f"{name}.{i}", kind, item)
 
 
+def _record_layer(recorder: Recorder, name: str, module: nn.Module, output: Any) -> None:
+    # Recurrent layers return (output, h_n) or (output, (h_n, c_n)): name the parts.
+    if isinstance(module, nn.RNNBase) and isinstance(output, tuple) and len(output) == 2:
+        out, state = output
+        recorder.record(f"{name}.output", "layer", out)
+        if isinstance(state, tuple) and len(state) == 2:
+            recorder.record(f"{name}.h", "layer", state[0])
+            recorder.record(f"{name}.c", "layer", state[1])
+        else:
+            recorder.record(f"{name}.h", "layer", state)
+        return
+    recorder.record(name, "layer", output)
+
+
 @contextlib.contextmanager
 def layer_hooks(model: nn.Module, recorder: Recorder) -> Iterator[None]:
     """Record the output of every leaf module, named by its module path."""
@@ -60,8 +77,8 @@ def layer_hooks(model: nn.Module, recorder: Recorder) -> Iterator[None]:
     for name, module in model.named_modules():
         if name and not any(True for _ in module.children()):
 
-            def hook(_module: nn.Module, _args: Any, output: Any, name: str = name) -> None:
-                recorder.record(name, "layer", output)
+            def hook(module: nn.Module, _args: Any, output: Any, name: str = name) -> None:
+                _record_layer(recorder, name, module, output)
 
             handles.append(module.register_forward_hook(hook))
     try:
@@ -92,15 +109,67 @@ def stream_name(workload: Workload, tensor: str) -> str:
     return f"{workload.suite}/{workload.name}/v{workload.version}/{tensor}"
 
 
+def bell_tensor(
+    workload: Workload, tensor: str, shape: tuple[int, ...], std: float = 1.0
+) -> torch.Tensor:
+    """A float32 CPU tensor of bell-shaped values from the stream named `tensor`."""
+    return torch.from_numpy(_rng.bell(SEED, stream_name(workload, tensor), shape, std=std))
+
+
+def uniform_tensor(
+    workload: Workload, tensor: str, shape: tuple[int, ...], low: float, high: float
+) -> torch.Tensor:
+    """A float32 CPU tensor uniform in [low, high) from the stream named `tensor`."""
+    return torch.from_numpy(_rng.uniform(SEED, stream_name(workload, tensor), shape, low, high))
+
+
+def class_labels(workload: Workload, tensor: str, n: int, classes: int) -> torch.Tensor:
+    """n int64 labels below `classes`: floor of an exact multiple of 2**-24 times classes."""
+    u = _rng.uniform(SEED, stream_name(workload, tensor), (n,), 0.0, 1.0, dtype=np.float64)
+    return torch.from_numpy(np.floor(u * classes).astype(np.int64))
+
+
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast casts to on `device_type` right now, None when it is off."""
+    try:
+        enabled = torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4 has no device argument
+        enabled = (
+            torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+        )
+    if not enabled:
+        return None
+    get_dtype = getattr(torch, "get_autocast_dtype", None)
+    if get_dtype is not None:
+        return get_dtype(device_type)  # type: ignore[no-any-return]
+    if device_type == "cpu":
+        return torch.get_autocast_cpu_dtype()
+    return torch.get_autocast_gpu_dtype()
+
+
 def init_default_(model: nn.Module, workload: Workload) -> None:
     """PyTorch's default init family from the portable generator.
 
     Linear and convolution weights and biases are uniform in +-1/sqrt(fan_in) (what
-    kaiming_uniform_(a=sqrt(5)) and the bias init amount to); each parameter draws
-    from its own stream named by its path.
+    kaiming_uniform_(a=sqrt(5)) and the bias init amount to); recurrent layers are
+    uniform in +-1/sqrt(hidden_size) (what RNNBase.reset_parameters does); each
+    parameter draws from its own stream named by its path. LayerNorm keeps its exact
+    default (ones and zeros).
     """
     with torch.no_grad():
         for module_name, module in model.named_modules():
+            if isinstance(module, nn.RNNBase):
+                bound = 1.0 / math.sqrt(module.hidden_size)
+                for pname, param in module.named_parameters(recurse=False):
+                    values = _rng.uniform(
+                        SEED,
+                        stream_name(workload, f"{module_name}.{pname}"),
+                        tuple(param.shape),
+                        -bound,
+                        bound,
+                    )
+                    param.copy_(torch.from_numpy(values))
+                continue
             weight = getattr(module, "weight", None)
             if not isinstance(module, nn.Linear | nn.modules.conv._ConvNd):
                 continue
@@ -130,7 +199,9 @@ class FactoryWorkload(Workload):
 
     The factory is called without arguments and returns either a Workload (used as
     is) or `(model, inputs)` with `inputs` a dict of named tensors (or a tuple),
-    built on the CPU; it is then cast and moved like the built-in ones.
+    built on the CPU; it is then cast and moved like the built-in ones, and put in
+    eval mode (dropout would make every repeat differ). It is called once per repeat,
+    so repeats also check that the factory builds the same numbers each time.
     """
 
     def __init__(self, spec: str, factory: Any, first: Any = None) -> None:
@@ -142,8 +213,11 @@ class FactoryWorkload(Workload):
     def build(self, *, dtype: torch.dtype, device: torch.device) -> Built:
         made, self._first = self._first, None
         model, inputs = made if made is not None else self._factory()
-        if not isinstance(inputs, dict):
+        if isinstance(inputs, torch.Tensor):
+            inputs = {"input0": inputs}
+        elif not isinstance(inputs, dict):
             inputs = {f"input{i}": t for i, t in enumerate(inputs)}
+        model.eval()
         return place(Built(model=model, inputs=dict(inputs)), dtype=dtype, device=device)
 
 

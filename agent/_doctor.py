@@ -1,0 +1,389 @@
+"""`numparity-agent doctor`: the reproducibility checklist of this node (DESIGN §2.6).
+
+Each check is a function of the environment document (the same capture as a run's,
+so the doctor and the fleet see one node the same way) and of the process
+environment; only the fp16 eps check computes something live. A check answers `ok`
+or `warn` with the fix; `info` items are advice that holds on every node (they never
+fail `--strict`).
+
+The knobs read here are the defaults a fresh Python process gets on this node: what
+user code changes at run time is invisible to the doctor.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+Status = Literal["ok", "warn", "info"]
+
+# Values of CUBLAS_WORKSPACE_CONFIG that make cuBLAS deterministic (CUDA >= 10.2).
+DETERMINISTIC_CUBLAS_WORKSPACES = (":4096:8", ":16:8")
+# Compute capability from which tensor cores run fp32 matmuls/convolutions in TF32.
+TF32_MIN_CC = (8, 0)
+# The eps the design's `train` workload and torch.optim.Adam use by default.
+ADAM_EPS = 1e-8
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    message: str
+    fix: str | None = None
+
+
+def _check_seeds(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
+    agent = (
+        "the agent seeds its strict variant itself (random, numpy, torch) and builds "
+        "inputs from its own portable generator, so its results do not depend on seeds"
+    )
+    fix = (
+        "in training code seed every generator once at start: random.seed(s); "
+        "numpy.random.seed(s); torch.manual_seed(s) (seeds the CPU and every CUDA "
+        "device); and export PYTHONHASHSEED=0 before Python starts"
+    )
+    seed = environ.get("PYTHONHASHSEED")
+    if seed is None or seed == "random":
+        return Check(
+            "seeds",
+            "warn",
+            f"{agent}; user code is not: PYTHONHASHSEED is unset, so the iteration "
+            "order of sets of strings (and anything built from it) changes every run",
+            fix,
+        )
+    return Check(
+        "seeds",
+        "ok",
+        f"{agent}; PYTHONHASHSEED={seed} fixes string hashing; user code must still "
+        "seed random, numpy and torch itself",
+        fix,
+    )
+
+
+def _check_deterministic_algorithms(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
+    knobs = env.get("knobs", {})
+    state = knobs.get("deterministic_algorithms")
+    fix = (
+        "torch.use_deterministic_algorithms(True) at the start of the program "
+        "(on CUDA with CUBLAS_WORKSPACE_CONFIG=:4096:8); ops without a deterministic "
+        "implementation then raise instead of varying silently"
+    )
+    if state is None:
+        reason = env.get("unknown", {}).get("knobs.deterministic_algorithms", "not recorded")
+        return Check("deterministic_algorithms", "warn", f"cannot be read: {reason}", fix)
+    if not state:
+        return Check(
+            "deterministic_algorithms",
+            "warn",
+            "off (the default): index_add_, scatter_add_, some backward passes and "
+            "cuDNN algorithms may use atomics whose order changes between runs",
+            fix,
+        )
+    if knobs.get("deterministic_warn_only"):
+        return Check(
+            "deterministic_algorithms",
+            "warn",
+            "on in warn-only mode: nondeterministic ops only print a warning",
+            "torch.use_deterministic_algorithms(True, warn_only=False)",
+        )
+    return Check("deterministic_algorithms", "ok", "on")
+
+
+def _check_cudnn(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
+    knobs = env.get("knobs", {})
+    cuda_node = bool(env.get("gpus"))
+    problems, fixes = [], []
+    if knobs.get("cudnn.benchmark"):
+        problems.append(
+            "cudnn.benchmark is on: cuDNN times several convolution algorithms and "
+            "keeps the fastest, which can differ from run to run and node to node"
+        )
+        fixes.append("torch.backends.cudnn.benchmark = False")
+    if cuda_node and knobs.get("cudnn.enabled") and not knobs.get("cudnn.deterministic"):
+        problems.append("cudnn.deterministic is off: cuDNN may pick nondeterministic kernels")
+        fixes.append("torch.backends.cudnn.deterministic = True")
+    if problems:
+        return Check("cudnn", "warn", "; ".join(problems), "; ".join(fixes))
+    if not cuda_node:
+        return Check("cudnn", "ok", "cudnn.benchmark off; no GPU, so no cuDNN kernels run")
+    return Check("cudnn", "ok", "cudnn.benchmark off and cudnn.deterministic on")
+
+
+def _resolve_tf32(knobs: Mapping[str, Any], chain: list[str], legacy: str) -> bool | None:
+    """Whether fp32 runs in a reduced format, from the fp32_precision tree or legacy flag.
+
+    The tree is read leaf first: 'none' means "inherit from the parent". When the
+    whole chain says 'none' the legacy flag decides (it is what torch consults then).
+    None when neither can be read (mixed APIs make the legacy getter raise).
+    """
+    for name in chain:
+        value = knobs.get(name)
+        if value in ("tf32", "bf16"):
+            return True
+        if value == "ieee":
+            return False
+    value = knobs.get(legacy)
+    return value if isinstance(value, bool) else None
+
+
+def tf32_in_force(knobs: Mapping[str, Any]) -> dict[str, bool | None]:
+    """{"matmul": ..., "conv": ...}: whether CUDA fp32 matmuls / convolutions use TF32."""
+    matmul = _resolve_tf32(
+        knobs, ["cuda.matmul.fp32_precision", "fp32_precision"], "cuda.matmul.allow_tf32"
+    )
+    if matmul is False and knobs.get("float32_matmul_precision") in ("high", "medium"):
+        matmul = True
+    conv = _resolve_tf32(
+        knobs,
+        ["cudnn.conv.fp32_precision", "cudnn.fp32_precision", "fp32_precision"],
+        "cudnn.allow_tf32",
+    )
+    return {"matmul": matmul, "conv": conv}
+
+
+def _cc(gpu: Mapping[str, Any]) -> tuple[int, int] | None:
+    try:
+        major, minor = str(gpu["compute_capability"]).split(".")
+        return int(major), int(minor)
+    except (KeyError, ValueError):
+        return None
+
+
+def _check_tf32(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
+    knobs = env.get("knobs", {})
+    env_vars = env.get("env_vars", {})
+    gpus = env.get("gpus", [])
+    override = env_vars.get("NVIDIA_TF32_OVERRIDE")
+    if override is not None:
+        return Check(
+            "tf32",
+            "warn",
+            f"NVIDIA_TF32_OVERRIDE={override} overrides the framework's TF32 flags for "
+            "every process on this node (cuBLAS/cuDNN read it), so this node computes "
+            "differently from peers configured only in code",
+            "unset NVIDIA_TF32_OVERRIDE and choose TF32 in code "
+            "(torch.backends.cuda.matmul.fp32_precision / cudnn.conv.fp32_precision)",
+        )
+    if gpus:
+        state = tf32_in_force(knobs)
+        on = [op for op in ("matmul", "conv") if state[op]]
+        unreadable = [op for op in ("matmul", "conv") if state[op] is None]
+        ampere = [g for g in gpus if (_cc(g) or (0, 0)) >= TF32_MIN_CC]
+        names = ", ".join(
+            f"cuda:{g.get('index')} {g.get('name')} (cc {g.get('compute_capability')})"
+            for g in ampere
+        )
+        fix = (
+            'torch.backends.cuda.matmul.fp32_precision = "ieee"; '
+            'torch.backends.cudnn.conv.fp32_precision = "ieee" '
+            "(torch < 2.9: torch.backends.cuda.matmul.allow_tf32 = False; "
+            "torch.backends.cudnn.allow_tf32 = False)"
+        )
+        if ampere and on:
+            return Check(
+                "tf32",
+                "warn",
+                f"TF32 is on for fp32 {' and '.join(on)} and {names} has tensor cores "
+                "that use it: fp32 results carry a 10-bit mantissa (~1e-3 relative "
+                "error) and differ from older GPUs and from the CPU",
+                fix,
+            )
+        if ampere and unreadable:
+            return Check(
+                "tf32",
+                "warn",
+                f"cannot tell whether TF32 is on for {' and '.join(unreadable)} on {names} "
+                "(the legacy and new TF32 APIs were mixed)",
+                fix,
+            )
+        if ampere:
+            return Check("tf32", "ok", f"TF32 off for matmul and conv on {names}")
+        return Check(
+            "tf32",
+            "ok",
+            "no GPU of compute capability 8.0 or newer: TF32 does not exist on "
+            + ", ".join(f"{g.get('name')} (cc {g.get('compute_capability')})" for g in gpus),
+        )
+    return _check_cpu_reduced_fp32(env)
+
+
+def _check_cpu_reduced_fp32(env: Mapping[str, Any]) -> Check:
+    """On a CPU node the analogue of TF32: oneDNN computing fp32 matmuls in bf16 (AMX)."""
+    knobs = env.get("knobs", {})
+    flags = set(str((env.get("cpu") or {}).get("flags") or "").split())
+    precision = knobs.get("float32_matmul_precision")
+    reduced = _resolve_tf32(
+        knobs, ["mkldnn.matmul.fp32_precision", "mkldnn.fp32_precision", "fp32_precision"], ""
+    )
+    amx = "amx_bf16" in flags
+    fix = 'torch.set_float32_matmul_precision("highest") (or mkldnn.matmul.fp32_precision = "ieee")'
+    if amx and (precision in ("high", "medium") or reduced):
+        return Check(
+            "tf32",
+            "warn",
+            f"no GPU; this CPU has AMX and float32_matmul_precision is {precision!r}: "
+            "oneDNN computes fp32 matmuls in bf16 (the CPU analogue of TF32, ~1e-3 "
+            "relative error) and differs from CPUs without AMX",
+            fix,
+        )
+    if amx:
+        return Check(
+            "tf32",
+            "ok",
+            "no GPU; float32_matmul_precision is 'highest': fp32 matmuls in full "
+            "precision (on this AMX CPU 'medium'/'high' would compute them in bf16, "
+            "the CPU analogue of TF32)",
+        )
+    return Check("tf32", "ok", "no GPU and no AMX: fp32 matmuls run in full precision")
+
+
+def _check_cublas_workspace(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
+    value = env.get("env_vars", {}).get("CUBLAS_WORKSPACE_CONFIG")
+    fix = "export CUBLAS_WORKSPACE_CONFIG=:4096:8 (before CUDA starts)"
+    if not env.get("gpus"):
+        return Check("cublas_workspace", "ok", "no GPU: cuBLAS is not used")
+    if value is None:
+        return Check(
+            "cublas_workspace",
+            "warn",
+            "CUBLAS_WORKSPACE_CONFIG is unset on a CUDA node: cuBLAS may split "
+            "reductions across streams nondeterministically (and deterministic "
+            "algorithms raise on matmuls)",
+            fix,
+        )
+    if value not in DETERMINISTIC_CUBLAS_WORKSPACES:
+        return Check(
+            "cublas_workspace",
+            "warn",
+            f"CUBLAS_WORKSPACE_CONFIG={value} is not one of the deterministic settings "
+            f"{' or '.join(DETERMINISTIC_CUBLAS_WORKSPACES)}",
+            fix,
+        )
+    return Check("cublas_workspace", "ok", f"CUBLAS_WORKSPACE_CONFIG={value}")
+
+
+def _check_threads(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
+    env_vars = env.get("env_vars", {})
+    threads = (env.get("threads") or {}).get("num_threads")
+    cpus = (env.get("cpu") or {}).get("logical_cpus")
+    pinned = {k: env_vars[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in env_vars}
+    if pinned:
+        settings = ", ".join(f"{k}={v}" for k, v in pinned.items())
+        return Check("threads", "ok", f"{settings}: torch uses {threads} thread(s)")
+    return Check(
+        "threads",
+        "warn",
+        f"OMP_NUM_THREADS and MKL_NUM_THREADS are unset: torch uses {threads} thread(s) "
+        f"because this machine has {cpus} logical CPUs; CPU reductions are split by "
+        "thread, so a machine with another core count sums in another order",
+        f"export OMP_NUM_THREADS={threads} (the same on every node), or "
+        f"torch.set_num_threads({threads}) in code",
+    )
+
+
+def _check_mkl_cbwr(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
+    torch_doc = env.get("torch") or {}
+    value = env.get("env_vars", {}).get("MKL_CBWR")
+    if not torch_doc.get("mkl_available"):
+        return Check("mkl_cbwr", "ok", "torch is not built with MKL")
+    if value is None:
+        return Check(
+            "mkl_cbwr",
+            "warn",
+            "MKL_CBWR is unset on an MKL build: MKL picks its code path from the CPU "
+            "it runs on (AVX-512, AVX2, ...), so BLAS results depend on the CPU model",
+            "export MKL_CBWR=COMPATIBLE (bitwise the same on every x86 CPU, slowest) or "
+            "MKL_CBWR=AVX2 (the same on every CPU with AVX2)",
+        )
+    return Check("mkl_cbwr", "ok", f"MKL_CBWR={value}: MKL's code path is fixed")
+
+
+def _check_dataloader(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
+    return Check(
+        "dataloader_workers",
+        "info",
+        "DataLoader workers draw their own seeds: numpy and random in a worker repeat "
+        "or vary unless seeded from the worker's torch seed, and shuffling follows the "
+        "global torch generator unless it gets its own",
+        "def seed_worker(_): s = torch.initial_seed() % 2**32; numpy.random.seed(s); "
+        "random.seed(s)  -- then DataLoader(..., worker_init_fn=seed_worker, "
+        "generator=torch.Generator().manual_seed(0))",
+    )
+
+
+def fp16_underflows(eps: float = ADAM_EPS) -> bool:
+    """Whether `eps` rounds to zero in float16 (computed by torch, not assumed)."""
+    import torch
+
+    return bool(torch.tensor(eps, dtype=torch.float16) == 0)
+
+
+def _check_fp16_eps(
+    env: Mapping[str, Any], environ: Mapping[str, str], eps: float = ADAM_EPS
+) -> Check:
+    if fp16_underflows(eps):
+        return Check(
+            "fp16_eps",
+            "warn",
+            f"eps={eps:g} (LayerNorm, Adam) rounds to 0 in float16 (the smallest "
+            "subnormal is 6e-8): in pure fp16 the division by sqrt(var)+eps can "
+            "produce inf/NaN",
+            "keep eps and optimizer state in float32 (autocast and AMP do; never "
+            "model.half() with Adam), or use eps >= 1e-4 when a tensor must be fp16",
+        )
+    return Check("fp16_eps", "ok", f"eps={eps:g} is representable in float16")
+
+
+CHECKS: list[Callable[[Mapping[str, Any], Mapping[str, str]], Check]] = [
+    _check_seeds,
+    _check_deterministic_algorithms,
+    _check_cudnn,
+    _check_tf32,
+    _check_cublas_workspace,
+    _check_threads,
+    _check_mkl_cbwr,
+    _check_dataloader,
+    _check_fp16_eps,
+]
+
+
+def diagnose(
+    *, environment: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> list[Check]:
+    """The checklist for `environment` (default: captured now) and `environ`."""
+    if environment is None:
+        from numparity_agent._environment import capture_environment
+
+        environment = capture_environment()
+    environ = os.environ if environ is None else environ
+    return [check(environment, environ) for check in CHECKS]
+
+
+def as_json(checks: list[Check]) -> dict[str, Any]:
+    return {
+        "checks": [asdict(c) for c in checks],
+        "warnings": sum(c.status == "warn" for c in checks),
+    }
+
+
+def render(checks: list[Check], environment: Mapping[str, Any]) -> str:
+    torch_doc = environment.get("torch") or {}
+    gpus = environment.get("gpus") or []
+    devices = ", ".join(str(g.get("name")) for g in gpus) or "no GPU"
+    lines = [
+        f"numparity doctor: torch {torch_doc.get('version')}, "
+        f"CPU {(environment.get('cpu') or {}).get('capability')}, {devices}",
+        "(defaults of a fresh Python process on this node; what your code sets at run "
+        "time is not visible here)",
+        "",
+    ]
+    for check in checks:
+        lines.append(f"[{check.status:<4}] {check.name}: {check.message}")
+        if check.fix and check.status != "ok":
+            lines.append(f"       fix: {check.fix}")
+    warnings = sum(c.status == "warn" for c in checks)
+    lines += ["", f"{warnings} warning(s), {len(checks)} check(s)"]
+    return "\n".join(lines)

@@ -1,0 +1,282 @@
+"""Agent benchmark: the whole standard suite through the real CLI. Not run by CI.
+
+    .venv/bin/python bench/agent.py [--repeats 2] [--device cpu] [--keep FILE]
+
+1. Runs ``python -m numparity_agent run --output FILE`` with every registered workload
+   and every registered variant (names read from the registries, so new ones are
+   included; variants that cannot run here are reported as skipped by the agent) and
+   prints:
+   - wall time of the whole suite (the CLI process, start to exit);
+   - per variant: the time between the agent's "variant X: running" log lines, read
+     as they arrive (child start, torch import, environment capture, every workload
+     with its repeats and its fingerprints);
+   - per workload: the document's ``wall_s`` (mean of one run, building and
+     fingerprinting excluded) for each variant;
+   - peak RSS of the children: ``getrusage(RUSAGE_CHILDREN).ru_maxrss`` after the
+     CLI exits (the largest of the CLI and its variant children, which it waits for).
+2. Fingerprint overhead, measured in-process: for each variant, one child process (with
+   the variant's environment and knobs, as the agent's own child) builds and runs every
+   workload as ``_runner.run_workload`` does and times, separately, the run itself and
+   the calls into ``_fingerprint`` that the runner makes (``fingerprint()`` of every
+   recorded tensor of the first repeat, ``tensor_hash()`` of later repeats,
+   ``combined_hash()`` of inputs and parameters each repeat). Overhead =
+   fingerprint time / workload run time, over the whole suite and per workload.
+
+Targets (DESIGN §2.2): suite <= 60 s, fingerprint overhead <= 10 %, peak RSS <= 1.5 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from typing import Any
+
+TARGET_SUITE_S = 60.0
+TARGET_OVERHEAD = 0.10
+TARGET_RSS_BYTES = 1.5 * 2**30
+
+
+def run_cli(
+    workloads: list[str], variants: list[str], repeats: int, device: str, output: str
+) -> tuple[float, dict[str, float], list[str], int]:
+    """(suite wall s, per-variant wall s, log lines, return code) of one CLI run."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "numparity_agent",
+        "run",
+        "--workloads",
+        *workloads,
+        "--variants",
+        *variants,
+        "--repeats",
+        str(repeats),
+        "--device",
+        device,
+        "--node",
+        "bench",
+        "--output",
+        output,
+    ]
+    marks: list[tuple[float, str]] = []
+    lines: list[str] = []
+    start = time.perf_counter()
+    with subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True) as p:
+        assert p.stderr is not None
+        for line in p.stderr:
+            now = time.perf_counter()
+            lines.append(line.rstrip("\n"))
+            _, sep, rest = line.partition("numparity-agent: variant ")
+            if sep and ": running " in rest:
+                marks.append((now, rest.split(":", 1)[0]))
+        code = p.wait()
+    end = time.perf_counter()
+    per_variant: dict[str, float] = {}
+    for i, (t, name) in enumerate(marks):
+        t_next = marks[i + 1][0] if i + 1 < len(marks) else end
+        per_variant[name] = t_next - t
+    return end - start, per_variant, lines, code
+
+
+PROFILE_CHILD = r"""
+import json, sys, time
+import torch
+from numparity_agent import _variants, _workloads
+from numparity_agent import _fingerprint as fp
+from numparity_agent._workloads._base import Recorder
+
+spec = json.loads(sys.argv[1])
+variant = _variants.get(spec["variant"])
+device = torch.device(spec["device"])
+device = getattr(variant, "target_device", lambda d: d)(device)
+reason = variant.skip_reason(device)
+out = {"skipped": reason, "workloads": {}}
+if reason is None:
+    variant.apply(device, threads=torch.get_num_threads())
+    for name in spec["workloads"]:
+        workload = _workloads.load(name)
+        run_s = fp_s = 0.0
+        for repeat in range(spec["repeats"]):
+            built = workload.build(dtype=variant.dtype(), device=device)
+            t = time.perf_counter()
+            fp.combined_hash(list(built.inputs.items()))
+            fp.combined_hash(list(built.model.state_dict().items()))
+            fp_s += time.perf_counter() - t
+            recorder = Recorder()
+            t = time.perf_counter()
+            with variant.run_context(device):
+                workload.run(built, recorder)
+            run_s += time.perf_counter() - t
+            t = time.perf_counter()
+            for _name, _kind, value in recorder.tensors:
+                if repeat == 0:
+                    fp.fingerprint(value)
+                else:
+                    fp.tensor_hash(value)
+            fp_s += time.perf_counter() - t
+        out["workloads"][name] = {"run_s": run_s, "fingerprint_s": fp_s,
+                                  "tensors": len(recorder.tensors)}
+print(json.dumps(out))
+"""
+
+
+def profile_variant(
+    variant: str, workloads: list[str], repeats: int, device: str
+) -> dict[str, Any]:
+    from numparity_agent import _variants
+
+    env = _variants.get(variant).child_env(dict(os.environ))
+    spec = {"variant": variant, "workloads": workloads, "repeats": repeats, "device": device}
+    proc = subprocess.run(
+        [sys.executable, "-c", PROFILE_CHILD, json.dumps(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
+def verdict(ok: bool) -> str:
+    return "ok" if ok else "OVER TARGET"
+
+
+def main() -> int:
+    from numparity_agent import _variants, _workloads
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2, help="as the agent (default 2)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--keep", help="also keep the run document here")
+    args = parser.parse_args()
+
+    workloads = _workloads.builtin_names()
+    variants = _variants.names()
+    print(f"workloads ({len(workloads)}): {', '.join(workloads)}")
+    print(f"variants  ({len(variants)}): {', '.join(variants)}")
+    print(f"repeats {args.repeats}, device {args.device}, python {sys.executable}")
+    print()
+
+    with tempfile.TemporaryDirectory(prefix="numparity-bench-") as tmp:
+        output = args.keep or os.path.join(tmp, "run.json")
+        total_s, per_variant_s, lines, code = run_cli(
+            workloads, variants, args.repeats, args.device, output
+        )
+        peak_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # KiB
+        if code != 0 or not os.path.exists(output):
+            print(f"agent exited with code {code}")
+            print("\n".join(lines[-20:]))
+            if not os.path.exists(output):
+                return 1
+        with open(output, encoding="utf-8") as f:
+            document = json.load(f)
+
+    results = document["results"]
+    print(
+        f"== suite through the CLI: {total_s:.1f} s (target <= {TARGET_SUITE_S:.0f} s: "
+        f"{verdict(total_s <= TARGET_SUITE_S)}), exit code {code}"
+    )
+    print(
+        f"== peak RSS of the children: {peak_rss / 2**20:.0f} MiB "
+        f"(target <= {TARGET_RSS_BYTES / 2**30:.1f} GiB: "
+        f"{verdict(peak_rss <= TARGET_RSS_BYTES)})"
+    )
+    print()
+    print("per variant (child process wall, from the agent's log lines):")
+    for variant in variants:
+        statuses = [r["status"] for r in results if r["variant"] == variant]
+        skipped = [r for r in results if r["variant"] == variant and r["status"] == "skipped"]
+        note = f"  skipped: {skipped[0].get('reason')}" if skipped else ""
+        counts = ", ".join(f"{statuses.count(s)} {s}" for s in sorted(set(statuses)))
+        print(
+            f"  {variant:<16} {per_variant_s.get(variant, float('nan')):7.2f} s  ({counts}){note}"
+        )
+    print()
+    print(
+        f"per workload: wall_s from the document (mean of one of {args.repeats} runs, "
+        "building and fingerprinting excluded), by variant"
+    )
+    print(
+        "  "
+        + f"{'workload':<12}"
+        + "".join(f"{v[:14]:>15}" for v in variants)
+        + f"{'sum x repeats':>15}"
+    )
+    by_key = {(r["workload"], r["variant"]): r for r in results}
+    for workload in workloads:
+        row, total = [], 0.0
+        for variant in variants:
+            r = by_key.get((workload, variant))
+            if r is None or r["status"] != "ok":
+                row.append(f"{(r or {}).get('status', '-'):>15}")
+            else:
+                row.append(f"{r['wall_s']:>15.4f}")
+                total += r["wall_s"] * r["repeats"]
+        print(f"  {workload:<12}" + "".join(row) + f"{total:>15.3f}")
+    failed = [r for r in results if r["status"] == "failed"]
+    for r in failed:
+        print(
+            f"  FAILED {r['workload']}/{r['variant']}: "
+            f"{r.get('error', '').strip().splitlines()[-1:]}"
+        )
+    disagree = [
+        f"{r['workload']}/{r['variant']}"
+        for r in results
+        if r["status"] == "ok" and not r["repeats_agree"]
+    ]
+    print(f"  repeats disagree: {', '.join(disagree) or 'none'}")
+    print()
+
+    print(
+        "fingerprint overhead (in-process, one child per variant with its knobs; "
+        "time in _fingerprint calls / time running the workloads):"
+    )
+    fp_total = run_total = 0.0
+    per_workload: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    for variant in variants:
+        profile = profile_variant(variant, workloads, args.repeats, args.device)
+        if profile.get("error"):
+            print(f"  {variant:<16} error: {profile['error']}")
+            continue
+        if profile.get("skipped"):
+            print(f"  {variant:<16} skipped")
+            continue
+        v_fp = sum(w["fingerprint_s"] for w in profile["workloads"].values())
+        v_run = sum(w["run_s"] for w in profile["workloads"].values())
+        fp_total, run_total = fp_total + v_fp, run_total + v_run
+        for name, w in profile["workloads"].items():
+            acc = per_workload[name]
+            acc[0] += w["fingerprint_s"]
+            acc[1] += w["run_s"]
+            acc[2] = w["tensors"]
+        print(
+            f"  {variant:<16} fingerprint {v_fp:6.3f} s / workloads {v_run:6.3f} s "
+            f"= {v_fp / v_run:6.1%}"
+        )
+    for name, (w_fp, w_run, tensors) in per_workload.items():
+        print(
+            f"    {name:<12} {tensors:4d} tensors  fingerprint {w_fp:6.3f} s / "
+            f"run {w_run:6.3f} s = {w_fp / w_run if w_run else float('nan'):7.1%}"
+        )
+    if run_total:
+        overhead = fp_total / run_total
+        print(
+            f"== fingerprint overhead, whole suite: {fp_total:.3f} s / {run_total:.3f} s = "
+            f"{overhead:.1%} (target <= {TARGET_OVERHEAD:.0%}: "
+            f"{verdict(overhead <= TARGET_OVERHEAD)})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""`numparity-agent doctor`: each warning provoked, each ok path where the node allows.
+
+The node is changed at its edges only: environment variables, torch's knob getters
+(monkeypatched and restored), and fake GPUs (torch.cuda answering as an A100/V100).
+"""
+
+import json
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from agent_helpers import NUMERIC_PREFIXES, clean_env, run_agent
+
+from numparity_agent._doctor import _check_fp16_eps, diagnose, fp16_underflows, tf32_in_force
+from numparity_agent._environment import capture_environment
+
+A100 = SimpleNamespace(
+    name="NVIDIA A100-SXM4-80GB",
+    major=8,
+    minor=0,
+    multi_processor_count=108,
+    total_memory=85_899_345_920,
+    uuid="8f3a2c1e-0000-4000-8000-000000000017",
+)
+V100 = SimpleNamespace(
+    name="Tesla V100-SXM2-32GB",
+    major=7,
+    minor=0,
+    multi_processor_count=80,
+    total_memory=34_089_730_048,
+    uuid="1b2c3d4e-0000-4000-8000-000000000042",
+)
+ITEMS = [
+    "seeds",
+    "deterministic_algorithms",
+    "cudnn",
+    "tf32",
+    "cublas_workspace",
+    "threads",
+    "mkl_cbwr",
+    "dataloader_workers",
+    "fp16_eps",
+]
+
+
+@pytest.fixture(autouse=True)
+def bare_node(monkeypatch):
+    """No numeric environment variable set, no PYTHONHASHSEED: the node's defaults."""
+    for name in list(os.environ):
+        if name.startswith(NUMERIC_PREFIXES) or name in (
+            "PYTHONHASHSEED",
+            "CUBLAS_WORKSPACE_CONFIG",
+            "NVIDIA_TF32_OVERRIDE",
+        ):
+            monkeypatch.delenv(name)
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # no NVML here
+
+
+def gpus(monkeypatch, *cards):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(cards))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: cards[index])
+
+
+def check(name, environment=None):
+    """The doctor's item `name` for the node as it is now (or for `environment`)."""
+    checks = {c.name: c for c in diagnose(environment=environment)}
+    assert list(checks) == ITEMS
+    return checks[name]
+
+
+def test_seeds_warn_without_pythonhashseed():
+    item = check("seeds")
+    assert item.status == "warn" and "PYTHONHASHSEED is unset" in item.message
+    assert "the agent seeds its strict variant" in item.message
+    assert "torch.manual_seed" in item.fix and "numpy.random.seed" in item.fix
+
+
+def test_seeds_ok_with_pythonhashseed(monkeypatch):
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    item = check("seeds")
+    assert item.status == "ok" and "must still seed" in item.message
+
+
+def test_deterministic_algorithms_off_by_default_warns():
+    item = check("deterministic_algorithms")
+    assert item.status == "warn" and item.fix.startswith("torch.use_deterministic_algorithms(True)")
+
+
+def test_deterministic_algorithms_on_is_ok_and_warn_only_is_not(monkeypatch):
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert check("deterministic_algorithms").status == "ok"
+    monkeypatch.setattr(torch, "is_deterministic_algorithms_warn_only_enabled", lambda: True)
+    item = check("deterministic_algorithms")
+    assert item.status == "warn" and "warn-only" in item.message
+
+
+def test_cudnn_benchmark_on_warns(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    item = check("cudnn")
+    assert item.status == "warn" and "torch.backends.cudnn.benchmark = False" in item.fix
+
+
+def test_cudnn_on_a_gpu_node_needs_deterministic(monkeypatch):
+    gpus(monkeypatch, V100)
+    item = check("cudnn")
+    assert item.status == "warn" and "cudnn.deterministic = True" in item.fix
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    assert check("cudnn").status == "ok"
+
+
+def test_cudnn_ok_on_a_cpu_node():
+    assert check("cudnn").status == "ok"
+
+
+def test_tf32_warns_on_ampere_with_the_defaults(monkeypatch):
+    gpus(monkeypatch, A100, V100)
+    item = check("tf32")
+    # torch's default: fp32 convolutions in TF32 (cuDNN), matmuls in IEEE fp32.
+    assert tf32_in_force(capture_environment()["knobs"]) == {"matmul": False, "conv": True}
+    assert item.status == "warn"
+    assert "conv" in item.message and "NVIDIA A100-SXM4-80GB (cc 8.0)" in item.message
+    assert "V100" not in item.message
+    assert 'cudnn.conv.fp32_precision = "ieee"' in item.fix
+
+
+def test_tf32_matmul_precision_high_counts_as_tf32(monkeypatch):
+    gpus(monkeypatch, A100)
+    environment = capture_environment()
+    environment["knobs"].update(
+        {"cuda.matmul.fp32_precision": "none", "cudnn.conv.fp32_precision": "ieee"}
+    )
+    environment["knobs"]["float32_matmul_precision"] = "high"
+    item = check("tf32", environment)
+    assert item.status == "warn" and "matmul" in item.message and "conv" not in item.message
+
+
+def test_tf32_ok_on_ampere_when_off_and_on_older_gpus(monkeypatch):
+    gpus(monkeypatch, A100)
+    environment = capture_environment()  # as a node that turned TF32 off would report
+    environment["knobs"].update(
+        {"cuda.matmul.fp32_precision": "ieee", "cudnn.conv.fp32_precision": "ieee"}
+    )
+    assert check("tf32", environment).status == "ok"
+    gpus(monkeypatch, V100)
+    item = check("tf32")
+    assert item.status == "ok" and "TF32 does not exist" in item.message
+
+
+def test_tf32_unreadable_after_mixed_apis_warns(monkeypatch):
+    gpus(monkeypatch, A100)
+    environment = capture_environment()
+    # What a process that mixed the APIs reports: the tree says inherit, legacy raised.
+    for name in ("fp32_precision", "cuda.matmul.fp32_precision"):
+        environment["knobs"][name] = "none"
+    environment["knobs"]["cudnn.conv.fp32_precision"] = "ieee"
+    del environment["knobs"]["cuda.matmul.allow_tf32"]
+    item = check("tf32", environment)
+    assert item.status == "warn" and "cannot tell" in item.message
+
+
+def test_nvidia_tf32_override_warns(monkeypatch):
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    item = check("tf32")
+    assert item.status == "warn" and "NVIDIA_TF32_OVERRIDE=0" in item.message
+
+
+def test_cpu_reduced_precision_matmul_on_amx_warns(monkeypatch):
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "medium")
+    environment = capture_environment()
+    environment["cpu"]["flags"] = "amx_bf16 amx_tile avx512f"  # any machine: an AMX CPU
+    item = check("tf32", environment)
+    assert item.status == "warn" and "'medium'" in item.message and "bf16" in item.message
+
+
+def test_cpu_tf32_ok_at_highest_and_without_amx():
+    environment = capture_environment()
+    environment["cpu"]["flags"] = "amx_bf16 avx512f"
+    item = check("tf32", environment)
+    assert item.status == "ok" and "'medium'/'high'" in item.message
+    environment["cpu"]["flags"] = "avx2"
+    assert check("tf32", environment).status == "ok"
+
+
+def test_cublas_workspace_unset_on_a_cuda_node_warns(monkeypatch):
+    gpus(monkeypatch, A100)
+    item = check("cublas_workspace")
+    assert item.status == "warn" and ":4096:8" in item.fix
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")
+    assert check("cublas_workspace").status == "warn"
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    assert check("cublas_workspace").status == "ok"
+
+
+def test_cublas_workspace_ok_on_a_cpu_node():
+    assert check("cublas_workspace").status == "ok"
+
+
+def test_threads_unpinned_warn_and_pinned_ok(monkeypatch):
+    item = check("threads")
+    assert item.status == "warn" and "OMP_NUM_THREADS" in item.fix
+    assert f"{os.cpu_count()} logical CPUs" in item.message
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert check("threads").status == "ok"
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch built without MKL")
+def test_mkl_cbwr_unset_on_an_mkl_build_warns(monkeypatch):
+    item = check("mkl_cbwr")
+    assert item.status == "warn" and "MKL_CBWR=COMPATIBLE" in item.fix
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    assert check("mkl_cbwr").status == "ok"
+
+
+def test_mkl_cbwr_ok_without_mkl(monkeypatch):
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: False)
+    assert check("mkl_cbwr").status == "ok"
+
+
+def test_dataloader_advice_is_always_given():
+    item = check("dataloader_workers")
+    assert item.status == "info"
+    assert "worker_init_fn" in item.fix and "generator=torch.Generator()" in item.fix
+
+
+def test_fp16_eps_underflow_is_computed():
+    # Oracle: IEEE half in numpy. 1e-8 is below half the smallest subnormal (2**-24).
+    assert bool(np.float16(1e-8) == 0) and fp16_underflows(1e-8)
+    assert not np.float16(1e-4) == 0 and not fp16_underflows(1e-4)
+    item = check("fp16_eps")
+    assert item.status == "warn" and "rounds to 0" in item.message
+    assert _check_fp16_eps({}, {}, eps=1e-4).status == "ok"
+
+
+def test_doctor_command_text_json_and_strict():
+    env = clean_env()
+    env.pop("PYTHONHASHSEED", None)
+    proc = run_agent("doctor", env=env)
+    assert proc.returncode == 0, proc.stderr
+    for name in ITEMS:
+        assert f"] {name}: " in proc.stdout
+    assert "[warn] seeds:" in proc.stdout and "fix: " in proc.stdout
+
+    proc = run_agent("doctor", "--json", env=clean_env(OMP_NUM_THREADS="1", MKL_CBWR="AVX2"))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert list(statuses) == ITEMS
+    assert statuses["threads"] == "ok" and statuses["mkl_cbwr"] == "ok"
+    assert report["warnings"] == sum(s == "warn" for s in statuses.values())
+
+    proc = run_agent("doctor", "--strict", env=env)
+    assert proc.returncode == 1  # deterministic algorithms are off in a fresh process

@@ -1,0 +1,120 @@
+"""The whole suite under every variant, in child processes, on this CPU (DESIGN §2.3)."""
+
+import base64
+import json
+
+import numpy as np
+import pytest
+import torch
+from agent_helpers import run_agent
+
+from numparity_agent import _variants, _workloads
+
+# assert_close's defaults for bfloat16 (DESIGN §3.3).
+BF16_RTOL = 1.6e-2
+
+
+@pytest.fixture(scope="module")
+def suite_document(tmp_path_factory):
+    """Every built-in workload under every variant, one repeat each."""
+    out = tmp_path_factory.mktemp("suite") / "doc.json"
+    proc = run_agent("run", "--repeats", "1", "--output", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text())
+
+
+def results(doc):
+    return {(r["workload"], r["variant"]): r for r in doc["results"]}
+
+
+def output_values(result) -> torch.Tensor:
+    output = result["tensors"][-1]
+    assert output["kind"] == "output"
+    raw = base64.b64decode(output["values"]["data"])
+    dtype = output["values"]["dtype"]
+    if dtype == "bfloat16":
+        tensor = torch.frombuffer(bytearray(raw), dtype=torch.int16).view(torch.bfloat16)
+    else:
+        array = np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<"))
+        tensor = torch.from_numpy(array.astype(array.dtype.newbyteorder("=")))
+    return tensor.reshape(output["shape"])
+
+
+def test_every_variant_reports_every_workload_ok_or_skipped_with_a_reason(suite_document):
+    by_key = results(suite_document)
+    assert set(by_key) == {(w, v) for w in _workloads.builtin_names() for v in _variants.names()}
+    for key, result in by_key.items():
+        assert result["status"] in ("ok", "skipped"), (key, result.get("error"))
+        if result["status"] == "skipped":
+            assert result["reason"], key
+        else:
+            assert result["input_hash"] and result["tensors"] and "knobs" in result, key
+            assert result["device"] == "cpu"
+    # This CPU (AVX-512 with AMX/AVX512-BF16, torch >= 2.4) runs them all; a CPU
+    # without native bf16 skips tf32 with the reason.
+    tf32_reason = _variants.cpu_bf16_matmul_skip_reason()
+    tf32 = by_key[("mlp", "tf32")]
+    if tf32_reason:
+        assert tf32["status"] == "skipped" and tf32["reason"] == tf32_reason
+    else:
+        assert tf32["status"] == "ok"
+        assert tf32["knobs"]["float32_matmul_precision"] == "medium"
+        # oneDNN computes the fp32 matmuls in bf16: the output moves.
+        assert tf32["tensors"][-1]["hash"] != by_key[("mlp", "default")]["tensors"][-1]["hash"]
+
+
+def test_knobs_in_force_are_recorded_per_variant(suite_document):
+    by_key = results(suite_document)
+    assert by_key[("cnn", "default")]["knobs"]["autocast"] is None
+    assert by_key[("cnn", "strict")]["knobs"]["deterministic_algorithms"] is True
+    for variant, dtype in (("fp16-autocast", "float16"), ("bf16-autocast", "bfloat16")):
+        result = by_key[("mlp", variant)]
+        if result["status"] == "ok":
+            assert result["knobs"]["autocast"] == dtype
+            assert result["tensors"][-1]["dtype"] == dtype
+
+
+def test_fp64_reference_is_float64_and_differs_from_float32(suite_document):
+    by_key = results(suite_document)
+    for workload in ("mlp", "cnn", "transformer", "lstm"):
+        reference, default = by_key[(workload, "fp64-reference")], by_key[(workload, "default")]
+        assert reference["status"] == "ok" and reference["dtype"] == "float64"
+        assert reference["device"] == "cpu"
+        assert reference["tensors"][-1]["dtype"] == "float64"
+        assert reference["tensors"][-1]["hash"] != default["tensors"][-1]["hash"]
+        assert reference["input_hash"] != default["input_hash"]  # other dtype, same numbers
+        # The float32 answer is within float32 error of the float64 one.
+        torch.testing.assert_close(
+            output_values(default).double(), output_values(reference), rtol=1e-4, atol=1e-5
+        )
+
+
+def test_bf16_autocast_is_close_to_fp64_within_bf16_tolerance(suite_document):
+    by_key = results(suite_document)
+    for workload in ("mlp", "cnn", "transformer", "lstm"):
+        bf16 = by_key[(workload, "bf16-autocast")]
+        assert bf16["status"] == "ok", bf16.get("error")
+        reference = output_values(by_key[(workload, "fp64-reference")])
+        values = output_values(bf16)
+        assert values.dtype == torch.bfloat16
+        # bf16's relative tolerance, with an absolute floor relative to the output's scale:
+        # near-zero logits carry the absolute error of the larger terms they cancel.
+        scale = float(reference.abs().max())
+        torch.testing.assert_close(
+            values.double(), reference, rtol=BF16_RTOL, atol=BF16_RTOL * scale
+        )
+        assert not torch.equal(values.double(), reference)
+
+
+def test_train_and_probe_fields_under_every_variant(suite_document):
+    by_key = results(suite_document)
+    for variant in _variants.names():
+        train, probes = by_key[("train", variant)], by_key[("probes", variant)]
+        if train["status"] == "ok":
+            assert train["train"]["grad_scaler"] is (variant == "fp16-autocast")
+            assert train["train"]["skipped_steps"] == 0
+        if probes["status"] == "ok":
+            assert probes["probes"]["fp16_eps_underflow"] is True
+            assert probes["probes"]["softmax_fp16_overflow"] > 0
+            fp16 = {t["name"]: t["dtype"] for t in probes["tensors"]}
+            assert fp16["softmax_fp16"] == fp16["layer_norm_fp16"] == "float16"
