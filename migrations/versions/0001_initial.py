@@ -129,9 +129,9 @@ def upgrade() -> None:
     op.create_index(op.f("ix_runs_started_at"), "runs", ["started_at"], unique=False)
 
     op.create_table(
-        "results",
+        "outcomes",
         sa.Column("id", BIG_ID, nullable=False),
-        sa.Column("run_id", BIG_ID, nullable=False),
+        sa.Column("hash", sa.String(length=64), nullable=False),
         sa.Column("suite", sa.String(length=64), nullable=False),
         sa.Column("workload", sa.String(length=128), nullable=False),
         sa.Column("workload_version", sa.Integer(), nullable=True),
@@ -143,30 +143,35 @@ def upgrade() -> None:
         sa.Column("input_hash", sa.String(length=128), nullable=True),
         sa.Column("param_hash", sa.String(length=128), nullable=True),
         sa.Column("manifest_hash", sa.String(length=64), nullable=True),
-        sa.Column("wall_s", sa.Float(), nullable=True),
         sa.Column("repeats", sa.Integer(), nullable=True),
         sa.Column("repeats_agree", sa.Boolean(), nullable=True),
         sa.Column("knobs", sa.JSON(), nullable=True),
         sa.ForeignKeyConstraint(
-            ["manifest_hash"], ["manifests.hash"], name=op.f("fk_results_manifest_hash_manifests")
+            ["manifest_hash"], ["manifests.hash"], name=op.f("fk_outcomes_manifest_hash_manifests")
+        ),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_outcomes")),
+        sa.UniqueConstraint("hash", name=op.f("uq_outcomes_hash")),
+    )
+    op.create_index("ix_outcomes_key", "outcomes", ["suite", "workload", "variant"], unique=False)
+    op.create_index(op.f("ix_outcomes_manifest_hash"), "outcomes", ["manifest_hash"], unique=False)
+    op.create_index(op.f("ix_outcomes_status"), "outcomes", ["status"], unique=False)
+
+    op.create_table(
+        "results",
+        sa.Column("id", BIG_ID, nullable=False),
+        sa.Column("run_id", BIG_ID, nullable=False),
+        sa.Column("outcome_id", BIG_ID, nullable=False),
+        sa.Column("wall_s", sa.Float(), nullable=True),
+        sa.ForeignKeyConstraint(
+            ["outcome_id"], ["outcomes.id"], name=op.f("fk_results_outcome_id_outcomes")
         ),
         sa.ForeignKeyConstraint(
             ["run_id"], ["runs.id"], name=op.f("fk_results_run_id_runs"), ondelete="CASCADE"
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_results")),
-        sa.UniqueConstraint(
-            "run_id",
-            "suite",
-            "workload",
-            "variant",
-            "device",
-            name=op.f("uq_results_run_id_suite_workload_variant_device"),
-        ),
     )
-    op.create_index("ix_results_key", "results", ["suite", "workload", "variant"], unique=False)
-    op.create_index(op.f("ix_results_manifest_hash"), "results", ["manifest_hash"], unique=False)
+    op.create_index(op.f("ix_results_outcome_id"), "results", ["outcome_id"], unique=False)
     op.create_index(op.f("ix_results_run_id"), "results", ["run_id"], unique=False)
-    op.create_index(op.f("ix_results_status"), "results", ["status"], unique=False)
 
     op.create_table(
         "latest",
@@ -202,12 +207,13 @@ def downgrade() -> None:
     op.drop_index("ix_latest_key", table_name="latest")
 
     op.drop_table("latest")
-    op.drop_index(op.f("ix_results_status"), table_name="results")
     op.drop_index(op.f("ix_results_run_id"), table_name="results")
-    op.drop_index(op.f("ix_results_manifest_hash"), table_name="results")
-    op.drop_index("ix_results_key", table_name="results")
-
+    op.drop_index(op.f("ix_results_outcome_id"), table_name="results")
     op.drop_table("results")
+    op.drop_index(op.f("ix_outcomes_status"), table_name="outcomes")
+    op.drop_index(op.f("ix_outcomes_manifest_hash"), table_name="outcomes")
+    op.drop_index("ix_outcomes_key", table_name="outcomes")
+    op.drop_table("outcomes")
     op.drop_index(op.f("ix_runs_started_at"), table_name="runs")
     op.drop_index(op.f("ix_runs_received_at"), table_name="runs")
     op.drop_index(op.f("ix_runs_node_id"), table_name="runs")

@@ -10,7 +10,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import chunked
-from numparity_server.models import Environment, Fingerprint, Latest, Manifest, Node, Result, Run
+from numparity_server.models import (
+    Environment,
+    Fingerprint,
+    Latest,
+    Manifest,
+    Node,
+    Outcome,
+    Result,
+    Run,
+)
 
 
 @dataclass(frozen=True)
@@ -31,16 +40,18 @@ def latest_ok_results(
 ) -> list[LatestResult]:
     """Every node's newest result of the key, when that result is ok (it has a manifest)."""
     rows = session.execute(
-        select(Node.name, Run.run_id, Environment.env_key, Environment.document, Result.device,
-               Result.workload_version, Result.input_hash, Result.param_hash, Manifest.entries)
+        select(Node.name, Run.run_id, Environment.env_key, Environment.document, Outcome.device,
+               Outcome.workload_version, Outcome.input_hash, Outcome.param_hash,
+               Manifest.entries)
         .select_from(Latest)
         .join(Result, Result.id == Latest.result_id)
+        .join(Outcome, Outcome.id == Result.outcome_id)
         .join(Run, Run.id == Result.run_id)
         .join(Node, Node.id == Latest.node_id)
         .join(Environment, Environment.id == Run.environment_id)
-        .join(Manifest, Manifest.hash == Result.manifest_hash)
+        .join(Manifest, Manifest.hash == Outcome.manifest_hash)
         .where(Latest.suite == suite, Latest.workload == workload, Latest.variant == variant,
-               Result.status == "ok")
+               Outcome.status == "ok")
         .order_by(Node.name)
     ).all()
     return [LatestResult(*row) for row in rows]

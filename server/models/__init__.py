@@ -3,7 +3,7 @@
 from numparity_server.models.base import Base, UTCDateTime, utcnow
 from numparity_server.models.content import STAT_FIELDS, Fingerprint, Manifest
 from numparity_server.models.fleet import Environment, Node
-from numparity_server.models.runs import Latest, Result, Run
+from numparity_server.models.runs import Latest, Outcome, Result, Run
 from numparity_server.models.tokens import Token
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "Latest",
     "Manifest",
     "Node",
+    "Outcome",
     "Result",
     "Run",
     "Token",

@@ -37,17 +37,20 @@ class Run(Base):
     received_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
 
 
-class Result(Base):
-    """One (workload, variant) of a run: its status and, when ok, its manifest."""
+class Outcome(Base):
+    """What a result says, content-addressed like fingerprints and manifests (DESIGN §3.1).
 
-    __tablename__ = "results"
-    __table_args__ = (
-        UniqueConstraint("run_id", "suite", "workload", "variant", "device"),
-        Index("ix_results_key", "suite", "workload", "variant"),
-    )
+    Everything about a result but its timing is the same on every node of an environment
+    and in every run of a node that does not change, so it is stored once per ``hash``
+    (sha256 of its canonical JSON) and a run's results cost a few bytes each (DESIGN §4:
+    a run on a known environment adds result rows and a few KiB).
+    """
+
+    __tablename__ = "outcomes"
+    __table_args__ = (Index("ix_outcomes_key", "suite", "workload", "variant"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
-    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
     suite: Mapped[str] = mapped_column(String(64))
     workload: Mapped[str] = mapped_column(String(128))
     workload_version: Mapped[int | None] = mapped_column(Integer)
@@ -59,10 +62,20 @@ class Result(Base):
     input_hash: Mapped[str | None] = mapped_column(String(128))
     param_hash: Mapped[str | None] = mapped_column(String(128))
     manifest_hash: Mapped[str | None] = mapped_column(ForeignKey("manifests.hash"), index=True)
-    wall_s: Mapped[float | None] = mapped_column(Float)
     repeats: Mapped[int | None] = mapped_column(Integer)
     repeats_agree: Mapped[bool | None] = mapped_column(Boolean)
     knobs: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class Result(Base):
+    """One (workload, variant) of a run: its outcome and what only this run has, its time."""
+
+    __tablename__ = "results"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    outcome_id: Mapped[int] = mapped_column(ForeignKey("outcomes.id"), index=True)
+    wall_s: Mapped[float | None] = mapped_column(Float)
 
 
 class Latest(Base):

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import chunked
-from numparity_server.models import Environment, Manifest, Node, Result, Run
+from numparity_server.models import Environment, Manifest, Node, Outcome, Result, Run
 
 
 def count_nodes(session: Session) -> int:
@@ -74,8 +74,9 @@ def results_of(session: Session, run_ids: Sequence[int]) -> Sequence[Any]:
     rows: list[Any] = []
     for part in chunked(run_ids):
         rows.extend(session.execute(
-            select(Result.run_id, Result.suite, Result.workload, Result.variant, Result.device,
-                   Result.status, Result.manifest_hash)
+            select(Result.run_id, Outcome.suite, Outcome.workload, Outcome.variant,
+                   Outcome.device, Outcome.status, Outcome.manifest_hash)
+            .join(Outcome, Outcome.id == Result.outcome_id)
             .where(Result.run_id.in_(part))
         ).all())
     return rows

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, delete, exists, func, select
 from sqlalchemy.orm import Session
 
-from numparity_server.models import Fingerprint, Latest, Manifest, Result, Run
+from numparity_server.models import Fingerprint, Latest, Manifest, Outcome, Result, Run
 
 
 def _holds_latest() -> ColumnElement[bool]:
@@ -47,8 +47,24 @@ def delete_runs(session: Session, run_ids: Sequence[int]) -> int:
     return int(getattr(results, "rowcount", 0) or 0)
 
 
+def _unreferenced_outcome() -> ColumnElement[bool]:
+    return ~exists(select(Result.id).where(Result.outcome_id == Outcome.id))
+
+
+def orphan_outcomes(session: Session, *, limit: int) -> list[int]:
+    return list(session.scalars(
+        select(Outcome.id).where(_unreferenced_outcome()).order_by(Outcome.id).limit(limit)
+    ))
+
+
+def delete_outcomes(session: Session, ids: Sequence[int]) -> int:
+    # Checked again in the statement: a result stored since the batch was chosen keeps it.
+    deleted = session.execute(delete(Outcome).where(Outcome.id.in_(ids), _unreferenced_outcome()))
+    return int(getattr(deleted, "rowcount", 0) or 0)
+
+
 def _unreferenced_manifest() -> ColumnElement[bool]:
-    return ~exists(select(Result.id).where(Result.manifest_hash == Manifest.hash))
+    return ~exists(select(Outcome.id).where(Outcome.manifest_hash == Manifest.hash))
 
 
 def orphan_manifests(session: Session, *, limit: int) -> list[str]:
@@ -69,7 +85,8 @@ def manifests_dropped_with(session: Session, cutoff: datetime) -> set[str]:
     """Manifests whose every reference is a result of an expired run (for a dry run)."""
     surviving = (
         select(Result.id).join(Run, Run.id == Result.run_id)
-        .where(Result.manifest_hash == Manifest.hash, ~_expired(cutoff))
+        .join(Outcome, Outcome.id == Result.outcome_id)
+        .where(Outcome.manifest_hash == Manifest.hash, ~_expired(cutoff))
     )
     return set(session.scalars(select(Manifest.hash).where(~exists(surviving))))
 

@@ -57,6 +57,14 @@ def apply_retention(*, sessions: Callable[[], Session], days: int, batch_size: i
             results += repository.delete_runs(session, batch)
             runs += len(batch)
 
+    while True:
+        with sessions() as session, writing(session):
+            ids = repository.orphan_outcomes(session, limit=batch_size)
+            if not ids:
+                break
+            if repository.delete_outcomes(session, ids) == 0:
+                break  # every candidate was taken back by a new result
+
     manifests = 0
     while True:
         with sessions() as session, writing(session):

@@ -10,7 +10,16 @@ from sqlalchemy import case, func, insert, select
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import chunked, dialect_insert, insert_ignoring_conflicts
-from numparity_server.models import Environment, Fingerprint, Latest, Manifest, Node, Result, Run
+from numparity_server.models import (
+    Environment,
+    Fingerprint,
+    Latest,
+    Manifest,
+    Node,
+    Outcome,
+    Result,
+    Run,
+)
 
 
 def find_run(session: Session, run_id: str) -> Run | None:
@@ -72,6 +81,25 @@ def insert_manifests(session: Session, rows: Sequence[dict[str, Any]]) -> None:
     insert_ignoring_conflicts(session, Manifest.__table__, rows, keys=["hash"])
 
 
+def ensure_outcomes(session: Session, rows: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """Outcome hash -> id for these outcome rows, inserting the ones the server lacks."""
+    wanted = {row["hash"]: row for row in rows}
+    ids = _outcome_ids(session, wanted)
+    new = [wanted[digest] for digest in sorted(wanted) if digest not in ids]
+    if new:
+        insert_ignoring_conflicts(session, Outcome.__table__, new, keys=["hash"])
+        ids.update(_outcome_ids(session, [row["hash"] for row in new]))
+    return ids
+
+
+def _outcome_ids(session: Session, hashes: Iterable[str]) -> dict[str, int]:
+    ids: dict[str, int] = {}
+    for part in chunked(sorted(set(hashes))):
+        ids.update((digest, int(pk)) for digest, pk in session.execute(
+            select(Outcome.hash, Outcome.id).where(Outcome.hash.in_(part))))
+    return ids
+
+
 def insert_run(session: Session, row: dict[str, Any]) -> int:
     table = Run.__table__
     return int(session.execute(insert(table).values(row).returning(table.c.id)).scalar_one())
@@ -102,7 +130,7 @@ def upsert_latest(session: Session, rows: Sequence[dict[str, Any]]) -> None:
 
 def run_summary_rows(
     session: Session, run_id: str
-) -> tuple[Run, str, str, Sequence[Result]] | None:
+) -> tuple[Run, str, str, list[tuple[Outcome, float | None]]] | None:
     row = session.execute(
         select(Run, Node.name, Environment.env_key)
         .join(Node, Node.id == Run.node_id)
@@ -112,10 +140,11 @@ def run_summary_rows(
     if row is None:
         return None
     run, node_name, env_key = row
-    results = session.scalars(
-        select(Result).where(Result.run_id == run.id).order_by(Result.id)
+    results = session.execute(
+        select(Outcome, Result.wall_s).join(Outcome, Outcome.id == Result.outcome_id)
+        .where(Result.run_id == run.id).order_by(Result.id)
     ).all()
-    return run, node_name, env_key, results
+    return run, node_name, env_key, [(outcome, wall_s) for outcome, wall_s in results]
 
 
 def manifest_sizes(session: Session, hashes: Iterable[str]) -> dict[str, int]:

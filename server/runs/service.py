@@ -149,10 +149,13 @@ def _store(session: Session, run: RunDocument, sha256: str) -> RunCreated:
         "agent_version": run.agent_version, "document_sha256": sha256, "drill": run.drill,
         "received_at": now,
     })
-    result_ids = repository.insert_results(
-        session, [_result_row(run_pk, result, digest)
-                  for result, digest in zip(run.results, result_manifest, strict=True)],
-    )
+    outcomes = [_outcome_row(result, digest)
+                for result, digest in zip(run.results, result_manifest, strict=True)]
+    outcome_ids = repository.ensure_outcomes(session, outcomes)
+    result_ids = repository.insert_results(session, [
+        {"run_id": run_pk, "outcome_id": outcome_ids[outcome["hash"]], "wall_s": result.wall_s}
+        for outcome, result in zip(outcomes, run.results, strict=True)
+    ])
 
     # Within one document the last result of a key wins (one per device at most).
     latest: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -255,16 +258,19 @@ def fingerprint_row(tensor: TensorEntry, *, now: Any) -> dict[str, Any]:
     return row
 
 
-def _result_row(run_pk: int, result: ResultDoc, digest: str | None) -> dict[str, Any]:
-    return {
-        "run_id": run_pk, "suite": result.suite, "workload": result.workload,
+def _outcome_row(result: ResultDoc, digest: str | None) -> dict[str, Any]:
+    """Everything a result says but its timing, keyed by the sha256 of its canonical JSON."""
+    row = {
+        "suite": result.suite, "workload": result.workload,
         "workload_version": result.workload_version, "variant": result.variant,
         "device": result.device, "status": result.status, "reason": result.reason,
         "error": result.error, "input_hash": result.input_hash,
-        "param_hash": result.param_hash, "manifest_hash": digest, "wall_s": result.wall_s,
-        "repeats": result.repeats, "repeats_agree": result.repeats_agree,
-        "knobs": result.knobs,
+        "param_hash": result.param_hash, "manifest_hash": digest, "repeats": result.repeats,
+        "repeats_agree": result.repeats_agree, "knobs": result.knobs,
     }
+    canonical = json.dumps(row, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    row["hash"] = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    return row
 
 
 _PROMOTED_LENGTHS = {"gpu_name": 255, "compute_capability": 16, "driver": 64, "cuda": 64,
@@ -311,7 +317,7 @@ def run_summary(*, session: Session, run_id: str) -> RunSummary:
     if found is None:
         raise NotFound(f"no run with run_id {run_id!r}")
     run, node_name, env_key, results = found
-    sizes = repository.manifest_sizes(session, [r.manifest_hash for r in results
+    sizes = repository.manifest_sizes(session, [r.manifest_hash for r, _ in results
                                                 if r.manifest_hash])
     return RunSummary(
         id=run.id, run_id=run.run_id, node=node_name, env_key=env_key,
@@ -323,9 +329,9 @@ def run_summary(*, session: Session, run_id: str) -> RunSummary:
                 variant=r.variant, device=r.device, status=r.status, reason=r.reason,
                 error=r.error, manifest_hash=r.manifest_hash,
                 tensors=sizes.get(r.manifest_hash, 0) if r.manifest_hash else 0,
-                repeats=r.repeats, repeats_agree=r.repeats_agree, wall_s=r.wall_s,
+                repeats=r.repeats, repeats_agree=r.repeats_agree, wall_s=wall_s,
             )
-            for r in results
+            for r, wall_s in results
         ],
     )
 

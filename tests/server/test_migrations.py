@@ -48,10 +48,12 @@ def test_every_lookup_column_is_indexed(migrated_database_url):
             found = {tuple(ix["column_names"]) for ix in inspector.get_indexes(table)}
             found |= {tuple(uq["column_names"]) for uq in inspector.get_unique_constraints(table)}
             return found
-        assert ("suite", "workload", "variant") in indexed("results")
+        assert ("suite", "workload", "variant") in indexed("outcomes")
+        assert ("hash",) in indexed("outcomes")
+        assert ("run_id",) in indexed("results") and ("outcome_id",) in indexed("results")
         assert ("suite", "workload", "variant") in indexed("latest")
         assert ("node_id", "suite", "workload", "variant") in indexed("latest")
-        assert ("manifest_hash",) in indexed("results")
+        assert ("manifest_hash",) in indexed("outcomes")
         assert ("run_id",) in indexed("runs") and ("env_key",) in indexed("environments")
         assert ("sha256",) in indexed("tokens")
     finally:

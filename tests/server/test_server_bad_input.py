@@ -14,10 +14,19 @@ from sqlalchemy import func, select
 
 from numparity_server.auth import service as auth_service
 from numparity_server.kit.db import get_engine, session_factory
-from numparity_server.models import Environment, Fingerprint, Latest, Manifest, Node, Result, Run
+from numparity_server.models import (
+    Environment,
+    Fingerprint,
+    Latest,
+    Manifest,
+    Node,
+    Outcome,
+    Result,
+    Run,
+)
 from numparity_server.runs.schemas import MAX_RESULTS_PER_RUN, MAX_TENSORS_PER_RESULT
 
-TABLES = (Run, Result, Node, Environment, Fingerprint, Manifest, Latest)
+TABLES = (Run, Result, Outcome, Node, Environment, Fingerprint, Manifest, Latest)
 
 
 def row_counts(api) -> dict[str, int]:

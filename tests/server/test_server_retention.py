@@ -10,13 +10,13 @@ from sqlalchemy import func, select, update
 
 from numparity_server.cli import main
 from numparity_server.kit.db import get_engine, session_factory
-from numparity_server.models import Fingerprint, Latest, Manifest, Result, Run, utcnow
+from numparity_server.models import Fingerprint, Latest, Manifest, Outcome, Result, Run, utcnow
 
 
 def counts(api) -> dict[str, int]:
     with session_factory(get_engine(api.settings))() as session:
         return {model.__tablename__: session.scalar(select(func.count()).select_from(model))
-                for model in (Run, Result, Manifest, Fingerprint, Latest)}
+                for model in (Run, Result, Outcome, Manifest, Fingerprint, Latest)}
 
 
 def stored_run_ids(api) -> set[str]:
@@ -61,8 +61,9 @@ def retention(api, *args: str) -> int:
 
 def test_retention_drops_old_runs_but_keeps_latest_and_shared_content(aged, capsys):
     before = counts(aged)
-    assert before == {"runs": 5, "results": 10, "manifests": 3, "fingerprints": 10,
-                      "latest": 6}
+    # Outcomes: one skipped tf32 result shared by all five runs, one ok result per shift.
+    assert before == {"runs": 5, "results": 10, "outcomes": 4, "manifests": 3,
+                      "fingerprints": 10, "latest": 6}
     only_old_a = {t["hash"] for t in cnn_tensors(0.5)} - {t["hash"] for t in cnn_tensors()}
     assert len(only_old_a) == 3 and only_old_a <= fingerprint_hashes(aged)
 
@@ -77,8 +78,8 @@ def test_retention_drops_old_runs_but_keeps_latest_and_shared_content(aged, caps
     # a-old is old and not node-a's latest; c-old-1 is superseded by c-old-2. b-old and
     # c-old-2 are old but hold their node's latest results.
     assert stored_run_ids(aged) == {"a-new", "b-old", "c-old-2"}
-    assert counts(aged) == {"runs": 3, "results": 6, "manifests": 2, "fingerprints": 7,
-                            "latest": 6}
+    assert counts(aged) == {"runs": 3, "results": 6, "outcomes": 3, "manifests": 2,
+                            "fingerprints": 7, "latest": 6}
     remaining = fingerprint_hashes(aged)
     assert not only_old_a & remaining  # orphaned: gone
     assert {t["hash"] for t in cnn_tensors()} <= remaining  # shared by c-old-1 and a-new
