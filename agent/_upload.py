@@ -151,6 +151,58 @@ def _post(
     return UploadOutcome(response.status_code, response.text[:500]), response.text
 
 
+class KnownManifests:
+    """Manifests this agent has seen a server store, remembered in a file of the spool.
+
+    A node whose numbers do not change produces the same manifests run after run; with
+    this memory it sends them as references without asking first: one request a run. A
+    server that forgot one (retention) answers 422 naming it, and the upload falls back
+    to asking. The file is a cache: unreadable or missing means "nothing known".
+    """
+
+    LIMIT = 4096  # the newest manifests kept: far more than one node's suite produces
+
+    def __init__(self, path: Path | None, server: str) -> None:
+        self._path = path
+        self._server = server.rstrip("/")
+        self._hashes: dict[str, None] = {}
+        if path is not None:
+            try:
+                stored = json.loads(path.read_text(encoding="utf-8"))
+                if isinstance(stored, dict) and stored.get("server") == self._server:
+                    self._hashes = dict.fromkeys(h for h in stored.get("manifests", [])
+                                                 if isinstance(h, str))
+            except (OSError, ValueError):
+                pass
+
+    def __contains__(self, digest: str) -> bool:
+        return digest in self._hashes
+
+    def forget(self) -> None:
+        self._hashes.clear()
+
+    def remember(self, digests: Sequence[str]) -> None:
+        for digest in digests:
+            self._hashes.pop(digest, None)
+            self._hashes[digest] = None
+        for stale in list(self._hashes)[: max(0, len(self._hashes) - self.LIMIT)]:
+            del self._hashes[stale]
+        if self._path is None:
+            return
+        tmp = self._path.with_name(f".{self._path.name}.tmp")
+        try:
+            tmp.write_text(json.dumps({"server": self._server, "manifests": list(self._hashes)}),
+                           encoding="utf-8")
+            os.replace(tmp, self._path)
+        except OSError as exc:  # a cache: the next run asks instead
+            log(f"could not remember manifests in {self._path}: {exc}")
+
+
+def known_manifests_file(spool_dir: Path) -> Path:
+    # A dot file: spooled() never takes it for a run document.
+    return spool_dir / ".known-manifests.json"
+
+
 @dataclass(frozen=True)
 class _Missing:
     fingerprints: set[str]
@@ -204,19 +256,47 @@ def upload_document(
     timeout: float = DEFAULT_TIMEOUT_S,
     client: httpx.Client | None = None,
     gzipped_full: bytes | None = None,
+    known: KnownManifests | None = None,
 ) -> UploadOutcome:
-    """Upload a run document, asking first what the server lacks (DESIGN §3.2).
+    """Upload a run document, sending only what the server lacks (DESIGN §3.2).
 
-    Results whose manifest the server has travel as its hash; of the others, full
-    fingerprints go only for the missing hashes, bare references for the rest. A 422
-    naming a hash we referenced (retention dropped it meanwhile) is retried once with the
-    full document; a server without the question (404/405) gets the full document.
-    `gzipped_full` is the full document already gzip-compressed, when the caller has it.
+    Results whose manifest the server has travel as its hash: those in `known` (what
+    this agent saw the server store) without asking, the others after asking. Of the
+    rest, full fingerprints go only for the missing hashes, bare references for the
+    others. A 422 naming a hash we referenced (retention dropped it meanwhile) is retried
+    once by asking, then with the full document; a server without the question
+    (404/405) gets the full document. `gzipped_full` is the full document already
+    gzip-compressed, when the caller has it.
     """
     if client is None:
         with httpx.Client(timeout=timeout) as own:
             return upload_document(document, server=server, token=token, client=own,
-                                   gzipped_full=gzipped_full)
+                                   gzipped_full=gzipped_full, known=known)
+    manifests = _manifests(document)
+    if known is not None and manifests and all(m in known for m in manifests.values()):
+        outcome, text = _post(
+            client, server.rstrip("/") + RUNS_PATH,
+            _gzip(_dumps(slim_document(document, set(), manifests))), _headers(token),
+        )
+        if not (outcome.status == 422 and _names_a_bare_hash(text, set(manifests.values()))):
+            return outcome
+        known.forget()  # the server forgot some: ask from now on
+    outcome = _upload_asking(document, manifests, server=server, token=token, client=client,
+                             gzipped_full=gzipped_full)
+    if outcome.ok and known is not None:
+        known.remember(sorted(set(manifests.values())))
+    return outcome
+
+
+def _upload_asking(
+    document: dict[str, Any],
+    manifests: dict[int, str],
+    *,
+    server: str,
+    token: str | None,
+    client: httpx.Client,
+    gzipped_full: bytes | None,
+) -> UploadOutcome:
     base = server.rstrip("/")
     headers = _headers(token)
 
@@ -224,7 +304,6 @@ def upload_document(
         return gzipped_full if gzipped_full is not None else _gzip(_dumps(document))
 
     auth = {k: v for k, v in headers.items() if k == "Authorization"}
-    manifests = _manifests(document)
     if not manifests:
         return _post(client, base + RUNS_PATH, full(), headers)[0]
     answer = _ask_missing(client, base, auth, manifests=sorted(set(manifests.values())))
@@ -310,7 +389,9 @@ def send_spooled(
     except ValueError:
         document = None
     if isinstance(document, dict):
-        outcome = upload_document(document, server=server, token=token, timeout=timeout)
+        known = KnownManifests(known_manifests_file(path.parent), server)
+        outcome = upload_document(document, server=server, token=token, timeout=timeout,
+                                  known=known)
     else:  # not ours to judge: the server answers what is wrong with it
         outcome = upload_bytes(body, server=server, token=token, timeout=timeout)
     _settle(path, outcome, log_line)

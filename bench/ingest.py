@@ -6,8 +6,11 @@ on SQLite (a temporary file) and on PostgreSQL (a temporary database on the serv
 two kinds of run:
 
 - known environment: identical tensors to what the server already has, uploaded the way
-  the agent uploads (``numparity_agent._upload.upload_document``: ask which fingerprints
-  are missing, then send bare references);
+  the agent uploads (``numparity_agent._upload.upload_document``) by a node in its steady
+  state: its spool remembers the manifests of its previous run, so each result travels
+  as its manifest hash, in one request;
+- known environment, new node: the same tensors from a node the server has not seen,
+  which first asks which manifests the server lacks;
 - new environment: every hash new, so every fingerprint travels and is stored.
 
 Documents are the size of the full standard suite (6 workloads x 6 variants, ~400
@@ -57,7 +60,7 @@ from numparity_agent._document import build_document
 from numparity_agent._environment import capture_environment
 from numparity_agent._fingerprint import fingerprint
 from numparity_agent._knobs import read_knobs
-from numparity_agent._upload import upload_document
+from numparity_agent._upload import KnownManifests, manifest_hash, upload_document
 
 VARIANTS = ("default", "strict", "tf32", "fp16-autocast", "bf16-autocast", "fp64-reference")
 VARIANT_DTYPES = {"fp16-autocast": torch.float16, "bf16-autocast": torch.bfloat16,
@@ -271,13 +274,20 @@ def load(server: Server, jobs: list[Callable[[httpx.Client], int]], *, concurren
     return Figures(len(latencies), failures[0], seconds, latencies, sent[0], stored)
 
 
-def upload_job(server: Server, document: dict[str, Any], gzipped_full: bytes | None = None
-               ) -> Callable[[httpx.Client], int]:
+def upload_job(server: Server, document: dict[str, Any], gzipped_full: bytes | None = None,
+               known: KnownManifests | None = None) -> Callable[[httpx.Client], int]:
     def job(client: httpx.Client) -> int:
         outcome = upload_document(document, server=server.base_url, token=server.token,
-                                  client=client, gzipped_full=gzipped_full)
+                                  client=client, gzipped_full=gzipped_full, known=known)
         return outcome.status or 0
     return job
+
+
+def node_memory(server: Server, template: dict[str, Any]) -> KnownManifests:
+    """What a node's spool remembers after its previous run: the manifests it stored."""
+    known = KnownManifests(None, server.base_url)
+    known.remember([manifest_hash(r["tensors"]) for r in template["results"] if r.get("tensors")])
+    return known
 
 
 def scenario(label: str, database_url: str, workers: int, size: Callable[[], int],
@@ -287,11 +297,20 @@ def scenario(label: str, database_url: str, workers: int, size: Callable[[], int
         seed = upload_document(template, server=server.base_url, token=server.token)
         assert seed.ok, seed
         nodes = [f"node-{i:04d}" for i in range(args.nodes)]
-        known = [upload_job(server, as_run(template, nodes[i % len(nodes)], i + 1))
-                 for i in range(args.known)]
-        figures = load(server, known, concurrency=args.concurrency, time_cap=args.time_cap,
+        # A node in its steady state: its spool remembers the manifests of its last run.
+        memory = node_memory(server, template)
+        steady = [upload_job(server, as_run(template, nodes[i % len(nodes)], i + 1),
+                             known=memory) for i in range(args.known)]
+        figures = load(server, steady, concurrency=args.concurrency, time_cap=args.time_cap,
                        size=size)
         lines.append(figures.line(f"{label} known environment"))
+        print(lines[-1], flush=True)
+        # A node new to the server on a known environment: it asks first.
+        first = [upload_job(server, as_run(template, f"first-{i:04d}", 10_000 + i))
+                 for i in range(args.known // 3)]
+        figures = load(server, first, concurrency=args.concurrency, time_cap=args.time_cap,
+                       size=size)
+        lines.append(figures.line(f"{label} known env, new node"))
         print(lines[-1], flush=True)
 
         documents = [as_new_environment(template, f"new-{i:04d}", i + 1)

@@ -17,6 +17,7 @@ from numparity_agent._fingerprint import fingerprint
 from numparity_agent._upload import (
     MISSING_PATH,
     RUNS_PATH,
+    known_manifests_file,
     manifest_hash,
     spool_document,
     spooled,
@@ -88,11 +89,15 @@ def test_second_node_on_known_tensors_uploads_references_only(live_server, tmp_p
     # Nothing known yet: the document goes whole (each fingerprint once).
     assert json.loads(gzip.decompress(first_body)) == json.loads(full_text)
 
-    second_path = spool_document(second, spool)
+    # Another node: its own spool, so no memory of what the server stored.
+    spool_b = tmp_path / "spool-b"
+    flags_b = ["--server", live_server.base_url, "--token", live_server.agent_token,
+               "--spool", str(spool_b)]
+    second_path = spool_document(second, spool_b)
     assert json.loads(second_path.read_bytes()) == second  # the spool keeps it whole
     recorder = Recorder()
-    assert flush_with(monkeypatch, recorder, *flags) == 0
-    assert spooled(spool) == []
+    assert flush_with(monkeypatch, recorder, *flags_b) == 0
+    assert spooled(spool_b) == []
     # One question, about the two results' manifests; the server has both.
     (question,) = recorder.sent(MISSING_PATH)
     asked = json.loads(question)
@@ -197,3 +202,44 @@ def test_server_without_the_question_gets_the_full_document(tmp_path, monkeypatc
     assert outcome.ok
     assert [path for path, _ in seen] == [MISSING_PATH, RUNS_PATH]
     assert json.loads(gzip.decompress(seen[1][1])) == document
+
+
+def test_a_node_that_does_not_change_sends_one_small_request(live_server, tmp_path,
+                                                            monkeypatch):
+    """The spool remembers which manifests the server stored: the next identical run goes
+    as manifest references without a question; the memory is never taken for a run."""
+    spool = tmp_path / "spool"
+    flags = ["--server", live_server.base_url, "--token", live_server.agent_token,
+             "--spool", str(spool)]
+    spool_document(agent_document("node-a"), spool)
+    assert flush_with(monkeypatch, Recorder(), *flags) == 0
+    assert known_manifests_file(spool).exists() and spooled(spool) == []
+
+    second = agent_document("node-a")
+    spool_document(second, spool)
+    recorder = Recorder()
+    assert flush_with(monkeypatch, recorder, *flags) == 0
+    assert recorder.sent(MISSING_PATH) == []
+    (body,) = recorder.sent(RUNS_PATH)
+    assert all("tensors" not in r for r in json.loads(gzip.decompress(body))["results"])
+    summary = httpx.get(f"{live_server.base_url}/api/v1/runs/{second['run_id']}",
+                        headers=live_server.headers("reader"), timeout=10).json()
+    assert [r["tensors"] for r in summary["results"]] == [3, 3]
+
+
+def test_a_manifest_the_server_forgot_falls_back_to_asking(live_server, tmp_path):
+    from numparity_agent._upload import KnownManifests, upload_document
+
+    document = agent_document("node-a")
+    known = KnownManifests(tmp_path / ".known.json", live_server.base_url)
+    known.remember([manifest_hash(r["tensors"]) for r in document["results"]])
+    recorder = Recorder()
+    with httpx.Client(timeout=30, event_hooks={"request": [recorder]}) as client:
+        outcome = upload_document(document, server=live_server.base_url,
+                                  token=live_server.agent_token, client=client, known=known)
+    assert outcome.status == 201, outcome.detail
+    # The reference was refused (422), then the agent asked and sent what was missing.
+    assert [path for path, _ in recorder.requests] == [RUNS_PATH, MISSING_PATH, MISSING_PATH,
+                                                       RUNS_PATH]
+    reloaded = KnownManifests(tmp_path / ".known.json", live_server.base_url)
+    assert all(manifest_hash(r["tensors"]) in reloaded for r in document["results"])
