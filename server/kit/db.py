@@ -161,11 +161,12 @@ def insert_ignoring_conflicts(
                     rows)
 
 
-def dialect_insert(session: Session, table: Any) -> Any:
-    """The backend's INSERT construct (both SQLite and PostgreSQL know ON CONFLICT)."""
+def dialect_insert(session: Session | str, table: Any) -> Any:
+    """The backend's INSERT construct (both SQLite and PostgreSQL know ON CONFLICT), for a
+    session or a dialect name."""
     from sqlalchemy.dialects import postgresql, sqlite
 
-    name = session.get_bind().dialect.name
+    name = session if isinstance(session, str) else session.get_bind().dialect.name
     if name == "postgresql":
         return postgresql.insert(table)
     if name == "sqlite":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -33,17 +34,22 @@ def count_results(session: Session, run_pk: int) -> int:
 
 def upsert_node(session: Session, *, name: str, labels: dict[str, Any], seen_at: datetime) -> int:
     """Insert or refresh the node (labels, last_seen never going back); its id. One statement."""
+    stmt = _upsert_node_statement(session.get_bind().dialect.name)
+    params = {"name": name, "labels": labels, "first_seen": seen_at, "last_seen": seen_at}
+    return int(session.execute(stmt, params).scalar_one())
+
+
+@functools.cache
+def _upsert_node_statement(dialect: str) -> Any:
+    # Built once per backend: constructing ON CONFLICT ... excluded costs more than running it.
     table = Node.__table__
-    stmt = dialect_insert(session, table).values(
-        name=name, labels=labels, first_seen=seen_at, last_seen=seen_at
-    )
-    stmt = stmt.on_conflict_do_update(
+    stmt = dialect_insert(dialect, table)
+    return stmt.on_conflict_do_update(
         index_elements=["name"],
         set_={"labels": stmt.excluded.labels,
               "last_seen": case((table.c.last_seen > stmt.excluded.last_seen, table.c.last_seen),
                                 else_=stmt.excluded.last_seen)},
     ).returning(table.c.id)
-    return int(session.execute(stmt).scalar_one())
 
 
 def find_environment(session: Session, env_key: str) -> int | None:
@@ -116,16 +122,19 @@ def insert_results(session: Session, rows: Sequence[dict[str, Any]]) -> list[int
 
 def upsert_latest(session: Session, rows: Sequence[dict[str, Any]]) -> None:
     """Point (node, suite, workload, variant) at these results unless a newer run holds it."""
-    if not rows:
-        return
+    if rows:
+        session.execute(_upsert_latest_statement(session.get_bind().dialect.name), list(rows))
+
+
+@functools.cache
+def _upsert_latest_statement(dialect: str) -> Any:
     table = Latest.__table__
-    stmt = dialect_insert(session, table)
-    stmt = stmt.on_conflict_do_update(
+    stmt = dialect_insert(dialect, table)
+    return stmt.on_conflict_do_update(
         index_elements=["node_id", "suite", "workload", "variant"],
         set_={"result_id": stmt.excluded.result_id, "started_at": stmt.excluded.started_at},
         where=table.c.started_at <= stmt.excluded.started_at,
     )
-    session.execute(stmt, list(rows))
 
 
 def run_summary_rows(

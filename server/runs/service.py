@@ -95,14 +95,12 @@ def validate_document(document: dict[str, Any]) -> RunDocument:
 def ingest_run(*, session: Session, document: dict[str, Any]) -> IngestOutcome:
     run = validate_document(document)
     sha256 = document_sha256(document)
-    existing = repository.find_run(session, run.run_id)
-    if existing is not None:
-        return _replay(session, existing, sha256)
     try:
         with writing(session):
             created = _store(session, run, sha256)
     except IntegrityError:
-        # Another request stored the same run_id between our check and our insert.
+        # The run_id is stored already (a retry, or a concurrent upload of the same run):
+        # the unique key says so, so the common case, a new run, needs no look-up first.
         existing = repository.find_run(session, run.run_id)
         if existing is None:
             raise
@@ -139,16 +137,15 @@ def _store(session: Session, run: RunDocument, sha256: str) -> RunCreated:
             session, row={"env_key": run.environment.env_key, "document": environment,
                           "first_seen": now, **promoted_columns(environment)},
         )
-    _store_fingerprints(session, run, now=now)
-
-    manifests, result_manifest = _manifests(session, run, now=now)
-
+    # First, so a run_id already stored fails here (IntegrityError) before any other work.
     run_pk = repository.insert_run(session, {
         "run_id": run.run_id, "node_id": node_id, "environment_id": environment_id,
         "started_at": run.started_at, "finished_at": run.finished_at,
         "agent_version": run.agent_version, "document_sha256": sha256, "drill": run.drill,
         "received_at": now,
     })
+    _store_fingerprints(session, run, now=now)
+    result_manifest = _manifests(session, run, now=now)
     outcomes = [_outcome_row(result, digest)
                 for result, digest in zip(run.results, result_manifest, strict=True)]
     outcome_ids = repository.ensure_outcomes(session, outcomes)
@@ -168,9 +165,8 @@ def _store(session: Session, run: RunDocument, sha256: str) -> RunCreated:
     return RunCreated(id=run_pk, run_id=run.run_id, results=len(result_ids))
 
 
-def _manifests(session: Session, run: RunDocument, *, now: Any
-               ) -> tuple[dict[str, list[tuple[str, str, str]]], list[str | None]]:
-    """Each ok result's manifest hash (stored now if new) and the run's new manifests.
+def _manifests(session: Session, run: RunDocument, *, now: Any) -> list[str | None]:
+    """Each ok result's manifest hash (None for the others), storing the new manifests.
 
     A result carries its tensors (the manifest is built from them; a `manifest` sent
     beside them must match) or only the hash of a manifest the server already has.
@@ -210,7 +206,7 @@ def _manifests(session: Session, run: RunDocument, *, now: Any
          "tensor_count": len(manifests[digest]), "created_at": now}
         for digest in sorted(manifests) if digest not in known
     ])
-    return manifests, result_manifest
+    return result_manifest
 
 
 def _ordered(tensors: list[TensorEntry]) -> list[TensorEntry]:
