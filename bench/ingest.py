@@ -219,6 +219,8 @@ class Figures:
     latencies: list[float]
     bytes_sent: int
     bytes_stored: int
+    server_cpu_s: float = 0.0
+    client_cpu_s: float = 0.0
 
     def line(self, label: str) -> str:
         done = max(self.runs - self.failed, 1)
@@ -228,7 +230,9 @@ class Figures:
                 f"{self.runs / self.seconds:7.1f} runs/s  "
                 f"p50 {statistics.median(lat) * 1000:7.1f} ms  p99 {p99 * 1000:7.1f} ms  "
                 f"uploaded {self.bytes_sent / done / 1024:8.1f} KiB/run  "
-                f"stored {self.bytes_stored / done / 1024:8.1f} KiB/run")
+                f"stored {self.bytes_stored / done / 1024:8.1f} KiB/run  "
+                f"CPU ms/run server {self.server_cpu_s / done * 1000:5.1f} "
+                f"client {self.client_cpu_s / done * 1000:5.1f}")
 
 
 def load(server: Server, jobs: list[Callable[[httpx.Client], int]], *, concurrency: int,
@@ -265,13 +269,36 @@ def load(server: Server, jobs: list[Callable[[httpx.Client], int]], *, concurren
                 print(f"  upload answered {status}", file=sys.stderr)
 
     before = size()
+    cpu_before = server_cpu_seconds(server.process.pid)
+    client_before = time.process_time()
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(one, jobs))
     seconds = time.monotonic() - start
+    cpu = server_cpu_seconds(server.process.pid) - cpu_before
+    client_cpu = time.process_time() - client_before
     stored = size() - before
     for c in clients:
         c.close()
-    return Figures(len(latencies), failures[0], seconds, latencies, sent[0], stored)
+    return Figures(len(latencies), failures[0], seconds, latencies, sent[0], stored, cpu,
+                   client_cpu)
+
+
+def server_cpu_seconds(pid: int) -> float:
+    """CPU time of the server process and its workers (not the database's): a figure that,
+    unlike runs/s, hardly depends on what else the machine is doing."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    pids = [pid]
+    while pids:
+        current = pids.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+        pids.extend(int(child) for child in children)
+    return total
 
 
 def upload_job(server: Server, document: dict[str, Any], gzipped_full: bytes | None = None,

@@ -112,12 +112,19 @@ def insert_run(session: Session, row: dict[str, Any]) -> int:
 
 
 def insert_results(session: Session, rows: Sequence[dict[str, Any]]) -> list[int]:
-    """Bulk insert (one multi-row statement per batch); the new ids in the rows' order."""
+    """Insert one run's results; their ids in the rows' order.
+
+    One executemany and one SELECT: a RETURNING that keeps the rows' order makes
+    SQLAlchemy send SQLite one INSERT per row. Ids grow in insertion order within the
+    transaction, and all rows belong to the one run being written.
+    """
     if not rows:
         return []
     table = Result.__table__
-    stmt = insert(table).returning(table.c.id, sort_by_parameter_order=True)
-    return [int(pk) for pk in session.execute(stmt, list(rows)).scalars()]
+    session.execute(insert(table), list(rows))
+    run_pk = rows[0]["run_id"]
+    return [int(pk) for pk in session.scalars(
+        select(table.c.id).where(table.c.run_id == run_pk).order_by(table.c.id))]
 
 
 def upsert_latest(session: Session, rows: Sequence[dict[str, Any]]) -> None:

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from numparity_server.kit.canonical import content_hash
 from numparity_server.kit.db import writing
 from numparity_server.kit.errors import Conflict, InvalidDocument, NotFound, UnsupportedSchema
 from numparity_server.kit.pagination import Page
@@ -50,8 +51,7 @@ def document_sha256(document: dict[str, Any]) -> str:
     results = document.get("results")
     if isinstance(results, list):
         reduced["results"] = [_reduced_result(result) for result in results]
-    canonical = json.dumps(reduced, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    return content_hash(reduced)
 
 
 def _reduced_result(result: Any) -> Any:
@@ -264,8 +264,7 @@ def _outcome_row(result: ResultDoc, digest: str | None) -> dict[str, Any]:
         "param_hash": result.param_hash, "manifest_hash": digest, "repeats": result.repeats,
         "repeats_agree": result.repeats_agree, "knobs": result.knobs,
     }
-    canonical = json.dumps(row, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    row["hash"] = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    row["hash"] = content_hash(row)
     return row
 
 
