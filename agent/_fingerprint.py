@@ -19,6 +19,10 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -48,57 +52,133 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _le_array(tensor: torch.Tensor) -> np.ndarray:
-    """The tensor's elements as a flat little-endian numpy array (raw bits if needed)."""
+def _numpy_elements(tensor: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
+    """(detached CPU tensor, numpy view of its elements in its own strides, raw bits for
+    dtypes numpy lacks). Nothing is copied for a CPU tensor; torch is not asked to copy
+    either, because its parallel copies stall when the node's cores are busy."""
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous().reshape(-1)
-    if t.dtype in _RAW_VIEWS:
-        t = t.view(_RAW_VIEWS[t.dtype])
-    arr = t.numpy()
-    return arr.astype(arr.dtype.newbyteorder("<"), copy=False)
+    t = t.resolve_conj().resolve_neg()
+    view = t.view(_RAW_VIEWS[t.dtype]) if t.dtype in _RAW_VIEWS else t
+    return t, view.numpy()
+
+
+def _flat_le(arr: np.ndarray) -> np.ndarray:
+    """A flat, C-contiguous, little-endian array of `arr`'s elements in logical order
+    (the bytes of torch's `contiguous()`); a view when `arr` already is one."""
+    flat = np.ascontiguousarray(arr.reshape(-1))
+    return flat.astype(flat.dtype.newbyteorder("<"), copy=False)
+
+
+def _le_array(tensor: torch.Tensor) -> np.ndarray:
+    """The tensor's elements as a flat little-endian numpy array (raw bits if needed)."""
+    return _flat_le(_numpy_elements(tensor)[1])
+
+
+def _hash_raw(dtype: torch.dtype, shape: torch.Size, raw: np.ndarray) -> str:
+    h = hashlib.sha256()
+    dims = ",".join(str(int(d)) for d in shape)
+    h.update(f"{dtype_name(dtype)};{dims};".encode())
+    h.update(raw.view(np.uint8).data)  # the array's own buffer (raw is C-contiguous)
+    return h.hexdigest()
 
 
 def tensor_hash(tensor: torch.Tensor) -> str:
     """sha256 over dtype name, shape and the contiguous little-endian bytes."""
-    arr = _le_array(tensor)
-    h = hashlib.sha256()
-    shape = ",".join(str(int(d)) for d in tensor.shape)
-    h.update(f"{dtype_name(tensor.dtype)};{shape};".encode())
-    h.update(np.ascontiguousarray(arr).view(np.uint8).data)
-    return h.hexdigest()
+    return _hash_raw(tensor.dtype, tensor.shape, _le_array(tensor))
+
+
+# sha256 releases the GIL, so large tensors are hashed on worker threads while the
+# calling thread prepares the next tensor or computes stats and sketch.
+_THREAD_MIN_BYTES = 1 << 18
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+_pool_lock = threading.Lock()
+
+
+def _hasher() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():  # a forked child makes its own
+            _pool = (os.getpid(), ThreadPoolExecutor(2, thread_name_prefix="numparity-hash"))
+        return _pool[1]
+
+
+def tensor_hashes(tensors: Sequence[torch.Tensor]) -> list[str]:
+    """`tensor_hash` of each tensor, in order; the large ones hashed in parallel."""
+    hashes: list[str | Future[str]] = []
+    for tensor in tensors:
+        raw = _le_array(tensor)
+        if raw.nbytes >= _THREAD_MIN_BYTES:
+            hashes.append(_hasher().submit(_hash_raw, tensor.dtype, tensor.shape, raw))
+        else:
+            hashes.append(_hash_raw(tensor.dtype, tensor.shape, raw))
+    return [h if isinstance(h, str) else h.result() for h in hashes]
 
 
 def combined_hash(named_tensors: list[tuple[str, torch.Tensor]]) -> str:
     """sha256 of the canonical bytes of several named tensors (input_hash, param_hash)."""
     h = hashlib.sha256()
-    for name, tensor in named_tensors:
-        h.update(f"{name}={tensor_hash(tensor)}\n".encode())
+    digests = tensor_hashes([tensor for _, tensor in named_tensors])
+    for (name, _), digest in zip(named_tensors, digests, strict=True):
+        h.update(f"{name}={digest}\n".encode())
     return h.hexdigest()
 
 
 def encode_array(arr: np.ndarray, dtype: str) -> dict[str, str]:
     le = np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False))
-    return {"dtype": dtype, "data": base64.b64encode(le.tobytes()).decode("ascii")}
+    return {"dtype": dtype, "data": base64.b64encode(le.data).decode("ascii")}
 
 
-@functools.lru_cache(maxsize=8)
-def sketch_plan(numel: int, k: int = SKETCH_K) -> tuple[np.ndarray, np.ndarray]:
-    """Bucket h(i) and sign s(i) of every element index i < numel."""
-    x = splitmix64(_SKETCH_KEY, np.arange(numel, dtype=np.uint64))
-    buckets = ((x >> np.uint64(32)) % np.uint64(k)).astype(np.intp)
-    signs = np.where((x & np.uint64(1)) == 0, 1.0, -1.0)
-    buckets.setflags(write=False)
-    signs.setflags(write=False)
+# The sketch plan of element i depends on i alone, so one plan per k, grown on demand
+# (only the new indices are computed), serves every size as a prefix view. Plans up to
+# _PLAN_KEEP elements stay cached (16 bytes each); a larger tensor gets a plan built
+# for it alone, as before.
+_PLAN_KEEP = 1 << 22
+_plans: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+_plans_lock = threading.Lock()
+
+
+def _plan_segment(start: int, stop: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """h(i) and s(i) for start <= i < stop, computed in cache-sized blocks (the values
+    are integer functions of i alone, so blocking changes nothing but the speed)."""
+    buckets = np.empty(stop - start, dtype=np.intp)
+    signs = np.empty(stop - start, dtype=np.float64)
+    for a in range(start, stop, _BLOCK):
+        b = min(a + _BLOCK, stop)
+        x = splitmix64(_SKETCH_KEY, np.arange(a, b, dtype=np.uint64))
+        high = x >> np.uint64(32)
+        if k & (k - 1) == 0:  # a power of two: the remainder is the low bits
+            high &= np.uint64(k - 1)
+        else:
+            high %= np.uint64(k)
+        buckets[a - start : b - start] = high
+        signs[a - start : b - start] = np.where((x & np.uint64(1)) == 0, 1.0, -1.0)
     return buckets, signs
+
+
+def sketch_plan(numel: int, k: int = SKETCH_K) -> tuple[np.ndarray, np.ndarray]:
+    """Bucket h(i) and sign s(i) of every element index i < numel (read-only views)."""
+    with _plans_lock:
+        buckets, signs = _plans.get(k, (np.empty(0, np.intp), np.empty(0, np.float64)))
+        if numel > buckets.size:
+            # Rounded up, so a run of slightly larger tensors does not regrow each time.
+            size = numel if numel > _PLAN_KEEP else min(_PLAN_KEEP, -(-numel // _BLOCK) * _BLOCK)
+            more_buckets, more_signs = _plan_segment(buckets.size, size, k)
+            buckets = np.concatenate([buckets, more_buckets])
+            signs = np.concatenate([signs, more_signs])
+            buckets.setflags(write=False)
+            signs.setflags(write=False)
+            if size <= _PLAN_KEEP:
+                _plans[k] = (buckets, signs)
+    return buckets[:numel], signs[:numel]
 
 
 def count_sketch(values: np.ndarray, k: int = SKETCH_K) -> np.ndarray:
     """CountSketch of a flat float64 array: S[b] = sum of s(i) * x[i] over h(i) == b."""
     flat = np.asarray(values, dtype=np.float64).reshape(-1)
     buckets, signs = sketch_plan(flat.size, k)
-    return np.bincount(buckets, weights=signs * flat, minlength=k).astype(np.float64)
+    return np.bincount(buckets, weights=signs * flat, minlength=k)
 
 
 @functools.lru_cache(maxsize=64)
@@ -124,65 +204,218 @@ def sample_positions(numel: int, m: int = SAMPLE_M) -> np.ndarray:
     return positions
 
 
+# Dtypes whose float64 values numpy computes exactly as torch's `to(torch.float64)`
+# (widening, or integers rounded to nearest like any C cast); others go through torch.
+_NUMPY_FLOAT64 = {
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+}
+
+
+# The float64 copy of each tensor goes into one reused buffer per thread: writing into
+# pages already mapped is about twice as fast as into a fresh array. Tensors above
+# _SCRATCH_KEEP elements get a fresh array, so the agent keeps at most 32 MiB of it.
+_SCRATCH_KEEP = 1 << 22
+_scratch_local = threading.local()
+
+
+def _scratch(n: int) -> np.ndarray:
+    if n > _SCRATCH_KEEP:
+        return np.empty(n, dtype=np.float64)
+    buffer: np.ndarray | None = getattr(_scratch_local, "buffer", None)
+    if buffer is None or buffer.size < n:
+        buffer = np.empty(n, dtype=np.float64)
+        _scratch_local.buffer = buffer
+    return buffer[:n]
+
+
+def _float64(t: torch.Tensor, raw: np.ndarray) -> np.ndarray:
+    """The flat float64 values of `t` (whose flat little-endian elements are `raw`): the
+    tensor's own memory for float64, else a scratch array the caller may overwrite."""
+    if t.dtype == torch.float64:
+        return raw
+    if t.dtype in _NUMPY_FLOAT64:
+        out = _scratch(raw.size)
+        with np.errstate(invalid="ignore"):  # a float16 NaN converts to NaN, silently
+            np.copyto(out, raw, casting="unsafe")
+        return out
+    if t.dtype == torch.bfloat16:  # the upper half of a float32: exact
+        bits = raw.view(np.uint16).astype(np.uint32)
+        np.left_shift(bits, 16, out=bits)
+        out = _scratch(raw.size)
+        np.copyto(out, bits.view(np.float32))
+        return out
+    return t.reshape(-1).to(torch.float64).numpy()
+
+
 def _float_or_none(x: Any) -> float | None:
     return None if x is None else float(x)
 
 
-def tensor_stats(tensor: torch.Tensor) -> dict[str, Any]:
-    t = tensor.detach()
-    x = t.to("cpu", torch.float64).reshape(-1).numpy()
-    nan = np.isnan(x)
-    inf = np.isinf(x)
-    finite_mask = ~(nan | inf)
-    finite = x if finite_mask.all() else x[finite_mask]
-    absf = np.abs(finite)
-    if t.dtype.is_floating_point:
-        tiny = float(torch.finfo(t.dtype).tiny)
-        subnormal = int(np.count_nonzero((absf > 0) & (absf < tiny)))
+# Float64 sums are numpy's pairwise sums of the whole array. numpy splits an array of
+# n > 128 elements at n2 = n // 2 rounded down to a multiple of 8 and adds the sums of
+# the halves, so summing the same halves block by block -- each small enough to stay in
+# the core's cache while every statistic is taken from it -- and adding them along the
+# same tree gives the same bits with far less memory traffic. `_blocked_sums_exact`
+# checks that this numpy splits that way; if not, the whole array is one block.
+_BLOCK = 1 << 15
+
+
+def _pairwise(start: int, n: int, block: int, leaf: Callable[[int, int], float]) -> float:
+    if n <= block:
+        return leaf(start, start + n)
+    half = n // 2
+    half -= half % 8
+    return _pairwise(start, half, block, leaf) + _pairwise(start + half, n - half, block, leaf)
+
+
+@functools.lru_cache(maxsize=1)
+def _block_size() -> int:
+    n = 5 * _BLOCK + 37
+    u = splitmix64(_SKETCH_KEY, np.arange(n, dtype=np.uint64))
+    x = (u >> np.uint64(11)).astype(np.float64) * 2.0**-53 - 0.5
+    x *= 2.0 ** ((u & np.uint64(63)).astype(np.float64) - 20)  # magnitudes 2**-20..2**43
+    blocked = _pairwise(0, n, _BLOCK, lambda a, b: float(np.add.reduce(x[a:b])))
+    return _BLOCK if blocked == float(np.add.reduce(x)) else 1 << 62
+
+
+def _stats(dtype: torch.dtype, x: np.ndarray) -> tuple[dict[str, Any], np.ndarray | None]:
+    """(stats of the flat float64 array x, its finite mask or None when all are finite).
+
+    Bit for bit what the former `finite.mean()`, `finite.std()` and
+    `np.sqrt(np.sum(finite * finite))` gave: numpy's pairwise sums of the same values
+    (block by block along numpy's own tree, see `_pairwise`), the same divisions, and
+    numpy's std recipe (mean; the sum of squared deviations over n; sqrt).
+    """
+    n = int(x.size)
+    finite_mask = np.isfinite(x)
+    n_finite = int(np.count_nonzero(finite_mask))
+    mask: np.ndarray | None = None
+    if n_finite == n:
+        finite, nan, inf = x, 0, 0
     else:
-        subnormal = 0
-    stats: dict[str, Any] = {
-        "count": int(x.size),
-        "nan": int(np.count_nonzero(nan)),
-        "inf": int(np.count_nonzero(inf)),
-        "zero": int(np.count_nonzero(x == 0)),
-        "subnormal": subnormal,
-        # Over finite values: an inf is counted as inf, not as an fp16 overflow.
-        "fp16_overflow": int(np.count_nonzero(absf > FP16_MAX)),
-        "fp16_underflow": int(np.count_nonzero((absf > 0) & (absf < FP16_TINY))),
-    }
-    if finite.size:
-        stats.update(
-            min=float(finite.min()),
-            max=float(finite.max()),
-            mean=float(finite.mean()),
-            std=float(finite.std()),  # population std (ddof=0)
-            abs_max=float(absf.max()),
-            l2=float(np.sqrt(np.sum(finite * finite))),
-        )
-    else:
+        mask = finite_mask
+        finite = x[mask]
+        nan = int(np.count_nonzero(np.isnan(x)))
+        inf = n - n_finite - nan
+    stats: dict[str, Any] = {"count": n, "nan": nan, "inf": inf}
+    if not n_finite:
+        stats.update(zero=0, subnormal=0, fp16_overflow=0, fp16_underflow=0)
         stats.update(min=None, max=None, mean=None, std=None, abs_max=None, l2=None)
-    return stats
+        return stats, mask
+    # min and max of the whole array (which of +-0.0 numpy returns is its own affair).
+    lo, hi = finite.min(), finite.max()
+    abs_max = max(abs(lo), abs(hi))  # abs(), not -lo: the largest |x| of zeros is +0.0
+    tiny = float(torch.finfo(dtype).tiny) if dtype.is_floating_point else None
+    block = _block_size()
+    scratch = np.empty(min(n_finite, block))
+    # zero, below 2**-14, below tiny, above 65504 (over finite values: an inf is
+    # counted as inf, not as an fp16 overflow).
+    counts = [0, 0, 0, 0]
+    count_over = bool(abs_max > FP16_MAX)
+    squares: list[float] = []
+
+    def first_pass(a: int, b: int) -> float:
+        chunk, s = finite[a:b], scratch[: b - a]
+        np.abs(chunk, out=s)
+        zero = int(np.count_nonzero(chunk == 0))
+        below = int(np.count_nonzero(s < FP16_TINY))
+        counts[0] += zero
+        counts[1] += below - zero
+        if tiny is None:
+            pass  # integers have no subnormals
+        elif tiny == FP16_TINY:
+            counts[2] += below - zero
+        elif tiny > FP16_TINY or below > zero:  # a subnormal below 2**-14 is also below it
+            counts[2] += int(np.count_nonzero(s < tiny)) - zero
+        if count_over:
+            counts[3] += int(np.count_nonzero(s > FP16_MAX))
+        total = float(np.add.reduce(chunk))
+        np.multiply(chunk, chunk, out=s)
+        squares.append(float(np.add.reduce(s)))
+        return total
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = _pairwise(0, n_finite, block, first_pass)
+        leaf_squares = iter(squares)  # the blocks come in the same order each pass
+        sum_squares = _pairwise(0, n_finite, block, lambda a, b: next(leaf_squares))
+        mean = np.float64(total) / n_finite
+
+        def deviations(a: int, b: int) -> float:
+            s = scratch[: b - a]
+            np.subtract(finite[a:b], mean, out=s)
+            np.multiply(s, s, out=s)
+            return float(np.add.reduce(s))
+
+        std = np.sqrt(np.float64(_pairwise(0, n_finite, block, deviations)) / n_finite)
+        l2 = np.sqrt(np.float64(sum_squares))
+    stats.update(
+        zero=counts[0],
+        subnormal=counts[2],
+        fp16_overflow=counts[3],
+        fp16_underflow=counts[1],
+        min=float(lo),
+        max=float(hi),
+        mean=float(mean),
+        std=float(std),
+        abs_max=float(abs_max),
+        l2=float(l2),
+    )
+    return stats, mask
+
+
+_STATS_ORDER = (
+    "count nan inf zero subnormal fp16_overflow fp16_underflow min max mean std abs_max l2"
+).split()
+
+
+def _ordered(stats: dict[str, Any]) -> dict[str, Any]:
+    return {key: stats[key] for key in _STATS_ORDER}
+
+
+def tensor_stats(tensor: torch.Tensor) -> dict[str, Any]:
+    t, arr = _numpy_elements(tensor)
+    return _ordered(_stats(t.dtype, _float64(t, _flat_le(arr)))[0])
 
 
 def fingerprint(tensor: torch.Tensor) -> dict[str, Any]:
-    """The full §2.4 fingerprint of one tensor (without name, kind and order)."""
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.contiguous()
+    """The full §2.4 fingerprint of one tensor (without name, kind and order).
+
+    One flat little-endian view of the elements (copied only when the tensor is not
+    contiguous) feeds the hash, the sample and the values; one float64 conversion
+    feeds the stats and the sketch.
+    """
+    t, arr = _numpy_elements(tensor)
     name = dtype_name(t.dtype)
-    numel = t.numel()
-    raw = _le_array(t)
-    x64 = t.to(torch.float64).reshape(-1).numpy()
-    finite = np.where(np.isfinite(x64), x64, 0.0)
+    raw = _flat_le(arr)
+    numel = int(raw.size)
+    digest: str | Future[str]
+    if raw.nbytes >= _THREAD_MIN_BYTES:  # hashed while stats and sketch are computed
+        digest = _hasher().submit(_hash_raw, t.dtype, t.shape, raw)
+    else:
+        digest = _hash_raw(t.dtype, t.shape, raw)
+    x64 = _float64(t, raw)
+    stats, mask = _stats(t.dtype, x64)
+    buckets, signs = sketch_plan(numel, SKETCH_K)
+    # x64 is the tensor's own memory for float64 (left alone), else scratch to reuse.
+    weights = np.multiply(signs, x64, out=_scratch(numel) if x64 is raw else x64)
+    if mask is not None:
+        weights[~mask] = 0.0  # non-finite values enter the sketch as 0
+    sketch = np.bincount(buckets, weights=weights, minlength=SKETCH_K)
     positions = sample_positions(numel, SAMPLE_M)
     entry: dict[str, Any] = {
-        "hash": tensor_hash(t),
+        "hash": digest if isinstance(digest, str) else digest.result(),
         "dtype": name,
         "shape": [int(d) for d in t.shape],
-        "stats": tensor_stats(t),
-        "sketch": {"k": SKETCH_K, **encode_array(count_sketch(finite), "float64")},
+        "stats": _ordered(stats),
+        "sketch": {"k": SKETCH_K, **encode_array(sketch, "float64")},
         "sample": {"m": int(positions.size), **encode_array(raw[positions], name)},
     }
     if numel <= VALUES_MAX:

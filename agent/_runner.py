@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from numparity_agent._fingerprint import combined_hash, fingerprint, tensor_hash
+from numparity_agent._fingerprint import combined_hash, fingerprint, tensor_hashes
 from numparity_agent._knobs import read_knobs
 from numparity_agent._variants import Variant
 from numparity_agent._workloads._base import Built, Recorder, Workload
@@ -64,13 +64,15 @@ def run_workload(
             times.append(time.perf_counter() - start)
             if repeat == 0:
                 fields = recorder.fields
-            for order, (name, kind, value) in enumerate(recorder.tensors):
-                if repeat == 0:
+            if repeat == 0:
+                for order, (name, kind, value) in enumerate(recorder.tensors):
                     entry = {"name": name, "kind": kind, "order": order, **fingerprint(value)}
                     tensors.append(entry)
                     hashes.append((name, entry["hash"]))
-                else:
-                    hashes.append((name, tensor_hash(value)))
+            else:  # later repeats only need the hashes
+                names = [name for name, _, _ in recorder.tensors]
+                values = [value for _, _, value in recorder.tensors]
+                hashes.extend(zip(names, tensor_hashes(values), strict=True))
             signatures.append(hashes)
             del built, recorder
     except Exception as exc:  # noqa: BLE001 - one workload's failure must not stop others

@@ -14,13 +14,16 @@
      fingerprinting excluded) for each variant;
    - peak RSS of the children: ``getrusage(RUSAGE_CHILDREN).ru_maxrss`` after the
      CLI exits (the largest of the CLI and its variant children, which it waits for).
-2. Fingerprint overhead, measured in-process: for each variant, one child process (with
-   the variant's environment and knobs, as the agent's own child) builds and runs every
-   workload as ``_runner.run_workload`` does and times, separately, the run itself and
-   the calls into ``_fingerprint`` that the runner makes (``fingerprint()`` of every
-   recorded tensor of the first repeat, ``tensor_hash()`` of later repeats,
-   ``combined_hash()`` of inputs and parameters each repeat). Overhead =
-   fingerprint time / workload run time, over the whole suite and per workload.
+2. Fingerprint overhead, measured through the agent's own code path: for each variant,
+   one child process (with the variant's environment, as the agent's own child) calls
+   ``numparity_agent._child.run_child`` -- the function the agent's child runs, so
+   ``_runner.run_workload`` with everything it adds (knobs, workload fields, repeat
+   checks) -- after wrapping, with timers, the names the runner calls: ``fingerprint``
+   (every recorded tensor of the first repeat), ``tensor_hashes`` (later repeats) and
+   ``combined_hash`` (inputs and parameters, each repeat). Run time is the runner's own
+   ``wall_s_repeats`` (``workload.run`` inside the variant's run context). Overhead =
+   fingerprint time / run time, over the whole suite and per workload. The profiled
+   tensor hashes are checked against the CLI's document (same path, same numbers).
 
 Targets (DESIGN §2.2): suite <= 60 s, fingerprint overhead <= 10 %, peak RSS <= 1.5 GiB.
 """
@@ -87,42 +90,44 @@ def run_cli(
 
 PROFILE_CHILD = r"""
 import json, sys, time
-import torch
-from numparity_agent import _variants, _workloads
-from numparity_agent import _fingerprint as fp
-from numparity_agent._workloads._base import Recorder
+from numparity_agent import _child, _runner
 
 spec = json.loads(sys.argv[1])
-variant = _variants.get(spec["variant"])
-device = torch.device(spec["device"])
-device = getattr(variant, "target_device", lambda d: d)(device)
-reason = variant.skip_reason(device)
-out = {"skipped": reason, "workloads": {}}
-if reason is None:
-    variant.apply(device, threads=torch.get_num_threads())
-    for name in spec["workloads"]:
-        workload = _workloads.load(name)
-        run_s = fp_s = 0.0
-        for repeat in range(spec["repeats"]):
-            built = workload.build(dtype=variant.dtype(), device=device)
-            t = time.perf_counter()
-            fp.combined_hash(list(built.inputs.items()))
-            fp.combined_hash(list(built.model.state_dict().items()))
-            fp_s += time.perf_counter() - t
-            recorder = Recorder()
-            t = time.perf_counter()
-            with variant.run_context(device):
-                workload.run(built, recorder)
-            run_s += time.perf_counter() - t
-            t = time.perf_counter()
-            for _name, _kind, value in recorder.tensors:
-                if repeat == 0:
-                    fp.fingerprint(value)
-                else:
-                    fp.tensor_hash(value)
-            fp_s += time.perf_counter() - t
-        out["workloads"][name] = {"run_s": run_s, "fingerprint_s": fp_s,
-                                  "tensors": len(recorder.tensors)}
+timers = {}  # workload -> {"fingerprint_s", "calls"}
+current = {"workload": None}
+
+
+def timed(fn):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            acc = timers.setdefault(current["workload"], {"fingerprint_s": 0.0, "calls": 0})
+            acc["fingerprint_s"] += time.perf_counter() - start
+            acc["calls"] += 1
+    return wrapper
+
+
+def tracked(fn):
+    def wrapper(workload, **kwargs):
+        current["workload"] = workload.name
+        start = time.perf_counter()
+        result = fn(workload, **kwargs)
+        acc = timers.setdefault(workload.name, {"fingerprint_s": 0.0, "calls": 0})
+        acc["total_s"] = time.perf_counter() - start
+        return result
+    return wrapper
+
+
+# The names the runner calls (it imported them from _fingerprint); combined_hash's own
+# hashing goes through _fingerprint's globals, so nothing is counted twice.
+for name in ("fingerprint", "tensor_hash", "tensor_hashes", "combined_hash"):
+    if hasattr(_runner, name):
+        setattr(_runner, name, timed(getattr(_runner, name)))
+_runner.run_workload = tracked(_runner.run_workload)
+output = _child.run_child(spec)
+out = {"results": output["results"], "timers": timers}
 print(json.dumps(out))
 """
 
@@ -131,9 +136,16 @@ def profile_variant(
     variant: str, workloads: list[str], repeats: int, device: str
 ) -> dict[str, Any]:
     from numparity_agent import _variants
+    from numparity_agent._knobs import numeric_env_vars
 
     env = _variants.get(variant).child_env(dict(os.environ))
-    spec = {"variant": variant, "workloads": workloads, "repeats": repeats, "device": device}
+    spec = {
+        "variant": variant,
+        "workloads": workloads,
+        "repeats": repeats,
+        "device": device,
+        "node_env_vars": numeric_env_vars(),
+    }
     proc = subprocess.run(
         [sys.executable, "-c", PROFILE_CHILD, json.dumps(spec)],
         env=env,
@@ -145,6 +157,10 @@ def profile_variant(
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
     result: dict[str, Any] = json.loads(proc.stdout)
     return result
+
+
+def document_hashes(result: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(t["name"], t["hash"]) for t in result.get("tensors", [])]
 
 
 def verdict(ok: bool) -> str:
@@ -238,36 +254,53 @@ def main() -> int:
     print()
 
     print(
-        "fingerprint overhead (in-process, one child per variant with its knobs; "
-        "time in _fingerprint calls / time running the workloads):"
+        "fingerprint overhead, measured through the agent's own code path: per variant one "
+        "child (the variant's environment) runs numparity_agent._child.run_child, as the "
+        "agent's child does, with the runner's fingerprint/tensor_hashes/combined_hash "
+        "wrapped by timers; run time = the runner's own wall_s_repeats (workload.run "
+        "inside the variant's run context); overhead = time in those calls / run time"
     )
     fp_total = run_total = 0.0
-    per_workload: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    per_workload: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0])
+    mismatched: list[str] = []
     for variant in variants:
         profile = profile_variant(variant, workloads, args.repeats, args.device)
         if profile.get("error"):
             print(f"  {variant:<16} error: {profile['error']}")
             continue
-        if profile.get("skipped"):
-            print(f"  {variant:<16} skipped")
+        ok = [r for r in profile["results"] if r["status"] == "ok"]
+        if not ok:
+            print(f"  {variant:<16} {profile['results'][0]['status']}")
             continue
-        v_fp = sum(w["fingerprint_s"] for w in profile["workloads"].values())
-        v_run = sum(w["run_s"] for w in profile["workloads"].values())
+        v_fp = v_run = 0.0
+        for r in ok:
+            timer = profile["timers"].get(r["workload"], {})
+            w_fp, w_run = timer.get("fingerprint_s", 0.0), sum(r["wall_s_repeats"])
+            v_fp, v_run = v_fp + w_fp, v_run + w_run
+            acc = per_workload[r["workload"]]
+            acc[0] += w_fp
+            acc[1] += w_run
+            acc[2] += timer.get("total_s", 0.0)
+            acc[3] = len(r["tensors"])
+            # Same code path, same numbers: the profiled hashes are the CLI's.
+            cli = by_key.get((r["workload"], variant))
+            if cli is not None and document_hashes(cli) != document_hashes(r):
+                mismatched.append(f"{r['workload']}/{variant}")
         fp_total, run_total = fp_total + v_fp, run_total + v_run
-        for name, w in profile["workloads"].items():
-            acc = per_workload[name]
-            acc[0] += w["fingerprint_s"]
-            acc[1] += w["run_s"]
-            acc[2] = w["tensors"]
         print(
             f"  {variant:<16} fingerprint {v_fp:6.3f} s / workloads {v_run:6.3f} s "
             f"= {v_fp / v_run:6.1%}"
         )
-    for name, (w_fp, w_run, tensors) in per_workload.items():
+    for name, (w_fp, w_run, w_total, tensors) in per_workload.items():
         print(
             f"    {name:<12} {tensors:4d} tensors  fingerprint {w_fp:6.3f} s / "
-            f"run {w_run:6.3f} s = {w_fp / w_run if w_run else float('nan'):7.1%}"
+            f"run {w_run:6.3f} s = {w_fp / w_run if w_run else float('nan'):7.1%}  "
+            f"(run_workload total {w_total:6.3f} s)"
         )
+    print(
+        "  tensor hashes of the profiled runs vs the CLI's document: "
+        + (f"DIFFER for {', '.join(mismatched)}" if mismatched else "identical")
+    )
     if run_total:
         overhead = fp_total / run_total
         print(
