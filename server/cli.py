@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from numparity_server.kit.settings import Settings
@@ -155,22 +156,13 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
 def _token(settings: Settings, args: argparse.Namespace) -> int:
     from numparity_server.auth import service
-    from numparity_server.kit.db import create_engine_for, session_factory
+    from numparity_server.kit.db import session_factory
     from numparity_server.kit.errors import DomainError
-    from numparity_server.kit.migrate import current_revision, head_revision
 
-    if _missing_sqlite_file(settings.database_url):
-        print(f"error: database {_safe_url(settings)} does not exist: run "
-              "`numparity-server migrate`", file=sys.stderr)
+    engine = _migrated_engine(settings)
+    if engine is None:
         return EXIT_FAILED
-    engine = create_engine_for(settings.database_url, settings=settings, pooled=False)
     try:
-        with engine.connect() as connection:
-            revision = current_revision(connection)
-        if revision != head_revision():
-            print(f"error: database {_safe_url(settings)} is not migrated (revision "
-                  f"{revision or 'none'}): run `numparity-server migrate`", file=sys.stderr)
-            return EXIT_FAILED
         with session_factory(engine)() as session:
             if args.token_command == "create":
                 created = service.create_token(session=session, role=args.role,
@@ -192,8 +184,7 @@ def _token(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _retention(settings: Settings, args: argparse.Namespace) -> int:
-    from numparity_server.kit.db import create_engine_for, session_factory
-    from numparity_server.kit.migrate import current_revision, head_revision
+    from numparity_server.kit.db import session_factory
     from numparity_server.retention.service import apply_retention
 
     days = args.days if args.days is not None else settings.retention_days
@@ -201,17 +192,10 @@ def _retention(settings: Settings, args: argparse.Namespace) -> int:
         print("retention is off (NUMPARITY_RETENTION_DAYS is unset and no --days): nothing "
               "dropped", file=sys.stderr)
         return EXIT_OK
-    if _missing_sqlite_file(settings.database_url):
-        print(f"error: database {_safe_url(settings)} does not exist", file=sys.stderr)
+    engine = _migrated_engine(settings)
+    if engine is None:
         return EXIT_FAILED
-    engine = create_engine_for(settings.database_url, settings=settings, pooled=False)
     try:
-        with engine.connect() as connection:
-            revision = current_revision(connection)
-        if revision != head_revision():
-            print(f"error: database {_safe_url(settings)} is not migrated (revision "
-                  f"{revision or 'none'}): run `numparity-server migrate`", file=sys.stderr)
-            return EXIT_FAILED
         report = apply_retention(sessions=session_factory(engine), days=days,
                                  batch_size=args.batch_size, dry_run=args.dry_run)
     finally:
@@ -221,6 +205,29 @@ def _retention(settings: Settings, args: argparse.Namespace) -> int:
           f"{report.cutoff:%Y-%m-%d %H:%M:%SZ}, {report.manifests} manifests and "
           f"{report.fingerprints} fingerprints no remaining result references")
     return EXIT_OK
+
+
+def _migrated_engine(settings: Settings) -> Engine | None:
+    """An engine of a database at the newest schema; None (said on stderr) otherwise.
+
+    A SQLite file that is not there is not created as a side effect of connecting.
+    """
+    from numparity_server.kit.db import create_engine_for
+    from numparity_server.kit.migrate import current_revision, head_revision
+
+    if _missing_sqlite_file(settings.database_url):
+        print(f"error: database {_safe_url(settings)} does not exist: run "
+              "`numparity-server migrate`", file=sys.stderr)
+        return None
+    engine = create_engine_for(settings.database_url, settings=settings, pooled=False)
+    with engine.connect() as connection:
+        revision = current_revision(connection)
+    if revision != head_revision():
+        engine.dispose()
+        print(f"error: database {_safe_url(settings)} is not migrated (revision "
+              f"{revision or 'none'}): run `numparity-server migrate`", file=sys.stderr)
+        return None
+    return engine
 
 
 def _missing_sqlite_file(url: str) -> bool:

@@ -6,32 +6,15 @@ The node is changed at its edges only: environment variables, torch's knob gette
 
 import json
 import os
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from agent_helpers import NUMERIC_PREFIXES, clean_env, run_agent
+from agent_helpers import A100, NUMERIC_PREFIXES, V100, clean_env, run_agent
 
 from numparity_agent._doctor import _check_fp16_eps, diagnose, fp16_underflows, tf32_in_force
 from numparity_agent._environment import capture_environment
 
-A100 = SimpleNamespace(
-    name="NVIDIA A100-SXM4-80GB",
-    major=8,
-    minor=0,
-    multi_processor_count=108,
-    total_memory=85_899_345_920,
-    uuid="8f3a2c1e-0000-4000-8000-000000000017",
-)
-V100 = SimpleNamespace(
-    name="Tesla V100-SXM2-32GB",
-    major=7,
-    minor=0,
-    multi_processor_count=80,
-    total_memory=34_089_730_048,
-    uuid="1b2c3d4e-0000-4000-8000-000000000042",
-)
 ITEMS = [
     "seeds",
     "deterministic_algorithms",

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from agent_helpers import clean_env, run_agent
+from agent_helpers import A100, clean_env, run_agent
 
 from numparity_agent._environment import capture_environment, compute_env_key
 
@@ -79,14 +79,7 @@ class FakeNVMLError(Exception):
 
 def fake_gpu(monkeypatch):
     """A GPU that is not there: torch.cuda answers as on an A100 node."""
-    props = SimpleNamespace(
-        name="NVIDIA A100-SXM4-80GB",
-        major=8,
-        minor=0,
-        multi_processor_count=108,
-        total_memory=85_899_345_920,
-        uuid="8f3a2c1e-0000-4000-8000-000000000017",
-    )
+    props = A100
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)

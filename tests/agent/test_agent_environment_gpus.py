@@ -11,27 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from agent_helpers import clean_env, run_agent
+from agent_helpers import A100, V100, clean_env, run_agent
 
 from numparity_agent._environment import capture_environment, compute_env_key
 from numparity_agent._knobs import read_knobs
-
-A100 = SimpleNamespace(
-    name="NVIDIA A100-SXM4-80GB",
-    major=8,
-    minor=0,
-    multi_processor_count=108,
-    total_memory=85_899_345_920,
-    uuid="8f3a2c1e-0000-4000-8000-000000000017",
-)
-V100 = SimpleNamespace(
-    name="Tesla V100-SXM2-32GB",
-    major=7,
-    minor=0,
-    multi_processor_count=80,
-    total_memory=34_089_730_048,
-    uuid="1b2c3d4e-0000-4000-8000-000000000042",
-)
 
 
 class FakeNVMLError(Exception):
@@ -251,6 +234,7 @@ def test_every_numeric_knob_of_the_design_is_read():
 MIX_APIS = """
 import json, torch
 from numparity_agent._environment import capture_environment
+from agent_helpers import A100, V100
 # The new API for cuBLAS, then the legacy one on top: the legacy getters now raise.
 torch.backends.cuda.matmul.fp32_precision = "tf32"
 torch.backends.fp32_precision = "ieee"
