@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from numparity_agent._upload import spooled
 from numparity_server.demo import SimulatedNode, node_environment
 
 pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores")
@@ -60,7 +61,7 @@ def upload_with_agent(documents: dict[str, Path], server: Any, spool: Path) -> N
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert not list(spool.glob("*.json")), "flush left documents in the spool"
+    assert spooled(spool) == [], "flush left documents in the spool"
 
 
 def divergence(server: Any, variant: str) -> dict[str, Any]:
