@@ -103,9 +103,25 @@ def ingest_run(*, session: Session, document: dict[str, Any]) -> IngestOutcome:
         # the unique key says so, so the common case, a new run, needs no look-up first.
         existing = repository.find_run(session, run.run_id)
         if existing is None:
+            _raise_vanished_references(session, run)
             raise
         return _replay(session, existing, sha256)
     return IngestOutcome(run=created, created=True)
+
+
+def _raise_vanished_references(session: Session, run: RunDocument) -> None:
+    """A manifest this run referred to was there when checked and gone at the insert: on
+    PostgreSQL, retention may delete it in between. Name it (422) so the agent resends
+    the result's tensors, instead of a 500."""
+    referenced = {result.manifest: ["body", "results", i, "manifest"]
+                  for i, result in enumerate(run.results)
+                  if result.status == "ok" and not result.tensors and result.manifest}
+    known = repository.existing_manifests(session, referenced)
+    vanished = [{"loc": loc, "msg": f"unknown manifest {digest}: the server no longer has it, "
+                                    "send the result's tensors"}
+                for digest, loc in referenced.items() if digest not in known]
+    if vanished:
+        raise InvalidDocument(vanished)
 
 
 def _replay(session: Session, existing: Run, sha256: str) -> IngestOutcome:

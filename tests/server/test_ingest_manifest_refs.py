@@ -79,3 +79,27 @@ def test_the_same_run_by_reference_is_an_identical_re_upload(api):
     changed = by_reference(document)
     changed["results"][0]["manifest"] = manifest_of(run_document(shift=1.0)["results"][0])
     assert api.post_run(changed).status_code == 409
+
+
+def test_a_manifest_removed_between_check_and_insert_is_422_not_500(api, monkeypatch):
+    """Retention may delete a manifest after ingest checked it and before the result that
+    refers to it is inserted (PostgreSQL runs them concurrently). The foreign key catches
+    it; the answer names the manifest so the agent resends the tensors."""
+    from numparity_server.runs import repository
+
+    document = by_reference(run_document())
+    real = repository.existing_manifests
+    calls = []
+
+    def stale_then_true(session, hashes):
+        calls.append(1)
+        return set(hashes) if len(calls) == 1 else real(session, hashes)
+
+    monkeypatch.setattr(repository, "existing_manifests", stale_then_true)
+    response = api.post_run(document)
+    assert response.status_code == 422, response.text
+    (problem,) = response.json()["detail"]
+    assert problem["loc"] == ["body", "results", 0, "manifest"]
+    assert document["results"][0]["manifest"] in problem["msg"]
+    assert api.client.get(f"/api/v1/runs/{document['run_id']}",
+                          headers=api.reader).status_code == 404
