@@ -37,9 +37,10 @@ class IngestOutcome:
     created: bool  # False: the identical document was already stored
 
 
-def document_sha256(document: dict[str, Any]) -> str:
+def document_sha256(document: dict[str, Any], tensor_manifests: Sequence[str | None]) -> str:
     """sha256 of the canonical JSON of the document with every result's tensor list
-    reduced to its manifest hash.
+    replaced by its manifest hash (``tensor_manifests``, one per result, None for a
+    result without tensors).
 
     Everything in a fingerprint but its name, kind and order is a function of its hash,
     and the manifest hash covers those, so a run is the same run whether its tensors
@@ -48,21 +49,20 @@ def document_sha256(document: dict[str, Any]) -> str:
     another form. Hashing the reduced document also keeps megabytes of base64 out of it.
     """
     reduced = dict(document)
-    results = document.get("results")
-    if isinstance(results, list):
-        reduced["results"] = [_reduced_result(result) for result in results]
+    if "results" in document:
+        reduced["results"] = [
+            result if digest is None
+            else {**{k: v for k, v in result.items() if k != "tensors"}, "manifest": digest}
+            for result, digest in zip(document["results"], tensor_manifests, strict=True)
+        ]
     return content_hash(reduced)
 
 
-def _reduced_result(result: Any) -> Any:
-    """A validated result with its tensors replaced by their manifest hash."""
-    if not isinstance(result, dict) or not result.get("tensors"):
-        return result
-    ordered = sorted(enumerate(result["tensors"]), key=lambda it: (it[1]["order"], it[0]))
-    digest = manifest_hash([(t["name"], t["kind"], t["hash"]) for _, t in ordered])
-    reduced = {key: value for key, value in result.items() if key != "tensors"}
-    reduced["manifest"] = digest
-    return reduced
+def tensor_manifests(run: RunDocument) -> list[str | None]:
+    """The manifest hash of each result's tensors, in the run's order; None without any."""
+    return [manifest_hash([(t.name, t.kind, t.hash) for t in _ordered(result.tensors)])
+            if result.tensors else None
+            for result in run.results]
 
 
 def manifest_hash(entries: list[tuple[str, str, str]]) -> str:
@@ -94,10 +94,11 @@ def validate_document(document: dict[str, Any]) -> RunDocument:
 
 def ingest_run(*, session: Session, document: dict[str, Any]) -> IngestOutcome:
     run = validate_document(document)
-    sha256 = document_sha256(document)
+    digests = tensor_manifests(run)
+    sha256 = document_sha256(document, digests)
     try:
         with writing(session):
-            created = _store(session, run, sha256)
+            created = _store(session, run, sha256, digests)
     except IntegrityError:
         # The run_id is stored already (a retry, or a concurrent upload of the same run):
         # the unique key says so, so the common case, a new run, needs no look-up first.
@@ -135,7 +136,8 @@ def _replay(session: Session, existing: Run, sha256: str) -> IngestOutcome:
                          created=False)
 
 
-def _store(session: Session, run: RunDocument, sha256: str) -> RunCreated:
+def _store(session: Session, run: RunDocument, sha256: str,
+           digests: Sequence[str | None]) -> RunCreated:
     """Write the run with a fixed, small number of statements, whatever its size.
 
     Core inserts (no ORM unit of work): rows that are content-addressed (environments,
@@ -161,7 +163,7 @@ def _store(session: Session, run: RunDocument, sha256: str) -> RunCreated:
         "received_at": now,
     })
     _store_fingerprints(session, run, now=now)
-    result_manifest = _manifests(session, run, now=now)
+    result_manifest = _manifests(session, run, digests, now=now)
     outcomes = [_outcome_row(result, digest)
                 for result, digest in zip(run.results, result_manifest, strict=True)]
     outcome_ids = repository.ensure_outcomes(session, outcomes)
@@ -181,8 +183,10 @@ def _store(session: Session, run: RunDocument, sha256: str) -> RunCreated:
     return RunCreated(id=run_pk, run_id=run.run_id, results=len(result_ids))
 
 
-def _manifests(session: Session, run: RunDocument, *, now: Any) -> list[str | None]:
-    """Each ok result's manifest hash (None for the others), storing the new manifests.
+def _manifests(session: Session, run: RunDocument, digests: Sequence[str | None], *,
+               now: Any) -> list[str | None]:
+    """Each ok result's manifest hash (None for the others), storing the new manifests;
+    `digests` are the hashes of the results' tensors (tensor_manifests).
 
     A result carries its tensors (the manifest is built from them; a `manifest` sent
     beside them must match) or only the hash of a manifest the server already has.
@@ -191,13 +195,13 @@ def _manifests(session: Session, run: RunDocument, *, now: Any) -> list[str | No
     referenced: dict[str, list[str | int]] = {}
     result_manifest: list[str | None] = []
     mismatched = []
-    for i, result in enumerate(run.results):
+    for i, (result, tensors_digest) in enumerate(zip(run.results, digests, strict=True)):
         if result.status != "ok":
             result_manifest.append(None)
             continue
         if result.tensors or result.manifest is None:
             triples = [(t.name, t.kind, t.hash) for t in _ordered(result.tensors)]
-            digest = manifest_hash(triples)
+            digest = tensors_digest or manifest_hash(triples)  # no tensors: the empty list
             if result.manifest is not None and result.manifest != digest:
                 mismatched.append({"loc": ["body", "results", i, "manifest"],
                                    "msg": f"manifest {result.manifest} is not the hash of this "
@@ -315,10 +319,9 @@ def promoted_columns(environment: dict[str, Any]) -> dict[str, str | None]:
 def missing_fingerprints(*, session: Session, hashes: Sequence[str],
                          manifests: Sequence[str] = ()) -> MissingOut:
     wanted = list(dict.fromkeys(hashes))
-    known = repository.existing_fingerprints(session, wanted) if wanted else set()
+    known = repository.existing_fingerprints(session, wanted)
     wanted_manifests = list(dict.fromkeys(manifests))
-    known_manifests = (repository.existing_manifests(session, wanted_manifests)
-                       if wanted_manifests else set())
+    known_manifests = repository.existing_manifests(session, wanted_manifests)
     return MissingOut(missing=[h for h in wanted if h not in known],
                       missing_manifests=[m for m in wanted_manifests if m not in known_manifests])
 
