@@ -10,12 +10,14 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 import numparity_server
+from numparity_server.audit.api import router as audit_router
 from numparity_server.divergence.api import router as divergence_router
 from numparity_server.environments.api import router as environments_router
 from numparity_server.health.api import router as health_router
 from numparity_server.kit import migrate
 from numparity_server.kit.db import get_engine, session_factory
 from numparity_server.kit.handlers import install_error_handlers
+from numparity_server.kit.policy import load_policy
 from numparity_server.kit.settings import Settings, get_settings
 from numparity_server.nodes.api import router as nodes_router
 from numparity_server.runs.api import OPENAPI_MODELS
@@ -40,12 +42,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = get_engine(settings)
     app.state.session_factory = session_factory(app.state.engine)
+    app.state.policy = load_policy(settings.policy_file)
     install_error_handlers(app)
     app.include_router(health_router)
     app.include_router(runs_router)
     app.include_router(nodes_router)
     app.include_router(environments_router)
     app.include_router(divergence_router)
+    app.include_router(audit_router)
     _document_models(app)
     return app
 

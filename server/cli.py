@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=1,
                        help="server processes (PostgreSQL only for more than one)")
     serve.add_argument("--migrate", action="store_true", help="migrate the database first")
+    serve.add_argument("--policy", metavar="FILE",
+                       help="the lab's policy file, TOML (or NUMPARITY_POLICY_FILE)")
     serve.add_argument("--log-level", default="info")
 
     token = commands.add_parser("token", help="create, list and revoke API tokens")
@@ -144,6 +146,18 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         print(f"error: --workers {args.workers} needs PostgreSQL: SQLite allows one writer, so "
               "one server process serves it (set --database-url postgresql+psycopg://...)",
               file=sys.stderr)
+        return EXIT_USAGE
+    if args.policy:
+        # uvicorn's workers build their app from the environment.
+        os.environ["NUMPARITY_POLICY_FILE"] = args.policy
+        settings = settings.model_copy(update={"policy_file": args.policy})
+    from numparity_server.analysis.policy import PolicyError
+    from numparity_server.kit.policy import load_policy
+
+    try:
+        load_policy(settings.policy_file)
+    except PolicyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.migrate:
         _migrate(settings, "head")

@@ -2,5 +2,6 @@
 
 from numparity_server.auth.deps import AdminAuth, AgentAuth, ReaderAuth
 from numparity_server.kit.deps import DbSession, SettingsDep
+from numparity_server.kit.policy import PolicyDep
 
-__all__ = ["AdminAuth", "AgentAuth", "DbSession", "ReaderAuth", "SettingsDep"]
+__all__ = ["AdminAuth", "AgentAuth", "DbSession", "PolicyDep", "ReaderAuth", "SettingsDep"]

@@ -8,7 +8,7 @@ from ._arrays import decode_array, encode_array
 from ._json import json_safe
 from .attribution import rank_attributes, separating_attributes
 from .compare import METRICS, VERDICTS, Comparison, compare
-from .environment import IDENTITY_KEYS, UNSET, flatten_environment
+from .environment import IDENTITY_KEYS, UNSET, environment_diff, flatten_environment
 from .fingerprint import Fingerprint, fingerprint_from_wire
 from .groups import Group, Member, group_members
 from .judge import Judgement, judge
@@ -35,6 +35,7 @@ __all__ = [
     "default_tolerance",
     "divergence_report",
     "encode_array",
+    "environment_diff",
     "first_divergent_layer",
     "fingerprint_from_wire",
     "flatten_environment",

@@ -53,3 +53,13 @@ def flatten_environment(environment: Mapping[str, Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     _walk(environment, "", out)
     return out
+
+
+def environment_diff(a: Mapping[str, str], b: Mapping[str, str]) -> list[dict[str, str]]:
+    """Attributes whose values differ between two flattened environments, by name:
+    ``{"attribute", "a", "b"}`` with ``UNSET`` for an attribute one side lacks."""
+    return [
+        {"attribute": name, "a": a.get(name, UNSET), "b": b.get(name, UNSET)}
+        for name in sorted(a.keys() | b.keys())
+        if a.get(name, UNSET) != b.get(name, UNSET)
+    ]

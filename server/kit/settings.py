@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -30,6 +31,9 @@ class Settings(BaseSettings):
     # retention` (those holding a node's latest result are kept). None keeps everything.
     retention_days: int | None = Field(default=None, gt=0)
     sqlite_busy_timeout_ms: int = Field(default=30_000, ge=0)
+    # The lab's policy (TOML): allowed versions, required knobs, tolerances per workload,
+    # when a node is stale, how many peers suspect hardware needs. See the README.
+    policy_file: Path | None = None
 
 
 @lru_cache(maxsize=1)

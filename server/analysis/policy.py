@@ -1,0 +1,178 @@
+"""The lab's policy (DESIGN §3.3 audit): allowed versions, required knobs, tolerances.
+
+A policy is a plain mapping (the server reads it from a TOML file)::
+
+    stale_after_hours = 48        # a node without a run for longer is stale
+    min_peers = 3                 # suspect hardware needs this many same-env peers
+    window_days = 14              # history the audit reads (suspects, drift)
+
+    [allowed]                     # attribute -> allowed values (shell-style patterns)
+    "torch.version" = ["2.13.*"]
+    "gpus.0.driver" = ["550.*", "560.*"]
+
+    [required]                    # attribute -> the one value it must have
+    "knobs.cudnn.benchmark" = "false"
+
+    [tolerances]                  # every workload, per dtype
+    float32 = {rtol = 1e-5, atol = 1e-5}
+
+    [tolerances.workloads.transformer]   # one workload: per dtype, or for all dtypes
+    rtol = 1e-4
+    atol = 1e-5
+
+Attributes are the dotted paths of the flattened environment (what attribution
+prints: ``env_vars.MKL_CBWR``, ``knobs.deterministic_algorithms``); values are compared
+as the strings attribution shows (``true``, ``null``, ``unset`` when absent).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._arrays import canonical_dtype
+from .environment import UNSET
+from .tolerance import Tolerance, default_tolerance
+
+_TOP_LEVEL = {"stale_after_hours", "min_peers", "window_days", "allowed", "required",
+              "tolerances"}
+
+
+class PolicyError(ValueError):
+    """The policy does not say something this module understands; the message says where."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    attribute: str
+    value: str
+    rule: str  # "allowed" or "required"
+    expected: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"attribute": self.attribute, "value": self.value, "rule": self.rule,
+                "expected": list(self.expected)}
+
+
+@dataclass(frozen=True)
+class Policy:
+    stale_after_hours: float = 48.0
+    min_peers: int = 3
+    window_days: float = 14.0
+    allowed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    required: Mapping[str, str] = field(default_factory=dict)
+    # dtype -> tolerance, for every workload; then workload -> dtype ("*": any) -> tolerance
+    tolerances: Mapping[str, Tolerance] = field(default_factory=dict)
+    workload_tolerances: Mapping[str, Mapping[str, Tolerance]] = field(default_factory=dict)
+
+    def tolerance(self, workload: str | None, dtype: str) -> Tolerance:
+        """The tolerance for ``dtype`` in ``workload``: the workload's own, then the
+        policy's per-dtype one, then ``torch.testing.assert_close``'s default."""
+        name = canonical_dtype(dtype)
+        own = self.workload_tolerances.get(workload or "", {})
+        return own.get(name) or own.get("*") or self.tolerances.get(name) \
+            or default_tolerance(name)
+
+    def violations(self, flattened: Mapping[str, str]) -> list[Violation]:
+        """What a flattened environment breaks, by attribute name."""
+        found = []
+        for attribute, patterns in sorted(self.allowed.items()):
+            value = flattened.get(attribute, UNSET)
+            if not any(fnmatch.fnmatchcase(value, pattern) for pattern in patterns):
+                found.append(Violation(attribute, value, "allowed", patterns))
+        for attribute, expected in sorted(self.required.items()):
+            value = flattened.get(attribute, UNSET)
+            if value != expected:
+                found.append(Violation(attribute, value, "required", (expected,)))
+        return found
+
+
+def _render(value: Any, where: str) -> str:
+    # The same strings flatten_environment produces, so TOML booleans match "true".
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    raise PolicyError(f"{where}: expected a string, number or boolean, got {value!r}")
+
+
+def _number(raw: Mapping[str, Any], name: str, default: float, minimum: float) -> float:
+    value = raw.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+        raise PolicyError(f"{name}: expected a number >= {minimum}, got {value!r}")
+    return float(value)
+
+
+def _tolerance(raw: Any, where: str) -> Tolerance:
+    if not isinstance(raw, Mapping) or set(raw) - {"rtol", "atol"} or not raw:
+        raise PolicyError(f"{where}: expected {{rtol = ..., atol = ...}}, got {raw!r}")
+    values = {}
+    for name in ("rtol", "atol"):
+        value = raw.get(name, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise PolicyError(f"{where}.{name}: expected a number >= 0, got {value!r}")
+        values[name] = float(value)
+    return Tolerance(**values)
+
+
+def _per_dtype(raw: Mapping[str, Any], where: str) -> dict[str, Tolerance]:
+    out = {}
+    for dtype, spec in raw.items():
+        try:
+            name = canonical_dtype(dtype)
+        except ValueError:
+            raise PolicyError(f"{where}: unknown dtype {dtype!r}") from None
+        out[name] = _tolerance(spec, f"{where}.{dtype}")
+    return out
+
+
+def _tolerances(raw: Any) -> tuple[dict[str, Tolerance], dict[str, dict[str, Tolerance]]]:
+    if not isinstance(raw, Mapping):
+        raise PolicyError(f"tolerances: expected a table, got {raw!r}")
+    raw = dict(raw)
+    workloads = raw.pop("workloads", {})
+    if not isinstance(workloads, Mapping):
+        raise PolicyError(f"tolerances.workloads: expected a table, got {workloads!r}")
+    per_workload = {}
+    for workload, spec in workloads.items():
+        where = f"tolerances.workloads.{workload}"
+        if not isinstance(spec, Mapping):
+            raise PolicyError(f"{where}: expected a table, got {spec!r}")
+        if set(spec) <= {"rtol", "atol"}:
+            per_workload[workload] = {"*": _tolerance(spec, where)}
+        else:
+            per_workload[workload] = _per_dtype(spec, where)
+    return _per_dtype(raw, "tolerances"), per_workload
+
+
+def parse_policy(raw: Mapping[str, Any]) -> Policy:
+    """A Policy from its mapping; PolicyError naming the first thing that is wrong."""
+    unknown = sorted(set(raw) - _TOP_LEVEL)
+    if unknown:
+        raise PolicyError(f"unknown setting(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(sorted(_TOP_LEVEL))}")
+    allowed_raw = raw.get("allowed", {})
+    required_raw = raw.get("required", {})
+    if not isinstance(allowed_raw, Mapping) or not isinstance(required_raw, Mapping):
+        raise PolicyError("allowed and required must be tables of attribute = value(s)")
+    allowed = {}
+    for attribute, values in allowed_raw.items():
+        values = values if isinstance(values, list) else [values]
+        allowed[attribute] = tuple(_render(v, f"allowed.{attribute}") for v in values)
+    required = {attribute: _render(value, f"required.{attribute}")
+                for attribute, value in required_raw.items()}
+    tolerances, per_workload = _tolerances(raw.get("tolerances", {}))
+    min_peers = _number(raw, "min_peers", 3, 1)
+    if min_peers != int(min_peers):
+        raise PolicyError(f"min_peers: expected a whole number, got {raw['min_peers']!r}")
+    return Policy(
+        stale_after_hours=_number(raw, "stale_after_hours", 48.0, 0.0),
+        min_peers=int(min_peers),
+        window_days=_number(raw, "window_days", 14.0, 0.0),
+        allowed=allowed,
+        required=required,
+        tolerances=tolerances,
+        workload_tolerances=per_workload,
+    )

@@ -1,0 +1,43 @@
+"""GET /api/v1/audit."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import PlainTextResponse
+
+from numparity_server.audit import service
+from numparity_server.audit.schemas import AuditOut
+from numparity_server.deps import DbSession, PolicyDep, ReaderAuth
+from numparity_server.kit.errors import BadRequest
+
+router = APIRouter(prefix="/api/v1", tags=["analysis"])
+
+_CSV_EXAMPLE = ("node,finding,detail\n"
+                "cpu-3,suspect (drill),strict answers differ from 3 of 3 same-environment "
+                "peers in 2 run(s)\n")
+_CSV_DOC = {"content": {"text/csv": {"example": _CSV_EXAMPLE}},
+            "description": "With format=csv: one table (findings unless table= names another)."}
+
+
+@router.get("/audit", response_model=AuditOut, responses={200: _CSV_DOC})
+def get_audit(
+    session: DbSession,
+    policy: PolicyDep,
+    _principal: ReaderAuth,
+    format: Literal["json", "csv"] = "json",  # noqa: A002 - the query parameter's name
+    table: Annotated[str, Query(description="CSV table: " + ", ".join(service.TABLES))]
+    = "findings",
+) -> Any:
+    """The lab audit: inventory by GPU, driver, CUDA, cuDNN, torch and CPU capability;
+    stale nodes; policy violations; suspect hardware (strict answers that differ from
+    same-environment peers; drills marked); nondeterministic nodes; results whose input or
+    parameter bytes differ from the fleet's; environment changes and the results that
+    changed with them (drift); the cost of determinism per environment."""
+    if format == "csv" and table not in service.TABLES:
+        raise BadRequest(f"unknown table {table!r}; tables: {', '.join(service.TABLES)}")
+    report = service.audit(session=session, policy=policy)
+    if format == "csv":
+        return PlainTextResponse(service.to_csv(report, table), media_type="text/csv")
+    return report

@@ -1,0 +1,375 @@
+"""GET /audit: the lab audit (DESIGN §3.3) from a handful of aggregate queries."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from numparity_server import analysis
+from numparity_server.analysis.audit import (
+    Deviation,
+    Key,
+    Majority,
+    classify_suspects,
+    majorities,
+    repeat_disagreements,
+    strict_changes,
+)
+from numparity_server.analysis.policy import Policy
+from numparity_server.audit import repository
+from numparity_server.nodes import repository as nodes_repository
+
+INVENTORY_COLUMNS = ("gpu_name", "compute_capability", "driver", "cuda", "cudnn", "torch",
+                     "cpu_capability")
+STATUSES = ("ok", "suspect", "watch", "nondeterministic", "stale")
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def audit(*, session: Session, policy: Policy, now: datetime | None = None) -> dict[str, Any]:
+    now = now or datetime.now(timezone.utc)
+    since = now - timedelta(days=policy.window_days)
+    nodes = repository.nodes(session)
+    environments = {row.id: row for row in repository.environments(session)}
+    env_keys = {env_id: row.env_key for env_id, row in environments.items()}
+
+    current: dict[int, Any] = {}
+    for row in repository.current_runs(session):
+        held = current.get(row.node_id)
+        if held is None or (row.started_at, row.run_id) > (held.started_at, held.run_id):
+            current[row.node_id] = row
+    node_env = {node.name: current[node.id].environment_id
+                for node in nodes if node.id in current}
+
+    suspects = _suspects(session, policy, env_keys, since)
+    nondeterministic = _nondeterministic(session, since)
+    stale = _stale(nodes, current, now, policy)
+    policy_rows = _policy(policy, node_env, environments)
+    broken = _broken_inputs(session)
+    statuses = _statuses([node.name for node in nodes], suspects, nondeterministic, stale)
+    return analysis.json_safe({
+        "generated_at": now.isoformat(),
+        "window_days": policy.window_days,
+        "summary": {
+            "nodes": len(nodes),
+            "environments": len(set(node_env.values())),
+            **{status: sum(1 for found in statuses.values() if status in found)
+               for status in STATUSES},
+            "policy_violations": len({row["node"] for row in policy_rows}),
+            "broken_inputs": len({row["node"] for row in broken}),
+        },
+        "inventory": _inventory(node_env, environments),
+        "stale": stale,
+        "policy": policy_rows,
+        "suspects": suspects,
+        "nondeterministic": nondeterministic,
+        "broken_inputs": broken,
+        "drift": _drift(session, environments, since),
+        "determinism_cost": _determinism_cost(session, env_keys),
+    })
+
+
+def _statuses(names: Iterable[str], suspects: Sequence[Mapping[str, Any]],
+              nondeterministic: Sequence[Mapping[str, Any]],
+              stale: Sequence[Mapping[str, Any]]) -> dict[str, set[str]]:
+    """Each node's statuses; ``ok`` when it has none of the others."""
+    found: dict[str, set[str]] = {name: set() for name in names}
+    for entry in suspects:
+        found[entry["node"]].add(entry["status"])
+    for entry in nondeterministic:
+        found[entry["node"]].add("nondeterministic")
+    for entry in stale:
+        found[entry["node"]].add("stale")
+    for statuses in found.values():
+        if not statuses:
+            statuses.add("ok")
+    return found
+
+
+def _inventory(node_env: Mapping[str, int], environments: Mapping[int, Any]
+               ) -> dict[str, list[dict[str, Any]]]:
+    """Nodes counted by each promoted environment column (their current environment)."""
+    per_env = Counter(node_env.values())
+    inventory: dict[str, list[dict[str, Any]]] = {}
+    for column in INVENTORY_COLUMNS:
+        counts: Counter[str | None] = Counter()
+        for env_id, count in per_env.items():
+            counts[getattr(environments[env_id], column)] += count
+        inventory[column] = [{"value": value, "nodes": count} for value, count in
+                             sorted(counts.items(), key=lambda item: (-item[1], str(item[0])))]
+    return inventory
+
+
+def _stale(nodes: Sequence[Any], current: Mapping[int, Any], now: datetime, policy: Policy
+           ) -> list[dict[str, Any]]:
+    """Nodes whose newest upload arrived more than ``stale_after_hours`` ago."""
+    limit = now - timedelta(hours=policy.stale_after_hours)
+    rows = []
+    for node in nodes:
+        last_seen = _aware(node.last_seen)
+        if last_seen < limit:
+            run = current.get(node.id)
+            rows.append({
+                "node": node.name, "last_seen": last_seen.isoformat(),
+                "hours_since": round((now - last_seen).total_seconds() / 3600, 1),
+                "last_run_id": run.run_id if run else None,
+            })
+    rows.sort(key=lambda row: (-row["hours_since"], row["node"]))
+    return rows
+
+
+def _policy(policy: Policy, node_env: Mapping[str, int], environments: Mapping[int, Any]
+            ) -> list[dict[str, Any]]:
+    """One row per node and broken rule, judged on the node's current environment."""
+    if not policy.allowed and not policy.required:
+        return []
+    per_env = {
+        env_id: policy.violations(analysis.flatten_environment(environments[env_id].document))
+        for env_id in set(node_env.values())
+    }
+    return [
+        {"node": node, "env_key": environments[env_id].env_key, **violation.to_dict()}
+        for node, env_id in sorted(node_env.items())
+        for violation in per_env[env_id]
+    ]
+
+
+def _suspects(session: Session, policy: Policy, env_keys: Mapping[int, str],
+              since: datetime) -> list[dict[str, Any]]:
+    counts = [(env_id, (suite, workload, version, device), manifest, nodes)
+              for env_id, suite, workload, version, device, manifest, nodes
+              in repository.strict_answer_counts(session)]
+    majority: dict[tuple[int, Key], Majority] = majorities(
+        counts, min_peers=policy.min_peers)
+    if not majority:
+        return []
+    manifests = [m.manifest_hash for m in majority.values()]
+    peer_runs = {
+        (env_id, (suite, workload, version, device)): run_id
+        for env_id, suite, workload, version, device, manifest, run_id
+        in repository.strict_peer_runs(session, manifests)
+        if (found := majority.get((env_id, (suite, workload, version, device))))
+        and found.manifest_hash == manifest
+    }
+    rows = repository.strict_deviations(
+        session, environments=sorted({env_id for env_id, _key in majority}),
+        majority_manifests=manifests, since=since)
+    # A node's answer can be another environment's majority answer: those rows were
+    # not excluded by the query's manifest filter, and are left out here instead.
+    deviating = [row for row in rows
+                 if (row[1], tuple(row[2:6])) in majority
+                 and majority[(row[1], tuple(row[2:6]))].manifest_hash != row[6]]
+    latest = repository.latest_deviating(session, [row[6] for row in deviating])
+    deviations = [
+        Deviation(node=name, environment=env_id, key=(suite, workload, version, device),
+                  manifest_hash=manifest, runs=int(runs), drill_runs=int(drills or 0),
+                  run_id=run_id, latest=(name, manifest) in latest)
+        for name, env_id, suite, workload, version, device, manifest, runs, drills, run_id
+        in deviating
+    ]
+    return classify_suspects(deviations, majority, env_keys, peer_runs)
+
+
+def _nondeterministic(session: Session, since: datetime) -> list[dict[str, Any]]:
+    repeats = repeat_disagreements(repository.repeat_disagreements(session))
+    changes = strict_changes(
+        (name, env_key, (suite, workload, version, device), distinct, run_id)
+        for name, env_key, suite, workload, version, device, distinct, run_id
+        in repository.strict_changes(session, since=since)
+    )
+    return sorted([*repeats, *changes], key=lambda row: (row["node"], row["reason"],
+                                                          row["workload"], row["variant"]))
+
+
+def _broken_inputs(session: Session) -> list[dict[str, Any]]:
+    """Latest results whose input or parameter bytes differ from the fleet's (DESIGN §2.1:
+    those bytes are the same everywhere by construction; a difference is a bug)."""
+    counts: dict[tuple[Any, ...], Counter[tuple[str | None, str | None]]] = defaultdict(Counter)
+    for suite, workload, version, variant, input_hash, param_hash, nodes in \
+            repository.input_hash_counts(session):
+        counts[(suite, workload, version, variant)][(input_hash, param_hash)] += nodes
+    rows = []
+    for (suite, workload, version, variant), hashes in sorted(
+            counts.items(), key=lambda item: (item[0][0], item[0][1], item[0][2] or 0, item[0][3])):
+        if len(hashes) < 2:
+            continue
+        (fleet_input, fleet_param), _ = max(hashes.items(), key=lambda item: (item[1], item[0]))
+        for (input_hash, param_hash), _count in hashes.items():
+            if (input_hash, param_hash) == (fleet_input, fleet_param):
+                continue
+            differing = [name for name, own, fleet in (("input_hash", input_hash, fleet_input),
+                                                       ("param_hash", param_hash, fleet_param))
+                         if own != fleet]
+            for node, run_id in repository.nodes_with_inputs(
+                    session, suite=suite, workload=workload, version=version, variant=variant,
+                    input_hash=input_hash, param_hash=param_hash):
+                rows.append({
+                    "node": node, "run_id": run_id, "suite": suite, "workload": workload,
+                    "workload_version": version, "variant": variant, "differs": differing,
+                    "input_hash": input_hash, "fleet_input_hash": fleet_input,
+                    "param_hash": param_hash, "fleet_param_hash": fleet_param,
+                })
+    rows.sort(key=lambda row: (row["node"], row["workload"], row["variant"]))
+    return rows
+
+
+def _drift(session: Session, environments: Mapping[int, Any], since: datetime
+           ) -> list[dict[str, Any]]:
+    """Environment changes of a node between consecutive runs: the attributes that changed
+    and the results whose answer changed with them."""
+    changes = repository.environment_changes(session, since=since)
+    if not changes:
+        return []
+    run_ids = {row.id for row in changes} | {row.prev_id for row in changes}
+    results: dict[int, dict[tuple[str, str, str, str], str | None]] = defaultdict(dict)
+    for row in nodes_repository.results_of(session, sorted(run_ids)):
+        if row.status == "ok":
+            results[row.run_id][(row.suite, row.workload, row.variant, row.device)] = \
+                row.manifest_hash
+    flattened: dict[int, dict[str, str]] = {}
+
+    def flat(env_id: int) -> dict[str, str]:
+        if env_id not in flattened:
+            flattened[env_id] = analysis.flatten_environment(environments[env_id].document)
+        return flattened[env_id]
+
+    rows = []
+    for change in changes:
+        now, before = results[change.id], results[change.prev_id]
+        changed = [
+            {"suite": key[0], "workload": key[1], "variant": key[2], "device": key[3]}
+            for key in sorted(now.keys() & before.keys()) if now[key] != before[key]
+        ]
+        rows.append({
+            "node": change.name, "run_id": change.run_id, "previous_run_id": change.prev_run,
+            "started_at": _aware(change.started_at).isoformat(),
+            "env_key": environments[change.environment_id].env_key,
+            "previous_env_key": environments[change.prev_env].env_key,
+            "attributes": [{"attribute": d["attribute"], "before": d["a"], "after": d["b"]}
+                           for d in analysis.environment_diff(flat(change.prev_env),
+                                                              flat(change.environment_id))],
+            "outputs_changed": changed,
+        })
+    return rows
+
+
+def _determinism_cost(session: Session, env_keys: Mapping[int, str]) -> list[dict[str, Any]]:
+    """Per environment: mean wall time of ``strict`` against ``default`` per workload and
+    summed over the workloads that have both."""
+    times: dict[int, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+    nodes: dict[int, int] = defaultdict(int)
+    for env_id, workload, variant, wall_s, count in repository.wall_times(
+            session, ["default", "strict"]):
+        times[env_id][workload][variant] = float(wall_s)
+        nodes[env_id] = max(nodes[env_id], int(count))
+    rows: list[dict[str, Any]] = []
+    for env_id, workloads in times.items():
+        both = {w: v for w, v in sorted(workloads.items()) if {"default", "strict"} <= v.keys()}
+        if not both:
+            continue
+        default_s = sum(v["default"] for v in both.values())
+        strict_s = sum(v["strict"] for v in both.values())
+        rows.append({
+            "env_key": env_keys.get(env_id), "nodes": nodes[env_id],
+            "default_s": default_s, "strict_s": strict_s,
+            "ratio": strict_s / default_s if default_s > 0 else None,
+            "workloads": [{"workload": w, "default_s": v["default"], "strict_s": v["strict"],
+                           "ratio": v["strict"] / v["default"] if v["default"] > 0 else None}
+                          for w, v in both.items()],
+        })
+    rows.sort(key=lambda row: (-float(row["ratio"] or 0), str(row["env_key"] or "")))
+    return rows
+
+
+# The tables of ?format=csv: name → (the report's list, its columns).
+CSV_TABLES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "stale": ("stale", ("node", "last_seen", "hours_since", "last_run_id")),
+    "policy": ("policy", ("node", "env_key", "attribute", "value", "rule", "expected")),
+    "suspects": ("suspects", ("node", "status", "env_key", "peers", "majority_nodes",
+                              "disagreeing_runs", "drill", "drill_runs",
+                              "currently_disagrees")),
+    "nondeterministic": ("nondeterministic", ("node", "reason", "suite", "workload",
+                                              "workload_version", "variant", "device",
+                                              "run_id", "detail")),
+    "broken_inputs": ("broken_inputs", ("node", "run_id", "suite", "workload",
+                                        "workload_version", "variant", "differs",
+                                        "input_hash", "fleet_input_hash", "param_hash",
+                                        "fleet_param_hash")),
+    "drift": ("drift", ("node", "run_id", "previous_run_id", "started_at", "attributes",
+                        "outputs_changed")),
+    "determinism_cost": ("determinism_cost", ("env_key", "nodes", "default_s", "strict_s",
+                                              "ratio")),
+}
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, list):
+        return "; ".join(_cell(item) for item in value)
+    if isinstance(value, dict):
+        if "attribute" in value:
+            return f"{value['attribute']}: {value.get('before')} -> {value.get('after')}"
+        return "/".join(str(v) for v in value.values() if v is not None)
+    return "" if value is None else value
+
+
+def findings(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per node and finding, across the tables: what needs someone's attention."""
+    rows = []
+    for entry in report["suspects"]:
+        drill = " (drill)" if entry["drill"] else ""
+        rows.append({"node": entry["node"], "finding": entry["status"] + drill,
+                     "detail": f"strict answers differ from {entry['majority_nodes']} of "
+                               f"{entry['peers']} same-environment peers in "
+                               f"{entry['disagreeing_runs']} run(s)"})
+    for entry in report["nondeterministic"]:
+        rows.append({"node": entry["node"], "finding": "nondeterministic",
+                     "detail": entry["detail"]})
+    for entry in report["stale"]:
+        rows.append({"node": entry["node"], "finding": "stale",
+                     "detail": f"no upload for {entry['hours_since']} h"})
+    for entry in report["policy"]:
+        rows.append({"node": entry["node"], "finding": "policy",
+                     "detail": f"{entry['attribute']} is {entry['value']}, "
+                               f"{entry['rule']}: {', '.join(entry['expected'])}"})
+    for entry in report["broken_inputs"]:
+        rows.append({"node": entry["node"], "finding": "broken_inputs",
+                     "detail": f"{' and '.join(entry['differs'])} of {entry['workload']} "
+                               f"({entry['variant']}) differ from the fleet's"})
+    for entry in report["drift"]:
+        if entry["outputs_changed"]:
+            names = ", ".join(a["attribute"] for a in entry["attributes"][:5])
+            rows.append({"node": entry["node"], "finding": "drift",
+                         "detail": f"{len(entry['outputs_changed'])} result(s) changed with "
+                                   f"{names}"})
+    return rows
+
+
+def to_csv(report: Mapping[str, Any], table: str) -> str:
+    """One table of the report as CSV (``findings``: every finding, a row each)."""
+    columns: tuple[str, ...]
+    if table == "findings":
+        rows, columns = findings(report), ("node", "finding", "detail")
+    elif table == "inventory":
+        rows = [{"attribute": attribute, "value": entry["value"], "nodes": entry["nodes"]}
+                for attribute, entries in report["inventory"].items() for entry in entries]
+        columns = ("attribute", "value", "nodes")
+    else:
+        name, columns = CSV_TABLES[table]
+        rows = report[name]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([_cell(row.get(column)) for column in columns])
+    return out.getvalue()
+
+
+TABLES = ("findings", "inventory", *CSV_TABLES)

@@ -1,0 +1,180 @@
+"""GET /api/v1/audit on a hand-made fleet with one of every finding."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from server_documents import run_document
+
+from numparity_server.analysis.policy import Policy
+from numparity_server.audit import service
+from numparity_server.kit.db import get_engine, session_factory
+
+NOW = datetime.now(timezone.utc).replace(microsecond=0)
+
+
+def at(hours_ago: float) -> str:
+    return (NOW - timedelta(hours=hours_ago)).isoformat().replace("+00:00", "Z")
+
+
+def document(node, hours_ago, *, shift=0.0, drill=False, repeats_agree=True, **kwargs):
+    doc = run_document(node, started_at=at(hours_ago), shift=shift,
+                       variants=("default", "strict"), **kwargs)
+    doc["drill"] = drill
+    for result in doc["results"]:
+        if result["status"] == "ok":
+            result["repeats_agree"] = repeats_agree
+            result["wall_s"] = 1.0 if result["variant"] == "default" else 1.5
+    return doc
+
+
+@pytest.fixture
+def fleet(make_api, tmp_path):
+    policy = tmp_path / "policy.toml"
+    policy.write_text('window_days = 7\n[allowed]\n"env_vars.MKL_CBWR" = ["unset"]\n')
+    api = make_api(policy_file=policy)
+    mkl = {"MKL_CBWR": "COMPATIBLE"}
+    documents = [
+        *(document(f"peer-{i}", 2) for i in (1, 2, 3)),
+        # A corrupting node, drilled twice: suspect, marked as a drill.
+        document("drilled", 3, shift=1e-3, drill=True),
+        document("drilled", 2, shift=1e-3, drill=True),
+        # Disagreed once, then agreed again: watch; its strict answer changed.
+        document("glitchy", 3, shift=1e-3),
+        document("glitchy", 2),
+        # Repeats that disagree.
+        document("flaky", 2, env_vars=mkl, repeats_agree=False),
+        # An upgrade that changed the numbers: drift naming the attribute.
+        document("upgraded", 5),
+        document("upgraded", 2, env_vars=mkl, shift=1e-3),
+        # Different input bytes: broken inputs.
+        document("broken", 2, input_hash="in-" + "1" * 61),
+        # Older than the window: its disagreement no longer counts.
+        document("old", 24 * 10, shift=1e-3),
+        document("old", 2),
+    ]
+    for doc in documents:
+        assert api.post_run(doc).status_code == 201
+    return api
+
+
+def get_audit(api, **params):
+    response = api.client.get("/api/v1/audit", params=params, headers=api.reader)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def test_suspect_and_watch_by_majority_within_the_environment(fleet):
+    report = get_audit(fleet).json()
+    by_node = {entry["node"]: entry for entry in report["suspects"]}
+    assert set(by_node) == {"drilled", "glitchy"}
+    drilled = by_node["drilled"]
+    assert drilled["status"] == "suspect" and drilled["disagreeing_runs"] == 2
+    assert drilled["drill"] is True and drilled["drill_runs"] == 2
+    assert drilled["currently_disagrees"] is True
+    # peers 1-3, glitchy, broken, old: the stock environment's other nodes.
+    assert drilled["peers"] == 6 and drilled["majority_nodes"] == 6
+    assert drilled["compare"]["run_a"] and drilled["compare"]["workload"] == "cnn"
+    glitchy = by_node["glitchy"]
+    assert glitchy["status"] == "watch" and glitchy["drill"] is False
+    assert glitchy["currently_disagrees"] is False
+    assert report["summary"]["suspect"] == 1 and report["summary"]["watch"] == 1
+
+
+def test_the_compare_link_of_a_suspect_names_a_peer_and_the_suspects_run(fleet):
+    report = get_audit(fleet).json()
+    (drilled,) = [e for e in report["suspects"] if e["node"] == "drilled"]
+    link = drilled["compare"]
+    runs = {run["run_id"]: run["node"] for run in fleet.client.get(
+        "/api/v1/runs", params={"limit": 100}, headers=fleet.reader).json()["items"]}
+    assert runs[link["run_b"]] == "drilled"
+    assert runs[link["run_a"]] in {"peer-1", "peer-2", "peer-3", "glitchy", "broken", "old"}
+
+
+def test_nondeterministic_nodes(fleet):
+    report = get_audit(fleet).json()
+    reasons = {(e["node"], e["reason"], e["variant"]) for e in report["nondeterministic"]}
+    assert ("flaky", "repeats_disagree", "default") in reasons
+    assert ("flaky", "repeats_disagree", "strict") in reasons
+    assert ("glitchy", "strict_changed", "strict") in reasons
+    # Drills do not make a node nondeterministic; nor does an environment change.
+    assert not {node for node, *_ in reasons} & {"drilled", "upgraded"}
+    # Outside the window nothing is counted.
+    assert "old" not in {node for node, *_ in reasons}
+    assert report["summary"]["nondeterministic"] == 2
+
+
+def test_drift_names_the_attribute_that_changed(fleet):
+    report = get_audit(fleet).json()
+    (drift,) = report["drift"]
+    assert drift["node"] == "upgraded"
+    assert {"attribute": "env_vars.MKL_CBWR", "before": "unset", "after": "COMPATIBLE"} \
+        in drift["attributes"]
+    assert {(c["workload"], c["variant"]) for c in drift["outputs_changed"]} == \
+        {("cnn", "default"), ("cnn", "strict")}
+
+
+def test_policy_inventory_and_broken_inputs(fleet):
+    report = get_audit(fleet).json()
+    assert {(row["node"], row["attribute"], row["value"]) for row in report["policy"]} == \
+        {("flaky", "env_vars.MKL_CBWR", "COMPATIBLE"),
+         ("upgraded", "env_vars.MKL_CBWR", "COMPATIBLE")}
+    assert report["inventory"]["torch"] == [{"value": "2.13.0", "nodes": 9}]
+    assert report["summary"]["nodes"] == 9 and report["summary"]["environments"] == 2
+    broken = {(row["node"], row["variant"], tuple(row["differs"]))
+              for row in report["broken_inputs"]}
+    assert broken == {("broken", "default", ("input_hash",)),
+                      ("broken", "strict", ("input_hash",))}
+
+
+def test_cost_of_determinism_per_environment(fleet):
+    report = get_audit(fleet).json()
+    costs = report["determinism_cost"]
+    assert len(costs) == 2
+    assert all(row["ratio"] == pytest.approx(1.5) for row in costs)
+    assert sum(row["nodes"] for row in costs) == 9
+
+
+def test_stale_nodes(fleet):
+    engine = get_engine(fleet.settings)
+    with session_factory(engine)() as session:
+        fresh = service.audit(session=session, policy=Policy(stale_after_hours=1))
+        later = service.audit(session=session, policy=Policy(stale_after_hours=1),
+                              now=NOW + timedelta(hours=3))
+    assert fresh["stale"] == []
+    assert len(later["stale"]) == 9 and later["stale"][0]["hours_since"] >= 2.9
+    assert later["summary"]["stale"] == 9
+
+
+def test_csv_tables(fleet):
+    findings = list(csv.DictReader(io.StringIO(get_audit(fleet, format="csv").text)))
+    assert {"node": "drilled", "finding": "suspect (drill)"}.items() <= findings[0].items()
+    assert {(row["node"], row["finding"]) for row in findings} >= {
+        ("glitchy", "watch"), ("flaky", "nondeterministic"), ("upgraded", "drift"),
+        ("broken", "broken_inputs"), ("flaky", "policy")}
+    response = get_audit(fleet, format="csv", table="suspects")
+    assert response.headers["content-type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(response.text)))
+    assert [(row["node"], row["status"]) for row in rows] == [("drilled", "suspect"),
+                                                               ("glitchy", "watch")]
+
+
+def test_unknown_csv_table_is_400_listing_the_tables(fleet):
+    response = fleet.client.get("/api/v1/audit", params={"format": "csv", "table": "nope"},
+                                headers=fleet.reader)
+    assert response.status_code == 400
+    assert "'nope'" in response.text and "suspects" in response.text
+
+
+def test_audit_needs_a_reader(fleet):
+    assert fleet.client.get("/api/v1/audit").status_code == 401
+    assert fleet.client.get("/api/v1/audit", headers=fleet.agent).status_code == 403
+
+
+def test_audit_of_an_empty_server(api):
+    report = get_audit(api).json()
+    assert report["summary"]["nodes"] == 0
+    assert report["suspects"] == [] and report["drift"] == [] and report["stale"] == []
