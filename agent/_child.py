@@ -1,6 +1,7 @@
 """The child process of one variant: `python -m numparity_agent._child SPEC OUT`.
 
-SPEC is a JSON file {"variant", "workloads", "device", "repeats", "node_env_vars"};
+SPEC is a JSON file {"variant", "workloads", "device", "repeats", "node_env_vars",
+"fault_drill"} (fault_drill: flip one bit in each workload, DESIGN §2.6; optional);
 OUT receives {"environment", "results"} (written atomically, so a crash leaves none).
 The environment is captured first, before the variant touches any knob, with the
 node's numeric environment variables (not the ones the variant added), so that it
@@ -25,6 +26,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     environment = capture_environment(env_vars=spec.get("node_env_vars"))
     variant = _variants.get(spec["variant"])
     device_name = spec.get("device", "cpu")
+    fault_drill = bool(spec.get("fault_drill", False))
     results: list[dict[str, Any]] = []
 
     def all_results(**fields: Any) -> dict[str, Any]:
@@ -62,7 +64,13 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
             )
             continue
         results.append(
-            run_workload(workload, variant=variant, device=device, repeats=spec["repeats"])
+            run_workload(
+                workload,
+                variant=variant,
+                device=device,
+                repeats=spec["repeats"],
+                fault_drill=fault_drill,
+            )
         )
     return {"environment": environment, "results": results}
 

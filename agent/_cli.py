@@ -97,6 +97,12 @@ def _parser() -> argparse.ArgumentParser:
         default=900.0,
         help="seconds per variant before its child is killed (default 900)",
     )
+    run.add_argument(
+        "--fault-drill",
+        action="store_true",
+        help="flip one bit of one activation per workload in the strict variant and mark "
+        "the document as a drill: checks that the audit catches a corrupting GPU",
+    )
 
     flush = sub.add_parser("flush", help="upload what is spooled, oldest first")
     server_args(flush)
@@ -150,7 +156,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     variants = _names(args.variants) or _variants.names()
     workloads = _names(args.workloads) or _workloads.builtin_names()
     try:
-        validate(workloads, variants, args.repeats)
+        validate(workloads, variants, args.repeats, drill=args.fault_drill)
         labels = _labels(args.label)
     except (UsageError, ValueError) as exc:
         log(f"usage: {exc}")
@@ -170,6 +176,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         node=node,
         labels=labels,
         timeout=args.timeout,
+        drill=args.fault_drill,
     )
     failed = [r for r in document["results"] if r["status"] == "failed"]
     code = EXIT_OK

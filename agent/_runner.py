@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from numparity_agent._fingerprint import combined_hash, fingerprint, tensor_hashes
 from numparity_agent._knobs import read_knobs
 from numparity_agent._variants import Variant
-from numparity_agent._workloads._base import Built, Recorder, Workload
+from numparity_agent._workloads._base import (
+    Built,
+    Recorder,
+    Workload,
+    layer_tensors,
+    replace_layer_tensor,
+)
+
+# The fault drill flips the third-highest mantissa bit (bit 20 of a float32): the value
+# moves by 1/16 to 1/8 of its magnitude, keeps its sign and stays finite.
+DRILL_BITS_BELOW_TOP = 3
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _sync(device: torch.device) -> None:
@@ -32,7 +46,12 @@ def result_head(
 
 
 def run_workload(
-    workload: Workload, *, variant: Variant, device: torch.device, repeats: int
+    workload: Workload,
+    *,
+    variant: Variant,
+    device: torch.device,
+    repeats: int,
+    fault_drill: bool = False,
 ) -> dict[str, Any]:
     """Build and run `workload` `repeats` times; fingerprint every tensor of the first.
 
@@ -40,6 +59,10 @@ def run_workload(
     repeats also check that building is deterministic. `repeats_agree` compares the
     input/param hashes and every tensor hash of all repeats; `wall_s` is the mean time
     of one run (building and fingerprinting excluded).
+
+    With `fault_drill`, every repeat has the same bit of the same layer flipped (see
+    FaultDrill) and the result says which in its "drill" field; a workload that records
+    no layers (probes) runs untouched and has no such field.
     """
     head = result_head(workload.name, workload.version, variant.name, str(device), workload.suite)
     dtype = variant.dtype()
@@ -48,14 +71,19 @@ def run_workload(
     times: list[float] = []
     input_hash = param_hash = None
     fields: dict[str, Any] = {}
+    drill_target: int | None = None
+    drill_field: dict[str, Any] | None = None
     try:
+        if fault_drill:
+            drill_target = _drill_target(workload, variant=variant, dtype=dtype, device=device)
         for repeat in range(repeats):
             built = workload.build(dtype=dtype, device=device)
             built_inputs, built_params = built_hashes(built)
             hashes = [("<inputs>", built_inputs), ("<params>", built_params)]
             if repeat == 0:
                 input_hash, param_hash = built_inputs, built_params
-            recorder = Recorder()
+            drill = FaultDrill(drill_target) if drill_target is not None else None
+            recorder = Recorder(layer_fault=drill)
             _sync(device)
             start = time.perf_counter()
             with variant.run_context(device):
@@ -64,6 +92,7 @@ def run_workload(
             times.append(time.perf_counter() - start)
             if repeat == 0:
                 fields = recorder.fields
+                drill_field = drill.flipped if drill is not None else None
             if repeat == 0:
                 for order, (name, kind, value) in enumerate(recorder.tensors):
                     entry = {"name": name, "kind": kind, "order": order, **fingerprint(value)}
@@ -95,7 +124,112 @@ def run_workload(
     result.update({k: v for k, v in fields.items() if k not in result})
     if differing:
         result["repeats_differ"] = differing
+    if drill_field is not None:
+        result["drill"] = drill_field
     return result
+
+
+class FaultDrill:
+    """`run --fault-drill` (DESIGN §2.6): one flipped bit, as a corrupting GPU makes.
+
+    A Recorder's `layer_fault`. It counts the calls of the layer hooks in execution
+    order and, at call `target`, flips the third-highest mantissa bit (bit 20 of a
+    float32, 7 of a float16, 4 of a bfloat16, 49 of a float64) of the largest finite
+    element (the first of them on ties) of the call's first corruptible tensor
+    (floating, with a finite value: a recurrent layer's output sequence, not its
+    state). The largest element of an activation is positive in practice, so the flip
+    survives a following ReLU or max-pool and reaches every later layer that reads it,
+    and the output. The model goes on with the corrupted tensor and the recorded copy
+    is corrupted alike, before anything is fingerprinted. Only the calls the layer
+    hooks see count: `train` hooks (and so corrupts) its first forward only, and its
+    later steps compute from what that corrupted forward taught the weights.
+
+    With `target` None it changes nothing and lists, in `eligible`, the calls whose
+    output it could corrupt (the planning pass of `_drill_target`).
+    """
+
+    def __init__(self, target: int | None = None) -> None:
+        self.target = target
+        self.calls = 0
+        self.eligible: list[int] = []
+        # The result's "drill" field once the bit is flipped.
+        self.flipped: dict[str, Any] | None = None
+
+    def __call__(self, recorder: Recorder, first: int, output: Any) -> Any:
+        call = self.calls
+        self.calls += 1
+        if self.target is not None and call != self.target:
+            return None
+        recorded = [value for _, _, value in recorder.tensors[first:]]
+        position = next((i for i, value in enumerate(recorded) if _corruptible(value)), None)
+        if position is None:
+            return None
+        if self.target is None:
+            self.eligible.append(call)
+            return None
+        name, _kind, copy = recorder.tensors[first + position]
+        live = layer_tensors(output)[position]
+        index, bit, element, flipped = _flip_bit(copy)
+        coords = tuple(int(c) for c in np.unravel_index(index, tuple(copy.shape)))
+        # A copy of the live tensor keeps its layout and, in a training step, its
+        # autograd graph; the flipped bit is a fault autograd never hears of.
+        corrupted = live.clone()
+        with torch.no_grad():
+            corrupted[coords] = flipped.to(corrupted.device)
+            copy[coords] = flipped.to(copy.device)
+        self.flipped = {
+            "layer": name,
+            "index": index,
+            "bit": bit,
+            "before": float(element.item()),
+            "after": float(flipped.item()),
+        }
+        return replace_layer_tensor(output, position, corrupted)
+
+
+def _corruptible(value: torch.Tensor) -> bool:
+    return (
+        value.is_floating_point()
+        and value.element_size() in _INT_OF_SIZE
+        and bool(torch.isfinite(value).any())
+    )
+
+
+def _flip_bit(value: torch.Tensor) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+    """(flat index of the largest finite element, bit, that element, it with the bit
+    flipped), the elements as 0-dim CPU tensors of `value`'s dtype."""
+    flat = value.detach().reshape(-1).to("cpu")
+    finite = torch.where(torch.isfinite(flat), flat.double(), -float("inf"))
+    index = int(torch.argmax(finite))  # the first largest, on ties
+    mantissa_bits = round(-np.log2(torch.finfo(value.dtype).eps))
+    bit = max(mantissa_bits - DRILL_BITS_BELOW_TOP, 0)
+    element = flat[index].clone()
+    as_int = element.view(_INT_OF_SIZE[element.element_size()])
+    flipped = (as_int ^ (1 << bit)).view(value.dtype)
+    return index, bit, element, flipped
+
+
+@contextlib.contextmanager
+def _rng_kept(device: torch.device) -> Iterator[None]:
+    """Restore torch's generators afterwards, so a planning pass leaves no trace."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+
+
+def _drill_target(
+    workload: Workload, *, variant: Variant, dtype: torch.dtype, device: torch.device
+) -> int | None:
+    """The layer-hook call the drill corrupts: the middle one (index len // 2), in
+    execution order, of the calls that output a corruptible tensor; None when the
+    workload records no layers. Found by one clean, unrecorded run of the workload."""
+    planner = FaultDrill()
+    built = workload.build(dtype=dtype, device=device)
+    with _rng_kept(device), variant.run_context(device):
+        workload.run(built, Recorder(layer_fault=planner))
+    if not planner.eligible:
+        return None
+    return planner.eligible[len(planner.eligible) // 2]
 
 
 def built_hashes(built: Built) -> tuple[str, str]:

@@ -30,7 +30,9 @@ class UsageError(ValueError):
     """A bad request from the caller (unknown workload or variant, bad repeats)."""
 
 
-def validate(workloads: Sequence[str], variants: Sequence[str], repeats: int) -> None:
+def validate(
+    workloads: Sequence[str], variants: Sequence[str], repeats: int, *, drill: bool = False
+) -> None:
     bad_w = [w for w in workloads if not _workloads.is_known(w)]
     if bad_w:
         raise UsageError(
@@ -44,6 +46,11 @@ def validate(workloads: Sequence[str], variants: Sequence[str], repeats: int) ->
         )
     if repeats < 1:
         raise UsageError("repeats must be at least 1")
+    if drill and _variants.FAULT_DRILL_VARIANT not in variants:
+        raise UsageError(
+            f"--fault-drill corrupts the {_variants.FAULT_DRILL_VARIANT} variant; "
+            f"add {_variants.FAULT_DRILL_VARIANT} to --variants"
+        )
 
 
 def _child_failure(proc: subprocess.CompletedProcess[str] | None, reason: str) -> str:
@@ -70,14 +77,17 @@ def run_variant(
     repeats: int,
     timeout: float,
     node_env_vars: dict[str, str],
+    fault_drill: bool = False,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """(environment or None, results) of one variant's child process."""
+    """(environment or None, results) of one variant's child process; with
+    `fault_drill` the child flips one bit in each workload (DESIGN §2.6)."""
     spec = {
         "variant": variant,
         "workloads": list(workloads),
         "device": device,
         "repeats": repeats,
         "node_env_vars": node_env_vars,
+        "fault_drill": fault_drill,
     }
     env = _variants.get(variant).child_env(dict(os.environ))
     with tempfile.TemporaryDirectory(prefix="numparity-") as tmp:
@@ -132,11 +142,22 @@ def run_suite(
     labels: dict[str, str] | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     log_line: Callable[[str], None] = log,
+    drill: bool = False,
 ) -> dict[str, Any]:
-    """Run `workloads` under `variants` (all built-ins by default): the run document."""
+    """Run `workloads` under `variants` (all built-ins by default): the run document.
+
+    With `drill` (`run --fault-drill`, DESIGN §2.6) the document is marked as a drill
+    and, in the FAULT_DRILL_VARIANT only, every workload that records layers has one
+    bit of one activation flipped; the other variants run as without it.
+    """
     workloads = list(workloads or _workloads.builtin_names())
     variants = list(variants or _variants.names())
-    validate(workloads, variants, repeats)
+    validate(workloads, variants, repeats, drill=drill)
+    if drill:
+        log_line(
+            f"fault drill: one bit flipped per workload in {_variants.FAULT_DRILL_VARIANT}; "
+            "the document is marked as a drill"
+        )
     node_env_vars = numeric_env_vars()
     started_at = utc_now()
     environment: dict[str, Any] | None = None
@@ -150,6 +171,7 @@ def run_suite(
             repeats=repeats,
             timeout=timeout,
             node_env_vars=node_env_vars,
+            fault_drill=drill and variant == _variants.FAULT_DRILL_VARIANT,
         )
         environment = environment or child_env
         for result in child_results:
@@ -157,6 +179,12 @@ def run_suite(
             detail = ""
             if status == "ok":
                 detail = f" in {result['wall_s']:.3f} s, repeats agree: {result['repeats_agree']}"
+                if "drill" in result:
+                    flip = result["drill"]
+                    detail += (
+                        f"; fault drill flipped bit {flip['bit']} of {flip['layer']}"
+                        f"[{flip['index']}]: {flip['before']!r} -> {flip['after']!r}"
+                    )
             elif status == "failed":
                 detail = ": " + result["error"].strip().splitlines()[0]
             else:
@@ -176,4 +204,5 @@ def run_suite(
         results=results,
         started_at=started_at,
         finished_at=utc_now(),
+        drill=drill,
     )

@@ -22,6 +22,9 @@ from typing import Any
 
 STRICT_SEED = 0
 CUBLAS_WORKSPACE_CONFIG = ":4096:8"
+# The variant `run --fault-drill` corrupts (DESIGN §2.6): the one a node must repeat
+# bitwise, so the flipped bit is the only thing that tells the drill from a clean run.
+FAULT_DRILL_VARIANT = "strict"
 
 
 class Variant:

@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 import numparity_server
 from numparity_server.audit.api import router as audit_router
+from numparity_server.compare.api import router as compare_router
 from numparity_server.divergence.api import router as divergence_router
 from numparity_server.environments.api import router as environments_router
 from numparity_server.health.api import router as health_router
@@ -49,6 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(nodes_router)
     app.include_router(environments_router)
     app.include_router(divergence_router)
+    app.include_router(compare_router)
     app.include_router(audit_router)
     _document_models(app)
     return app

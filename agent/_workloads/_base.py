@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,11 @@ class Recorder:
     tensors: list[tuple[str, str, torch.Tensor]] = field(default_factory=list)
     # Result fields a workload adds beside its tensors (e.g. "train": {...}), JSON-ready.
     fields: dict[str, Any] = field(default_factory=dict)
+    # The fault drill (DESIGN §2.6), when set: the layer hooks call it once a leaf
+    # module's output is recorded, as `tensors[first:]`, with (recorder, first, output).
+    # It returns the output the model goes on with (None: unchanged) and keeps the
+    # recorded copies in step with it, so what is fingerprinted is what flows on.
+    layer_fault: Callable[[Recorder, int, Any], Any] | None = None
     _seen: dict[str, int] = field(default_factory=dict)
 
     def record(self, name: str, kind: str, value: Any) -> None:
@@ -70,6 +75,34 @@ def _record_layer(recorder: Recorder, name: str, module: nn.Module, output: Any)
     recorder.record(name, "layer", output)
 
 
+def layer_tensors(output: Any) -> list[torch.Tensor]:
+    """The tensors of a layer's output in the order `_record_layer` records them
+    (depth first through tuples and lists, the recurrent layers' parts included)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, tuple | list):
+        return [t for item in output for t in layer_tensors(item)]
+    return []
+
+
+def replace_layer_tensor(output: Any, position: int, tensor: torch.Tensor) -> Any:
+    """`output` with its tensor number `position` (in `layer_tensors` order) replaced."""
+    if isinstance(output, torch.Tensor):
+        return tensor if position == 0 else output
+    if not isinstance(output, tuple | list):
+        return output
+    items = []
+    for item in output:
+        count = len(layer_tensors(item))
+        if 0 <= position < count:
+            item = replace_layer_tensor(item, position, tensor)
+        items.append(item)
+        position -= count
+    if hasattr(output, "_make"):  # a namedtuple (PackedSequence)
+        return output._make(items)
+    return type(output)(items)
+
+
 @contextlib.contextmanager
 def layer_hooks(model: nn.Module, recorder: Recorder) -> Iterator[None]:
     """Record the output of every leaf module, named by its module path."""
@@ -77,8 +110,12 @@ def layer_hooks(model: nn.Module, recorder: Recorder) -> Iterator[None]:
     for name, module in model.named_modules():
         if name and not any(True for _ in module.children()):
 
-            def hook(module: nn.Module, _args: Any, output: Any, name: str = name) -> None:
+            def hook(module: nn.Module, _args: Any, output: Any, name: str = name) -> Any:
+                first = len(recorder.tensors)
                 _record_layer(recorder, name, module, output)
+                if recorder.layer_fault is None:
+                    return None
+                return recorder.layer_fault(recorder, first, output)
 
             handles.append(module.register_forward_hook(hook))
     try:

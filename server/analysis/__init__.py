@@ -12,7 +12,7 @@ from .environment import IDENTITY_KEYS, UNSET, environment_diff, flatten_environ
 from .fingerprint import Fingerprint, fingerprint_from_wire
 from .groups import Group, Member, group_members
 from .judge import Judgement, judge
-from .layers import compare_manifests, first_divergent_layer, largest_jump
+from .layers import compare_manifests, first_divergent_layer, first_nonfinite, largest_jump
 from .report import divergence_report
 from .tolerance import DEFAULT_TOLERANCES, Tolerance, default_tolerance
 from .ulp import ulp_distance
@@ -37,6 +37,7 @@ __all__ = [
     "encode_array",
     "environment_diff",
     "first_divergent_layer",
+    "first_nonfinite",
     "fingerprint_from_wire",
     "flatten_environment",
     "group_members",

@@ -1,4 +1,5 @@
-"""Where in the model two results part: the first divergent layer and the largest jump.
+"""Where in the model two results part: the first divergent layer, the largest jump and
+the first NaN or Inf.
 
 Manifests are ``(name, kind, hash)`` in execution order. The reference manifest's order
 is the one walked; a layer missing from either side is skipped.
@@ -7,7 +8,7 @@ is the one walked; a layer missing from either side is skipped.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,13 +27,21 @@ _EPSILON = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "floa
 
 
 def _compare_hashes(candidate: str, reference: str, fingerprints: Mapping[str, Fingerprint],
-                    tolerance: Tolerance | None) -> Comparison:
+                    tolerance: Tolerance | None,
+                    tolerance_for: Callable[[str], Tolerance] | None = None) -> Comparison:
     if candidate == reference:
         known = fingerprints.get(reference) or Fingerprint(reference, "float32", ())
         return compare(known, known)
     if candidate not in fingerprints or reference not in fingerprints:
         return no_evidence()
-    return compare(fingerprints[candidate], fingerprints[reference], tolerance=tolerance)
+    a, b = fingerprints[candidate], fingerprints[reference]
+    if tolerance_for is not None:
+        tolerance = _looser(tolerance_for(a.dtype), tolerance_for(b.dtype))
+    return compare(a, b, tolerance=tolerance)
+
+
+def _looser(a: Tolerance, b: Tolerance) -> Tolerance:
+    return a if a == b else Tolerance(rtol=max(a.rtol, b.rtol), atol=max(a.atol, b.atol))
 
 
 def compare_manifests(
@@ -42,18 +51,25 @@ def compare_manifests(
     *,
     kinds: Sequence[str] | None = None,
     tolerance: Tolerance | None = None,
+    tolerance_for: Callable[[str], Tolerance] | None = None,
 ) -> list[dict[str, Any]]:
     """Per-tensor comparison of ``candidate`` against ``reference``, in reference order.
 
     Only tensors present in both by name (and of ``kinds`` when given). ``order`` is the
     position in the reference manifest. JSON-ready (infinite metrics become None).
+    ``tolerance`` applies to every tensor; ``tolerance_for`` instead gives one per dtype
+    (a lab policy), the looser of the two sides' when their dtypes differ. Without
+    either, each dtype's default applies.
     """
+    if tolerance is not None and tolerance_for is not None:
+        raise ValueError("give tolerance or tolerance_for, not both")
     by_name = {name: digest for name, _kind, digest in candidate}
     rows = []
     for order, (name, kind, digest) in enumerate(reference):
         if name not in by_name or (kinds is not None and kind not in kinds):
             continue
-        comparison = _compare_hashes(by_name[name], digest, fingerprints, tolerance)
+        comparison = _compare_hashes(by_name[name], digest, fingerprints, tolerance,
+                                     tolerance_for)
         dtype = fingerprints[digest].dtype if digest in fingerprints else None
         rows.append({
             "name": name, "kind": kind, "order": order, "dtype": dtype,
@@ -103,3 +119,48 @@ def largest_jump(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
                     "metric": metric, "rel_error": error, "ratio": ratio}
         previous_error, previous_name = error, row["name"]
     return best
+
+
+def _nonfinite_counts(fingerprint: Fingerprint | None) -> tuple[int, int] | None:
+    """(NaN count, Inf count) from the stats, else from the values; None if neither."""
+    if fingerprint is None:
+        return None
+    stats = fingerprint.stats or {}
+    if stats.get("nan") is not None and stats.get("inf") is not None:
+        return int(stats["nan"]), int(stats["inf"])
+    if fingerprint.values is not None:
+        if fingerprint.values.dtype.kind != "f":
+            return 0, 0
+        return (int(np.count_nonzero(np.isnan(fingerprint.values))),
+                int(np.count_nonzero(np.isinf(fingerprint.values))))
+    return None
+
+
+def first_nonfinite(
+    candidate: Manifest,
+    reference: Manifest,
+    fingerprints: Mapping[str, Fingerprint],
+) -> dict[str, Any] | None:
+    """The first tensor where ``candidate`` has NaN or Inf that ``reference`` has not.
+
+    "Has not" includes having them in other counts. Execution order: the layers first,
+    then the other tensors, each in the reference manifest's order (``order`` is the
+    position there, as in ``compare_manifests``). Only tensors present in both by name,
+    with counts known on both sides (stats, else values). None when there is none.
+    """
+    by_name = {name: digest for name, _kind, digest in candidate}
+    walk = sorted(enumerate(reference), key=lambda item: (item[1][1] != LAYER, item[0]))
+    for order, (name, kind, digest) in walk:
+        own = by_name.get(name)
+        if own is None or own == digest:
+            continue
+        counts = _nonfinite_counts(fingerprints.get(own))
+        if counts is None or counts == (0, 0):
+            continue
+        reference_counts = _nonfinite_counts(fingerprints.get(digest))
+        if reference_counts is None or reference_counts == counts:
+            continue
+        return {"name": name, "kind": kind, "order": order,
+                "nan": counts[0], "inf": counts[1],
+                "reference_nan": reference_counts[0], "reference_inf": reference_counts[1]}
+    return None

@@ -83,8 +83,9 @@ def environment(env_vars: dict[str, str] | None = None, threads: int = 2,
     return document
 
 
-def cnn_tensors(shift: float = 0.0) -> list[dict[str, Any]]:
-    """conv1 → conv2 → fc1 → output; ``shift`` perturbs conv2 onwards (a divergence)."""
+def cnn_tensors(shift: float = 0.0, nan_from: str | None = None) -> list[dict[str, Any]]:
+    """conv1 → conv2 → fc1 → output; ``shift`` perturbs conv2 onwards (a divergence);
+    ``nan_from`` puts a NaN into the first element of that tensor and every later one."""
     rng = np.random.default_rng(1234)
     conv1 = rng.standard_normal((4, 32, 12, 12)).astype(np.float32)
     conv2 = rng.standard_normal((4, 64, 4, 4)).astype(np.float32)
@@ -94,15 +95,23 @@ def cnn_tensors(shift: float = 0.0) -> list[dict[str, Any]]:
         conv2 = conv2 + np.float32(shift)
         fc1 = fc1 * np.float32(1 + shift)
         output = output * np.float32(1 + shift)
-    return [tensor_entry("conv1", "layer", 0, conv1), tensor_entry("conv2", "layer", 1, conv2),
-            tensor_entry("fc1", "layer", 2, fc1), tensor_entry("output", "output", 3, output)]
+    arrays = {"conv1": conv1, "conv2": conv2, "fc1": fc1, "output": output}
+    if nan_from is not None:
+        names = list(arrays)
+        for name in names[names.index(nan_from):]:
+            arrays[name].flat[0] = np.nan
+    return [tensor_entry(name, "output" if name == "output" else "layer", order, array)
+            for order, (name, array) in enumerate(arrays.items())]
 
 
 def run_document(
     node: str = "node-1", *, run_id: str | None = None, shift: float = 0.0,
     env_vars: dict[str, str] | None = None, started_at: str = "2026-11-21T10:00:00Z",
     input_hash: str = "in-" + "0" * 61, variants: tuple[str, ...] = ("default",),
+    workloads: tuple[str, ...] = ("cnn",), nan_from: str | None = None, drill: bool = False,
 ) -> dict[str, Any]:
+    """A run of ``workloads`` × ``variants`` (cnn-like tensors each) and a skipped tf32
+    result per workload; ``shift`` and ``nan_from`` as in ``cnn_tensors``."""
     return {
         "schema": "numparity.run/v1",
         "run_id": run_id or str(uuid.uuid4()),
@@ -110,17 +119,19 @@ def run_document(
         "agent_version": "0.1.0",
         "started_at": started_at,
         "finished_at": "2026-11-21T10:00:41Z",
-        "drill": False,
+        "drill": drill,
         "environment": environment(env_vars, hostname=node),
         "results": [
-            *({"suite": "standard", "workload": "cnn", "workload_version": 1,
+            *({"suite": "standard", "workload": workload, "workload_version": 1,
                "variant": variant, "device": "cpu", "status": "ok",
                "input_hash": input_hash, "param_hash": "p" * 64, "repeats": 2,
                "repeats_agree": True, "wall_s": 0.84, "knobs": {"threads": 2},
-               "tensors": cnn_tensors(shift if variant != "fp64-reference" else 0.0)}
-              for variant in variants),
-            {"workload": "cnn", "variant": "tf32", "status": "skipped",
-             "reason": "TF32 needs an NVIDIA GPU of compute capability 8.0 or newer"},
+               "tensors": cnn_tensors(shift if variant != "fp64-reference" else 0.0,
+                                      nan_from if variant != "fp64-reference" else None)}
+              for workload in workloads for variant in variants),
+            *({"workload": workload, "variant": "tf32", "status": "skipped",
+               "reason": "TF32 needs an NVIDIA GPU of compute capability 8.0 or newer"}
+              for workload in workloads),
         ],
         "future_field": {"ignored": True},
     }

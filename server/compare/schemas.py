@@ -1,0 +1,216 @@
+"""Output of GET /compare: two runs, result by result and tensor by tensor (DESIGN §3.3).
+
+Run a is the reference ("expected"), run b the candidate: metrics measure b against a.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class RunInfo(BaseModel):
+    run_id: str
+    node: str
+    env_key: str
+    agent_version: str | None
+    started_at: datetime
+    drill: bool = Field(description="A fault drill (`run --fault-drill`): one bit flipped on "
+                                    "purpose, to check the analysis catches it")
+
+
+class EnvironmentDifference(BaseModel):
+    attribute: str = Field(description="Dotted path in the flattened environment")
+    a: str = Field(description='Value in run a ("unset" where absent)')
+    b: str = Field(description='Value in run b ("unset" where absent)')
+
+
+class ResultKey(BaseModel):
+    suite: str
+    workload: str
+    variant: str
+    device: str
+
+
+class ResultSide(BaseModel):
+    """What one run's result of the key says, tensors aside."""
+
+    status: str
+    workload_version: int | None
+    reason: str | None = None
+    error: str | None = None
+    manifest_hash: str | None = None
+    repeats_agree: bool | None = None
+
+
+class Inputs(BaseModel):
+    """Whether both results ran on the same input and parameter bytes (DESIGN §2.1)."""
+
+    input_hash_equal: bool | None = Field(description="None when a side has no input_hash")
+    param_hash_equal: bool | None = Field(description="None when a side has no param_hash")
+    broken: bool = Field(description="A hash differs: broken inputs, not a divergence")
+
+
+class TensorComparison(BaseModel):
+    name: str
+    kind: str
+    order: int = Field(description="Position in run a's manifest")
+    dtype: str | None
+    verdict: str = Field(description="identical, equivalent, divergent or nonfinite")
+    basis: str = Field(description="The evidence that decided: hash, values, sample, sketch, "
+                                   "stats")
+    metrics: dict[str, float | None]
+
+
+class OutputVerdict(BaseModel):
+    name: str
+    verdict: str
+
+
+class PairSummary(BaseModel):
+    tensors: int = Field(description="Tensors compared (present in both results)")
+    verdicts: dict[str, int] = Field(description="Number of tensors per verdict")
+    outputs: list[OutputVerdict]
+    output_verdict: str | None = Field(description="The worst verdict of the output tensors")
+
+
+class FirstDivergentLayer(BaseModel):
+    name: str
+    order: int
+    verdict: str
+    basis: str
+    metrics: dict[str, float | None]
+
+
+class LargestJump(BaseModel):
+    name: str
+    order: int
+    previous: str | None
+    metric: str
+    rel_error: float
+    ratio: float | None = Field(description="rel_error over the previous layer's (at least "
+                                            "one rounding of the dtype)")
+
+
+class FirstNonfinite(BaseModel):
+    name: str
+    kind: str
+    order: int
+    nan: int = Field(description="NaN count in run b")
+    inf: int = Field(description="Inf count in run b")
+    reference_nan: int = Field(description="NaN count in run a")
+    reference_inf: int = Field(description="Inf count in run a")
+
+
+class ToleranceOut(BaseModel):
+    rtol: float
+    atol: float
+
+
+class ResultPair(ResultKey):
+    """One key both runs have. Tensors only when both results are ok."""
+
+    a: ResultSide
+    b: ResultSide
+    compared: bool = Field(description="Both results are ok: their tensors were compared")
+    inputs: Inputs
+    notes: list[str] = Field(default_factory=list)
+    summary: PairSummary | None = None
+    first_divergent_layer: FirstDivergentLayer | None = None
+    largest_jump: LargestJump | None = None
+    first_nonfinite: FirstNonfinite | None = None
+    tolerances: dict[str, ToleranceOut] = Field(
+        default_factory=dict, description="The policy's tolerance per dtype of the tensors")
+    tensors_only_in_a: list[str] = Field(default_factory=list)
+    tensors_only_in_b: list[str] = Field(default_factory=list)
+    tensors: list[TensorComparison] = Field(default_factory=list)
+
+
+class CompareOut(BaseModel):
+    run_a: RunInfo
+    run_b: RunInfo
+    workload: str | None = Field(description="The workload filter, if any")
+    variant: str | None = Field(description="The variant filter, if any")
+    environment: list[EnvironmentDifference] = Field(
+        description="Attributes whose values differ (empty when the env_key is the same)")
+    pairs: list[ResultPair]
+    only_in_a: list[ResultKey]
+    only_in_b: list[ResultKey]
+
+
+def _metrics(max_abs: float, max_rel: float, max_ulp: float, mismatch: float, rmse: float,
+             cosine: float, sqnr_db: float, rel_l2: float) -> dict[str, float | None]:
+    return {"max_abs": max_abs, "max_rel": max_rel, "max_ulp": max_ulp,
+            "mismatch_fraction": mismatch, "rmse": rmse, "cosine": cosine,
+            "sqnr_db": sqnr_db, "rel_l2": rel_l2, "rel_l2_est": None, "rel_l2_err": None}
+
+
+_CONV2 = _metrics(0.001, 6.25, 1944293990.0, 1.0, 0.001, 0.9999995, 60.1, 0.000988)
+_SKIPPED = {"status": "skipped", "workload_version": None,
+            "reason": "TF32 needs an NVIDIA GPU of compute capability 8.0 or newer",
+            "error": None, "manifest_hash": None, "repeats_agree": None}
+
+# GET /compare?run_a=r-16&run_b=r-17: run b on MKL_CBWR=COMPATIBLE parts from conv2 on.
+COMPARE_EXAMPLE: dict[str, Any] = {
+    "run_a": {"run_id": "r-16", "node": "gpu-node-03", "env_key": "af244ce5…",
+              "agent_version": "0.1.0", "started_at": "2026-11-21T10:00:00Z", "drill": False},
+    "run_b": {"run_id": "r-17", "node": "gpu-node-17", "env_key": "4aab5a60…",
+              "agent_version": "0.1.0", "started_at": "2026-11-21T10:05:00Z", "drill": False},
+    "workload": None,
+    "variant": None,
+    "environment": [{"attribute": "env_vars.MKL_CBWR", "a": "unset", "b": "COMPATIBLE"}],
+    "pairs": [
+        {
+            "suite": "standard", "workload": "cnn", "variant": "default", "device": "cpu",
+            "a": {"status": "ok", "workload_version": 1, "reason": None, "error": None,
+                  "manifest_hash": "0684c83c…", "repeats_agree": True},
+            "b": {"status": "ok", "workload_version": 1, "reason": None, "error": None,
+                  "manifest_hash": "67741a9e…", "repeats_agree": True},
+            "compared": True,
+            "inputs": {"input_hash_equal": True, "param_hash_equal": True, "broken": False},
+            "notes": [],
+            "summary": {"tensors": 4,
+                        "verdicts": {"identical": 1, "equivalent": 0, "divergent": 3,
+                                     "nonfinite": 0},
+                        "outputs": [{"name": "output", "verdict": "divergent"}],
+                        "output_verdict": "divergent"},
+            "first_divergent_layer": {"name": "conv2", "order": 1, "verdict": "divergent",
+                                      "basis": "values", "metrics": _CONV2},
+            "largest_jump": {"name": "conv2", "order": 1, "previous": "conv1",
+                             "metric": "rel_l2", "rel_error": 0.000988, "ratio": 8289.7},
+            "first_nonfinite": None,
+            "tolerances": {"float32": {"rtol": 1.3e-06, "atol": 1e-05}},
+            "tensors_only_in_a": [],
+            "tensors_only_in_b": [],
+            "tensors": [
+                {"name": "conv1", "kind": "layer", "order": 0, "dtype": "float32",
+                 "verdict": "identical", "basis": "hash",
+                 "metrics": {**_metrics(0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0),
+                             "cosine": None, "sqnr_db": None}},
+                {"name": "conv2", "kind": "layer", "order": 1, "dtype": "float32",
+                 "verdict": "divergent", "basis": "values", "metrics": _CONV2},
+                {"name": "fc1", "kind": "layer", "order": 2, "dtype": "float32",
+                 "verdict": "divergent", "basis": "values",
+                 "metrics": _metrics(0.00332, 0.001, 16760.0, 0.99, 0.00101, 1.0, 60.0,
+                                     0.001)},
+                {"name": "output", "kind": "output", "order": 3, "dtype": "float32",
+                 "verdict": "divergent", "basis": "values",
+                 "metrics": _metrics(0.00228, 0.001, 16431.0, 1.0, 0.000858, 1.0, 60.0,
+                                     0.001)},
+            ],
+        },
+        {
+            "suite": "standard", "workload": "cnn", "variant": "tf32", "device": "",
+            "a": _SKIPPED, "b": _SKIPPED, "compared": False,
+            "inputs": {"input_hash_equal": None, "param_hash_equal": None, "broken": False},
+            "notes": [], "summary": None, "first_divergent_layer": None,
+            "largest_jump": None, "first_nonfinite": None, "tolerances": {},
+            "tensors_only_in_a": [], "tensors_only_in_b": [], "tensors": [],
+        },
+    ],
+    "only_in_a": [],
+    "only_in_b": [{"suite": "standard", "workload": "cnn", "variant": "strict",
+                   "device": "cpu"}],
+}

@@ -1,0 +1,184 @@
+"""GET /compare: two runs side by side, result by result and tensor by tensor.
+
+Run a is the reference ("expected") and run b the candidate, as in ``analysis.compare``.
+Results are matched by (suite, workload, variant, device). Everything is read in a fixed
+number of queries (runs, results, manifests, fingerprints), whatever the runs' size.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from numparity_server import analysis
+from numparity_server.analysis.policy import Policy
+from numparity_server.compare import repository
+from numparity_server.compare.repository import ResultKey, ResultRow, RunRow
+from numparity_server.compare.schemas import (
+    CompareOut,
+    EnvironmentDifference,
+    Inputs,
+    ResultPair,
+    ResultSide,
+    RunInfo,
+)
+from numparity_server.compare.schemas import ResultKey as ResultKeyOut
+from numparity_server.divergence.service import load_fingerprints
+from numparity_server.kit.errors import NotFound
+
+_SEVERITY = {verdict: rank for rank, verdict in enumerate(analysis.VERDICTS)}
+
+
+def compare_runs(
+    *, session: Session, policy: Policy, run_a: str, run_b: str,
+    workload: str | None = None, variant: str | None = None,
+) -> CompareOut:
+    runs = repository.runs_by_id(session, {run_a, run_b})
+    missing = [run_id for run_id in dict.fromkeys((run_a, run_b)) if run_id not in runs]
+    if missing:
+        raise NotFound(" and ".join(f"no run with run_id {run_id!r}" for run_id in missing))
+    a, b = runs[run_a], runs[run_b]
+
+    results = repository.results_of_runs(session, {a.pk, b.pk}, workload=workload,
+                                         variant=variant)
+    results_a = {r.key: r for r in results if r.run_pk == a.pk}
+    results_b = {r.key: r for r in results if r.run_pk == b.pk}
+    common = [key for key in results_a if key in results_b]
+    if (workload is not None or variant is not None) and not common:
+        raise NotFound(_nothing_in_common(a, b, results_a, results_b, workload, variant))
+
+    ok = [key for key in common if _has_tensors(results_a[key]) and _has_tensors(results_b[key])]
+    manifests = repository.manifest_entries(
+        session, {digest for key in ok for side in (results_a, results_b)
+                  if (digest := side[key].manifest_hash) is not None})
+    fingerprints = load_fingerprints(
+        session, {digest for entries in manifests.values() for _n, _k, digest in entries})
+
+    pairs = [
+        _pair(results_a[key], results_b[key], manifests, fingerprints, policy)
+        for key in common
+    ]
+    return CompareOut(
+        run_a=_run_info(a), run_b=_run_info(b), workload=workload, variant=variant,
+        environment=_environment_differences(a, b),
+        pairs=pairs,
+        only_in_a=[_key(key) for key in results_a if key not in results_b],
+        only_in_b=[_key(key) for key in results_b if key not in results_a],
+    )
+
+
+def _has_tensors(result: ResultRow) -> bool:
+    return result.status == "ok" and result.manifest_hash is not None
+
+
+def _nothing_in_common(a: RunRow, b: RunRow, results_a: dict[ResultKey, ResultRow],
+                       results_b: dict[ResultKey, ResultRow], workload: str | None,
+                       variant: str | None) -> str:
+    wanted = " and ".join(f"{name} {value!r}" for name, value in
+                          (("workload", workload), ("variant", variant)) if value is not None)
+    lacking = [run.run_id for run, results in ((a, results_a), (b, results_b)) if not results]
+    if len(lacking) == 2 and a.run_id != b.run_id:
+        return f"neither run {a.run_id!r} nor run {b.run_id!r} has a result of {wanted}"
+    if lacking:
+        return f"run {lacking[0]!r} has no result of {wanted}"
+    return (f"no result of {wanted} is in both runs: run {a.run_id!r} has "
+            f"{_describe(results_a)}, run {b.run_id!r} has {_describe(results_b)}")
+
+
+def _describe(results: Iterable[ResultKey]) -> str:
+    return ", ".join("/".join(part for part in key if part) for key in results)
+
+
+def _run_info(run: RunRow) -> RunInfo:
+    return RunInfo(run_id=run.run_id, node=run.node, env_key=run.env_key,
+                   agent_version=run.agent_version, started_at=run.started_at, drill=run.drill)
+
+
+def _key(key: ResultKey) -> ResultKeyOut:
+    suite, workload, variant, device = key
+    return ResultKeyOut(suite=suite, workload=workload, variant=variant, device=device)
+
+
+def _environment_differences(a: RunRow, b: RunRow) -> list[EnvironmentDifference]:
+    if a.env_key == b.env_key:
+        return []
+    differences = analysis.environment_diff(analysis.flatten_environment(a.environment),
+                                            analysis.flatten_environment(b.environment))
+    return [EnvironmentDifference(**difference) for difference in differences]
+
+
+def _side(result: ResultRow) -> ResultSide:
+    return ResultSide(status=result.status, workload_version=result.workload_version,
+                      reason=result.reason, error=result.error,
+                      manifest_hash=result.manifest_hash, repeats_agree=result.repeats_agree)
+
+
+def _equal(x: str | None, y: str | None) -> bool | None:
+    return None if x is None or y is None else x == y
+
+
+def _inputs(a: ResultRow, b: ResultRow) -> tuple[Inputs, list[str]]:
+    input_equal = _equal(a.input_hash, b.input_hash)
+    param_equal = _equal(a.param_hash, b.param_hash)
+    differ = [name for name, equal in (("input_hash", input_equal), ("param_hash", param_equal))
+              if equal is False]
+    notes = []
+    if differ:
+        notes.append(f"{' and '.join(differ)} differ: broken inputs, not a divergence")
+    if a.workload_version != b.workload_version:
+        notes.append(f"workload version {a.workload_version} in run a, "
+                     f"{b.workload_version} in run b: the workload itself changed")
+    inputs = Inputs(input_hash_equal=input_equal, param_hash_equal=param_equal,
+                    broken=bool(differ))
+    return inputs, notes
+
+
+def _pair(a: ResultRow, b: ResultRow, manifests: dict[str, list[tuple[str, str, str]]],
+          fingerprints: dict[str, analysis.Fingerprint], policy: Policy) -> ResultPair:
+    inputs, notes = _inputs(a, b)
+    pair: dict[str, Any] = {
+        "suite": a.suite, "workload": a.workload, "variant": a.variant, "device": a.device,
+        "a": _side(a), "b": _side(b), "inputs": inputs, "notes": notes, "compared": False,
+    }
+    manifest_a = manifests.get(a.manifest_hash or "")
+    manifest_b = manifests.get(b.manifest_hash or "")
+    if not (_has_tensors(a) and _has_tensors(b)):
+        return ResultPair.model_validate(pair)
+    if manifest_a is None or manifest_b is None:
+        notes.append("the tensors of a result are no longer stored")
+        return ResultPair.model_validate(pair)
+
+    workload = a.workload
+    rows = analysis.compare_manifests(
+        manifest_b, manifest_a, fingerprints,
+        tolerance_for=lambda dtype: policy.tolerance(workload, dtype))
+    layers = [row for row in rows if row["kind"] == "layer"]
+    names_a = {name for name, _kind, _hash in manifest_a}
+    names_b = {name for name, _kind, _hash in manifest_b}
+    dtypes = sorted({row["dtype"] for row in rows if row["dtype"] is not None})
+    pair.update(
+        compared=True,
+        summary=_summary(rows),
+        first_divergent_layer=analysis.first_divergent_layer(layers),
+        largest_jump=analysis.json_safe(analysis.largest_jump(layers)),
+        first_nonfinite=analysis.first_nonfinite(manifest_b, manifest_a, fingerprints),
+        tolerances={dtype: asdict(policy.tolerance(workload, dtype)) for dtype in dtypes},
+        tensors_only_in_a=[name for name, _k, _h in manifest_a if name not in names_b],
+        tensors_only_in_b=[name for name, _k, _h in manifest_b if name not in names_a],
+        tensors=rows,
+    )
+    return ResultPair.model_validate(pair)
+
+
+def _summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    counts = Counter(row["verdict"] for row in rows)
+    outputs = [{"name": row["name"], "verdict": row["verdict"]}
+               for row in rows if row["kind"] == "output"]
+    worst = max((o["verdict"] for o in outputs), key=_SEVERITY.__getitem__, default=None)
+    return {"tensors": len(rows),
+            "verdicts": {verdict: counts[verdict] for verdict in analysis.VERDICTS},
+            "outputs": outputs, "output_verdict": worst}
