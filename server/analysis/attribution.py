@@ -4,38 +4,41 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .environment import UNSET, flatten_environment
 from .groups import Group
 
-Flattened = dict[tuple[str, str], dict[str, str]]
+# env_key -> its flattened environment: every node of an environment shares its attributes.
+Flattened = dict[str, dict[str, str]]
 
 
 def flatten_members(groups: Sequence[Group]) -> Flattened:
-    """Every member's flattened environment, by (node, run_id): flatten once, use often."""
-    return {
-        (member.node, member.run_id): flatten_environment(member.environment)
-        for group in groups
-        for member in group.members
-    }
+    """Every environment of the groups' members, flattened once (a fleet of 10,000 nodes
+    has a few dozen environments)."""
+    flattened: Flattened = {}
+    for group in groups:
+        for member in group.members:
+            if member.env_key not in flattened:
+                flattened[member.env_key] = flatten_environment(member.environment)
+    return flattened
 
 
-def _attributes(groups: Sequence[Group], flattened: Flattened | None
-                ) -> tuple[dict[int, list[dict[str, str]]], list[str]]:
+def _env_counts(groups: Sequence[Group], flattened: Flattened | None
+                ) -> tuple[dict[int, Counter[str]], Flattened, list[str]]:
+    """Members per (group, env_key), the flattened environments and every attribute name."""
     if flattened is None:
         flattened = flatten_members(groups)
-    flat = {
-        group.id: [flattened[(member.node, member.run_id)] for member in group.members]
-        for group in groups
-    }
-    names = sorted({name for envs in flat.values() for env in envs for name in env})
-    return flat, names
+    counts = {group.id: Counter(member.env_key for member in group.members)
+              for group in groups}
+    names = sorted({name for envs in counts.values() for env in envs
+                    for name in flattened[env]})
+    return counts, flattened, names
 
 
-def _values(envs: Sequence[Mapping[str, str]], name: str) -> set[str]:
-    return {env.get(name, UNSET) for env in envs}
+def _values(envs: Iterable[str], flattened: Flattened, name: str) -> set[str]:
+    return {flattened[env].get(name, UNSET) for env in envs}
 
 
 def separating_attributes(a: Group, b: Group, *, flattened: Flattened | None = None
@@ -45,10 +48,11 @@ def separating_attributes(a: Group, b: Group, *, flattened: Flattened | None = N
     Sorted by fewest distinct values, then name. More than one means the fleet cannot
     tell from its data which of them causes the split.
     """
-    flat, names = _attributes([a, b], flattened)
+    counts, flattened, names = _env_counts([a, b], flattened)
     found = []
     for name in names:
-        values_a, values_b = _values(flat[a.id], name), _values(flat[b.id], name)
+        values_a = _values(counts[a.id], flattened, name)
+        values_b = _values(counts[b.id], flattened, name)
         if values_a.isdisjoint(values_b):
             found.append({"attribute": name, "a": sorted(values_a), "b": sorted(values_b)})
     found.sort(key=lambda item: (len(item["a"]) + len(item["b"]), item["attribute"]))
@@ -72,14 +76,16 @@ def rank_attributes(groups: Sequence[Group], *, flattened: Flattened | None = No
     """
     if len(groups) < 2:
         return []
-    flat, names = _attributes(groups, flattened)
-    rows = [(group_id, env) for group_id, envs in flat.items() for env in envs]
-    total = len(rows)
+    counts, flattened, names = _env_counts(groups, flattened)
+    # (group, environment, members): a fleet's thousands of nodes in a few dozen rows.
+    rows = [(group_id, flattened[env], n) for group_id, envs in counts.items()
+            for env, n in envs.items()]
+    total = sum(n for _group, _env, n in rows)
     ranked = []
     for name in names:
         by_value: dict[str, Counter[int]] = {}
-        for group_id, env in rows:
-            by_value.setdefault(env.get(name, UNSET), Counter())[group_id] += 1
+        for group_id, env, n in rows:
+            by_value.setdefault(env.get(name, UNSET), Counter())[group_id] += n
         if len(by_value) < 2:
             continue
         entropy = sum(sum(c.values()) / total * _entropy(c) for c in by_value.values())

@@ -38,23 +38,42 @@ class LatestResult:
 def latest_ok_results(
     session: Session, *, suite: str, workload: str, variant: str
 ) -> list[LatestResult]:
-    """Every node's newest result of the key, when that result is ok (it has a manifest)."""
+    """Every node's newest result of the key, when that result is ok (it has a manifest).
+
+    Nodes of one environment share its document (one dict per environment: a fleet of
+    10,000 nodes has a few dozen environments), and results of one manifest its entries.
+    """
     rows = session.execute(
-        select(Node.name, Run.run_id, Environment.env_key, Environment.document, Outcome.device,
+        select(Node.name, Run.run_id, Environment.env_key, Run.environment_id, Outcome.device,
                Outcome.workload_version, Outcome.input_hash, Outcome.param_hash,
-               Manifest.entries)
+               Outcome.manifest_hash)
         .select_from(Latest)
         .join(Result, Result.id == Latest.result_id)
         .join(Outcome, Outcome.id == Result.outcome_id)
         .join(Run, Run.id == Result.run_id)
         .join(Node, Node.id == Latest.node_id)
         .join(Environment, Environment.id == Run.environment_id)
-        .join(Manifest, Manifest.hash == Outcome.manifest_hash)
         .where(Latest.suite == suite, Latest.workload == workload, Latest.variant == variant,
-               Outcome.status == "ok")
+               Outcome.status == "ok", Outcome.manifest_hash.is_not(None))
         .order_by(Node.name)
     ).all()
-    return [LatestResult(*row) for row in rows]
+    documents = _by_key(session, Environment.id, Environment.document,
+                        {row.environment_id for row in rows})
+    entries = _by_key(session, Manifest.hash, Manifest.entries,
+                      {row.manifest_hash for row in rows})
+    return [
+        LatestResult(row.name, row.run_id, row.env_key, documents[row.environment_id],
+                     row.device, row.workload_version, row.input_hash, row.param_hash,
+                     entries[row.manifest_hash])
+        for row in rows
+    ]
+
+
+def _by_key(session: Session, key: Any, value: Any, wanted: Iterable[Any]) -> dict[Any, Any]:
+    found: dict[Any, Any] = {}
+    for part in chunked(sorted(wanted)):
+        found.update((k, v) for k, v in session.execute(select(key, value).where(key.in_(part))))
+    return found
 
 
 def fingerprints(session: Session, hashes: Iterable[str]) -> Sequence[Fingerprint]:

@@ -76,8 +76,10 @@ def test_what_is_wrong_is_named(raw, message):
 
 def test_a_bad_file_stops_serve_with_a_message(tmp_path, capsys, monkeypatch):
     # serve exports both for uvicorn's workers; monkeypatch takes them back afterwards.
-    monkeypatch.delenv("NUMPARITY_POLICY_FILE", raising=False)
-    monkeypatch.delenv("NUMPARITY_DATABASE_URL", raising=False)
+    # (delenv of an unset variable records nothing to undo: set it first.)
+    for name in ("NUMPARITY_POLICY_FILE", "NUMPARITY_DATABASE_URL"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     path = tmp_path / "policy.toml"
     path.write_text("stale_after_hours = [\n")
     assert main(["serve", "--database-url", f"sqlite:///{tmp_path}/db.sqlite",
