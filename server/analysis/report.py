@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,24 +14,37 @@ from .compare import Comparison, compare, no_evidence
 from .fingerprint import Fingerprint
 from .groups import Group, Member, group_members
 from .judge import JUDGE_TOL_PER_RTOL, judge
-from .layers import LAYER, compare_manifests, first_divergent_layer, largest_jump
+from .layers import LAYER, compare_manifests, first_divergent_layer, first_nonfinite, largest_jump
 from .tolerance import Tolerance, default_tolerance
+
+ToleranceFor = Callable[[str], Tolerance]
+
+
+def _tolerance(fingerprint: Fingerprint, tolerance: Tolerance | None,
+               tolerance_for: ToleranceFor | None) -> Tolerance | None:
+    if tolerance is None and tolerance_for is not None:
+        return tolerance_for(fingerprint.dtype)
+    return tolerance
 
 
 def _compare_groups(candidate: Group, reference: Group, fingerprints: Mapping[str, Fingerprint],
-                    tolerance: Tolerance | None) -> Comparison:
+                    tolerance: Tolerance | None, tolerance_for: ToleranceFor | None
+                    ) -> Comparison:
     if candidate.hash not in fingerprints or reference.hash not in fingerprints:
         return no_evidence()
-    return compare(fingerprints[candidate.hash], fingerprints[reference.hash],
-                   tolerance=tolerance)
+    expected = fingerprints[reference.hash]
+    return compare(fingerprints[candidate.hash], expected,
+                   tolerance=_tolerance(expected, tolerance, tolerance_for))
 
 
 def _pair(a: Group, b: Group, fingerprints: Mapping[str, Fingerprint],
-          tolerance: Tolerance | None, flattened: Flattened) -> dict[str, Any]:
+          tolerance: Tolerance | None, tolerance_for: ToleranceFor | None,
+          flattened: Flattened) -> dict[str, Any]:
     # The larger group (a) is the reference: metrics measure b against a.
-    comparison = _compare_groups(b, a, fingerprints, tolerance)
-    layers = compare_manifests(b.representative.tensors, a.representative.tensors,
-                               fingerprints, kinds=(LAYER,), tolerance=tolerance)
+    comparison = _compare_groups(b, a, fingerprints, tolerance, tolerance_for)
+    candidate, reference = b.representative.tensors, a.representative.tensors
+    layers = compare_manifests(candidate, reference, fingerprints, kinds=(LAYER,),
+                               tolerance=tolerance, tolerance_for=tolerance_for)
     separating = separating_attributes(a, b, flattened=flattened)
     return {
         "a": a.id,
@@ -41,6 +54,9 @@ def _pair(a: Group, b: Group, fingerprints: Mapping[str, Fingerprint],
         "metrics": comparison.metrics,
         "first_divergent_layer": first_divergent_layer(layers),
         "largest_jump": largest_jump(layers),
+        # Where NaN or Inf first appear in b and not in a (layers first): the place to
+        # look when the verdict is nonfinite.
+        "first_nonfinite": first_nonfinite(candidate, reference, fingerprints),
         "attribution": separating,
         "indistinguishable": len(separating) > 1,
     }
@@ -48,7 +64,8 @@ def _pair(a: Group, b: Group, fingerprints: Mapping[str, Fingerprint],
 
 def _fp64_judgement(group: Group, fingerprints: Mapping[str, Fingerprint],
                     reference: Fingerprint, baseline: Fingerprint | None,
-                    tolerance: Tolerance | None) -> dict[str, Any] | None:
+                    tolerance: Tolerance | None, tolerance_for: ToleranceFor | None
+                    ) -> dict[str, Any] | None:
     own = fingerprints.get(group.hash)
     if own is None:
         return None
@@ -61,7 +78,7 @@ def _fp64_judgement(group: Group, fingerprints: Mapping[str, Fingerprint],
     baseline_rmse = rmse(baseline) if baseline is not None else None
     # The judge's fixed term is absolute; outputs come at any scale, so scale it by the
     # float64 answer's RMS (the workloads' outputs are of order 1, as dynamo's are).
-    rtol = (tolerance or default_tolerance(own.dtype)).rtol
+    rtol = (_tolerance(own, tolerance, tolerance_for) or default_tolerance(own.dtype)).rtol
     tol = JUDGE_TOL_PER_RTOL * rtol * _rms(reference)
     return judge(rmse(own), baseline_rmse, own.dtype, tol).to_dict()
 
@@ -83,6 +100,7 @@ def divergence_report(
     tensor: str,
     fingerprints: Mapping[str, Fingerprint],
     tolerance: Tolerance | None = None,
+    tolerance_for: ToleranceFor | None = None,
     reference: Fingerprint | None = None,
     baseline: Fingerprint | None = None,
 ) -> dict[str, Any]:
@@ -91,18 +109,21 @@ def divergence_report(
     ``fingerprints`` holds at least every hash in the groups' representatives'
     manifests. With ``reference`` (the ``fp64-reference`` fingerprint of ``tensor``) each
     group also gets an ``fp64`` judgement against ``baseline`` (the ``strict`` float32
-    CPU fingerprint). Every float in the result is finite or None.
+    CPU fingerprint). ``tolerance`` applies to every tensor; ``tolerance_for`` (dtype →
+    tolerance, the lab's policy) instead picks one per tensor; neither: assert_close's
+    defaults. Every float in the result is finite or None.
     """
     groups, without = group_members(members, tensor)
     group_rows = []
     for group in groups:
         row = group.to_dict()
         if reference is not None:
-            row["fp64"] = _fp64_judgement(group, fingerprints, reference, baseline, tolerance)
+            row["fp64"] = _fp64_judgement(group, fingerprints, reference, baseline, tolerance,
+                                          tolerance_for)
         group_rows.append(row)
     flattened = flatten_members(groups)
     pairs = [
-        _pair(a, b, fingerprints, tolerance, flattened)
+        _pair(a, b, fingerprints, tolerance, tolerance_for, flattened)
         for index, a in enumerate(groups)
         for b in groups[index + 1:]
     ]

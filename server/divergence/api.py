@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from numparity_server.deps import DbSession, ReaderAuth
+from numparity_server.deps import DbSession, PolicyDep, ReaderAuth
 from numparity_server.divergence import service
 from numparity_server.divergence.schemas import DivergenceOut
 
@@ -16,6 +16,7 @@ router = APIRouter(prefix="/api/v1", tags=["analysis"])
 @router.get("/divergence", response_model=DivergenceOut)
 def get_divergence(
     session: DbSession,
+    policy: PolicyDep,
     _principal: ReaderAuth,
     workload: Annotated[str, Query(min_length=1)],
     variant: Annotated[str, Query(min_length=1)],
@@ -26,4 +27,5 @@ def get_divergence(
     """Groups of the fleet's latest results of one key, the comparisons between groups,
     the fp64 verdicts and the environment attributes that explain the split."""
     return service.divergence(session=session, suite=suite, workload=workload, variant=variant,
-                              tensor=tensor, workload_version=workload_version)
+                              tensor=tensor, workload_version=workload_version,
+                              policy=policy)

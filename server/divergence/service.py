@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from numparity_server import analysis
+from numparity_server.analysis.policy import Policy
 from numparity_server.divergence import repository
 from numparity_server.divergence.repository import LatestResult
 from numparity_server.divergence.schemas import DivergenceKey, DivergenceOut, Excluded
@@ -21,7 +22,7 @@ BASELINE_VARIANT = "strict"
 
 def divergence(
     *, session: Session, suite: str, workload: str, variant: str, tensor: str,
-    workload_version: int | None = None,
+    workload_version: int | None = None, policy: Policy | None = None,
 ) -> DivergenceOut:
     latest = repository.latest_ok_results(session, suite=suite, workload=workload,
                                           variant=variant)
@@ -50,8 +51,10 @@ def divergence(
         reference = loaded.get(reference_hash) if reference_hash else None
         baseline = loaded.get(baseline_hash) if baseline_hash else None
 
+    policy = policy or Policy()
     report = analysis.divergence_report(
         members=members, tensor=tensor, fingerprints=loaded,
+        tolerance_for=lambda dtype: policy.tolerance(workload, dtype),
         reference=reference, baseline=baseline,
     )
     key = DivergenceKey(suite=suite, workload=workload, workload_version=version,

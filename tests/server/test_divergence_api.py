@@ -79,3 +79,27 @@ def test_groups_are_judged_against_the_fp64_reference(api):
     # acceptable, the drifted group (10x the error allowed) is not.
     assert stock["fp64"]["acceptable"] is True
     assert drifted["fp64"]["acceptable"] is False
+
+
+def test_the_policy_tolerances_decide_the_verdict(make_api, tmp_path):
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[tolerances.workloads.cnn]\nfloat32 = {rtol = 1e-2, atol = 1e-5}\n")
+    strict, loose = make_api(), make_api(policy_file=policy)
+    for document in (run_document("stock-1"), run_document("stock-2"),
+                     run_document("mkl", shift=1e-3, env_vars={"MKL_CBWR": "COMPATIBLE"})):
+        assert strict.post_run(document).status_code == 201
+    verdicts = [get_divergence(api, workload="cnn", variant="default").json()["pairs"][0]
+                for api in (strict, loose)]
+    assert [pair["verdict"] for pair in verdicts] == ["divergent", "equivalent"]
+    # The same bits differ either way: the first layer that is not identical is the same.
+    assert {pair["first_divergent_layer"]["name"] for pair in verdicts} == {"conv2"}
+
+
+def test_where_nan_first_appears(api):
+    for document in (run_document("stock-1"), run_document("stock-2"),
+                     run_document("fp16-overflow", nan_from="fc1")):
+        assert api.post_run(document).status_code == 201
+    (pair,) = get_divergence(api, workload="cnn", variant="default").json()["pairs"]
+    assert pair["verdict"] == "nonfinite"
+    assert pair["first_nonfinite"]["name"] == "fc1"
+    assert pair["first_nonfinite"]["nan"] >= 1 and pair["first_nonfinite"]["reference_nan"] == 0
