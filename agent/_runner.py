@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 import traceback
 from collections.abc import Iterator
@@ -26,6 +27,11 @@ from numparity_agent._workloads._base import (
 # moves by 1/16 to 1/8 of its magnitude, keeps its sign and stays finite.
 DRILL_BITS_BELOW_TOP = 3
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# oneDNN's error when it has no kernel for an operation in the requested data types
+# (ideep raises it as a RuntimeError: "could not create a primitive descriptor for the
+# LSTM forward propagation primitive. ...", older releases "... descriptor iterator").
+_ONEDNN_UNSUPPORTED = re.compile(r"could not create a primitive descriptor\b")
+_HALF_DTYPES = ("float16", "bfloat16")
 
 
 def _sync(device: torch.device) -> None:
@@ -105,6 +111,12 @@ def run_workload(
             signatures.append(hashes)
             del built, recorder
     except Exception as exc:  # noqa: BLE001 - one workload's failure must not stop others
+        # oneDNN without a half-precision kernel here: the variant cannot run it (§2.3).
+        reason = unsupported_half_reason(
+            exc, workload=head["workload"], variant=variant, device=device
+        )
+        if reason is not None:
+            return {**head, "status": "skipped", "reason": reason}
         return {**head, "status": "failed", "error": _error_text(exc)}
     differing = _repeat_differences(signatures)
     result: dict[str, Any] = {
@@ -250,6 +262,36 @@ def _repeat_differences(signatures: list[list[tuple[str, str]]]) -> list[str]:
             differing.add("<tensor list>")
         differing.update(name for name, h in signature if first.get(name) != h)
     return sorted(differing)
+
+
+def half_dtype(variant: Variant, device: torch.device) -> str | None:
+    """The half-precision dtype ("float16", "bfloat16") `variant` computes in on
+    `device`, by autocast or by building the workload in it; None for float32/64."""
+    autocast = variant.knobs(device).get("autocast")
+    if autocast in _HALF_DTYPES:
+        return str(autocast)
+    dtype = str(variant.dtype()).removeprefix("torch.")
+    return dtype if dtype in _HALF_DTYPES else None
+
+
+def unsupported_half_reason(
+    exc: BaseException, *, workload: str, variant: Variant, device: torch.device
+) -> str | None:
+    """Why a workload is skipped rather than failed (DESIGN §2.3: a variant that cannot
+    run on a device is skipped with the reason): oneDNN has no kernel for one of its
+    operations in the variant's half-precision dtype on this CPU (the float16 LSTM on
+    an AMD EPYC without AVX512-FP16 or AMX, say). Only that error (its message, not
+    any RuntimeError), only on the CPU, only in float16/bfloat16 (autocast or cast);
+    anything else (None) is a failure."""
+    if device.type != "cpu" or not isinstance(exc, RuntimeError):
+        return None
+    dtype = half_dtype(variant, device)
+    lines = str(exc).strip().splitlines()
+    if dtype is None or not lines or not _ONEDNN_UNSUPPORTED.match(lines[0]):
+        return None
+    # The first sentence: the rest is oneDNN's advice to set ONEDNN_VERBOSE.
+    message = lines[0].split(". ", 1)[0].rstrip(".")
+    return f"oneDNN on this CPU has no {dtype} kernel for {workload}: {message}"
 
 
 def _error_text(exc: BaseException, limit: int = 4000) -> str:

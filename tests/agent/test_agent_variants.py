@@ -7,11 +7,26 @@ import numpy as np
 import pytest
 import torch
 from agent_helpers import run_agent
+from torch import nn
 
 from numparity_agent import _variants, _workloads
+from numparity_agent._runner import run_workload, unsupported_half_reason
+from numparity_agent._workloads._base import Built, Workload
 
 # assert_close's defaults for bfloat16 (DESIGN §3.3).
 BF16_RTOL = 1.6e-2
+CPU = torch.device("cpu")
+HALF_VARIANTS = {"fp16-autocast": "float16", "bf16-autocast": "bfloat16"}
+# What torch 2.13's oneDNN raises for the float16 LSTM on an AMD EPYC (AVX-512 and
+# AVX512-BF16, no AVX512-FP16, no AMX).
+ONEDNN_LSTM_ERROR = (
+    "could not create a primitive descriptor for the LSTM forward propagation primitive. "
+    "Run workload with environment variable ONEDNN_VERBOSE=all to get additional "
+    "diagnostic information."
+)
+ONEDNN_LSTM_MESSAGE = (
+    "could not create a primitive descriptor for the LSTM forward propagation primitive"
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +58,31 @@ def output_values(result) -> torch.Tensor:
 def test_every_variant_reports_every_workload_ok_or_skipped_with_a_reason(suite_document):
     by_key = results(suite_document)
     assert set(by_key) == {(w, v) for w in _workloads.builtin_names() for v in _variants.names()}
-    for key, result in by_key.items():
+    for (workload, variant), result in by_key.items():
+        key = (workload, variant)
         assert result["status"] in ("ok", "skipped"), (key, result.get("error"))
-        if result["status"] == "skipped":
-            assert result["reason"], key
-        else:
+        if result["status"] == "ok":
             assert result["input_hash"] and result["tensors"] and "knobs" in result, key
             assert result["device"] == "cpu"
-    # This CPU (AVX-512 with AMX/AVX512-BF16, torch >= 2.4) runs them all; a CPU
-    # without native bf16 skips tf32 with the reason.
+            continue
+        assert result["reason"], key
+        if result["reason"] == _variants.get(variant).skip_reason(CPU):
+            continue  # the whole variant cannot run on this CPU (tf32 without bf16)
+        # Otherwise only a workload oneDNN has no half-precision kernel for on this CPU
+        # (the float16 LSTM on a CPU without AVX512-FP16 or AMX): never another error.
+        assert variant in HALF_VARIANTS, (key, result["reason"])
+        expected = (
+            f"oneDNN on this CPU has no {HALF_VARIANTS[variant]} kernel for {workload}: "
+            "could not create a primitive descriptor"
+        )
+        assert result["reason"].startswith(expected), (key, result["reason"])
+    # Only the LSTM may meet a missing oneDNN kernel; the rest of fp16-autocast runs.
+    if _variants.get("fp16-autocast").skip_reason(CPU) is None:
+        for workload in _workloads.builtin_names():
+            if workload != "lstm":
+                assert by_key[(workload, "fp16-autocast")]["status"] == "ok", workload
+    # A CPU with native bf16 (AMX or AVX512-BF16) runs tf32 as oneDNN's bf16 fp32 math;
+    # one without skips it with the reason.
     tf32_reason = _variants.cpu_bf16_matmul_skip_reason()
     tf32 = by_key[("mlp", "tf32")]
     if tf32_reason:
@@ -118,3 +149,77 @@ def test_train_and_probe_fields_under_every_variant(suite_document):
             assert probes["probes"]["softmax_fp16_overflow"] > 0
             fp16 = {t["name"]: t["dtype"] for t in probes["tensors"]}
             assert fp16["softmax_fp16"] == fp16["layer_norm_fp16"] == "float16"
+
+
+class RaisingWorkload(Workload):
+    """Builds a tiny model and raises `exc` when it runs, as a oneDNN kernel would."""
+
+    name = "raising"
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    def build(self, *, dtype, device):
+        return Built(model=nn.Linear(2, 2).to(dtype), inputs={"x": torch.zeros(1, 2, dtype=dtype)})
+
+    def run(self, built, recorder):
+        raise self.exc
+
+
+class FP16Cast(_variants.Variant):
+    """A variant that builds the whole workload in float16 (no autocast)."""
+
+    name = "fp16-cast"
+    dtype_name = "float16"
+
+
+def run_raising(exc: Exception, variant) -> dict:
+    if isinstance(variant, str):
+        variant = _variants.get(variant)
+    return run_workload(RaisingWorkload(exc), variant=variant, device=CPU, repeats=1)
+
+
+@pytest.mark.parametrize(
+    ("variant", "dtype"),
+    [("fp16-autocast", "float16"), ("bf16-autocast", "bfloat16"), (FP16Cast(), "float16")],
+)
+def test_onednn_without_a_half_kernel_on_the_cpu_is_skipped_with_the_reason(variant, dtype):
+    result = run_raising(RuntimeError(ONEDNN_LSTM_ERROR), variant)
+    assert result["status"] == "skipped" and "error" not in result
+    assert result["reason"] == (
+        f"oneDNN on this CPU has no {dtype} kernel for raising: {ONEDNN_LSTM_MESSAGE}"
+    )
+    assert result["workload"] == "raising" and result["device"] == "cpu"
+
+
+@pytest.mark.parametrize("variant", ["default", "strict", "fp64-reference"])
+def test_the_same_onednn_error_in_float32_or_float64_fails(variant):
+    result = run_raising(RuntimeError(ONEDNN_LSTM_ERROR), variant)
+    assert result["status"] == "failed" and "reason" not in result
+    assert result["error"].splitlines()[0] == f"RuntimeError: {ONEDNN_LSTM_ERROR}"
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        RuntimeError("mat1 and mat2 shapes cannot be multiplied (1x2 and 3x2)"),
+        # oneDNN found a kernel but could not create it (memory, say): not "no kernel".
+        RuntimeError("could not create a primitive"),
+        RuntimeError(f"my wrapper: {ONEDNN_LSTM_ERROR}"),
+        ValueError(ONEDNN_LSTM_ERROR),
+    ],
+)
+def test_other_errors_under_fp16_autocast_fail(exc):
+    result = run_raising(exc, "fp16-autocast")
+    assert result["status"] == "failed" and "reason" not in result
+    assert result["error"].splitlines()[0] == f"{type(exc).__name__}: {exc}"
+
+
+def test_the_onednn_error_is_only_a_skip_on_the_cpu():
+    exc = RuntimeError(ONEDNN_LSTM_ERROR)
+    variant = _variants.get("fp16-autocast")
+    assert unsupported_half_reason(exc, workload="lstm", variant=variant, device=CPU) == (
+        f"oneDNN on this CPU has no float16 kernel for lstm: {ONEDNN_LSTM_MESSAGE}"
+    )
+    cuda = torch.device("cuda", 0)
+    assert unsupported_half_reason(exc, workload="lstm", variant=variant, device=cuda) is None
