@@ -21,9 +21,43 @@ class Excluded(BaseModel):
     reason: str
 
 
+_METRICS = {"max_abs": 1.27e-07, "max_rel": 0.00236, "max_ulp": 19968.0,
+            "mismatch_fraction": 0.0, "rmse": 2.9e-08, "cosine": 1.0, "sqnr_db": 151.2,
+            "rel_l2": 2.8e-08, "rel_l2_est": 2.7e-08, "rel_l2_err": 2.4e-09}
+EXAMPLE: dict[str, Any] = {
+    "key": {"suite": "standard", "workload": "cnn", "workload_version": 1,
+            "variant": "default", "tensor": "output"},
+    "tensor": "output",
+    "groups": [
+        {"id": 1, "hash": "5d1c…", "size": 3, "nodes": ["lab-01", "lab-02", "lab-03"],
+         "env_keys": ["43a0…"], "representative": {"node": "lab-01", "run_id": "0f1c…"},
+         "fp64": {"acceptable": True, "rmse": 3.1e-08, "baseline_rmse": 3.1e-08,
+                  "multiplier": 2.0, "limit": 6.2e-08}},
+        {"id": 2, "hash": "9e7a…", "size": 1, "nodes": ["lab-mkl"], "env_keys": ["ee1c…"],
+         "representative": {"node": "lab-mkl", "run_id": "7d3e…"},
+         "fp64": {"acceptable": True, "rmse": 3.4e-08, "baseline_rmse": 3.1e-08,
+                  "multiplier": 2.0, "limit": 6.2e-08}},
+    ],
+    "pairs": [{
+        "a": 1, "b": 2, "verdict": "equivalent", "basis": "values", "metrics": _METRICS,
+        "first_divergent_layer": {"name": "fc1", "order": 6, "verdict": "equivalent",
+                                  "basis": "values", "metrics": _METRICS},
+        "largest_jump": {"name": "fc1", "order": 6, "previous": "flatten",
+                         "metric": "rel_l2", "rel_error": 3.0e-08, "ratio": 251.7},
+        "attribution": [{"attribute": "env_vars.MKL_CBWR", "a": ["unset"],
+                         "b": ["COMPATIBLE"]}],
+        "indistinguishable": False,
+    }],
+    "attribution": [{"attribute": "env_vars.MKL_CBWR", "distinct_values": 2,
+                     "conditional_entropy": 0.0, "purity": 1.0}],
+    "members_without_tensor": [],
+    "excluded": [],
+}
+
+
 class DivergenceOut(BaseModel):
     # The analysis may add fields; they pass through unchanged.
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [EXAMPLE]})
 
     key: DivergenceKey
     tensor: str

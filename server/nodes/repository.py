@@ -89,3 +89,13 @@ def manifest_entries(session: Session, hashes: Sequence[str]) -> dict[str, list[
             select(Manifest.hash, Manifest.entries).where(Manifest.hash.in_(part))
         ))
     return entries
+
+
+def environment_documents(session: Session, env_keys: Sequence[str]) -> dict[str, Any]:
+    documents: dict[str, Any] = {}
+    for part in chunked(sorted(set(env_keys))):
+        documents.update((key, value) for key, value in session.execute(
+            select(Environment.env_key, Environment.document)
+            .where(Environment.env_key.in_(part))
+        ))
+    return documents

@@ -35,6 +35,12 @@ class ResultChange(BaseModel):
     outputs_changed: bool | None
 
 
+class AttributeChange(BaseModel):
+    attribute: str  # a flattened environment attribute, as attribution names it
+    before: str
+    after: str
+
+
 class TimelineRun(BaseModel):
     run_id: str
     started_at: datetime
@@ -45,6 +51,9 @@ class TimelineRun(BaseModel):
     # Compared with the node's previous run (by started_at); null for its first run.
     previous_run_id: str | None
     environment_changed: bool | None
+    # What changed in the environment since the previous run (drift: with
+    # changed_results, the attribute that came with a change of answers).
+    environment_changes: list[AttributeChange] = []
     changed_results: list[ResultChange]
 
 

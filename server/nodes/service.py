@@ -7,10 +7,17 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from numparity_server import analysis
 from numparity_server.kit.errors import NotFound
 from numparity_server.kit.pagination import Page
 from numparity_server.nodes import repository
-from numparity_server.nodes.schemas import NodeItem, NodeTimeline, ResultChange, TimelineRun
+from numparity_server.nodes.schemas import (
+    AttributeChange,
+    NodeItem,
+    NodeTimeline,
+    ResultChange,
+    TimelineRun,
+)
 
 ResultKey = tuple[str, str, str, str]  # suite, workload, variant, device
 
@@ -51,6 +58,9 @@ def node_timeline(*, session: Session, name: str, limit: int, offset: int) -> No
     changes = {run.id: _changes(results[run.id], results[previous.id])
                for run, previous in pairs if previous is not None}
     outputs = _outputs(session, [c for found in changes.values() for c in found])
+    environment_changes = _environment_changes(
+        session, [(run.env_key, previous.env_key) for run, previous in pairs
+                  if previous is not None and run.env_key != previous.env_key])
 
     items = []
     for run, previous in pairs:
@@ -71,6 +81,8 @@ def node_timeline(*, session: Session, name: str, limit: int, offset: int) -> No
             agent_version=run.agent_version, drill=run.drill, env_key=run.env_key,
             previous_run_id=previous.run_id if previous else None,
             environment_changed=(run.env_key != previous.env_key) if previous else None,
+            environment_changes=environment_changes.get(
+                (run.env_key, previous.env_key), []) if previous else [],
             changed_results=changed,
         ))
     return NodeTimeline(
@@ -78,6 +90,20 @@ def node_timeline(*, session: Session, name: str, limit: int, offset: int) -> No
         last_seen=node.last_seen,
         runs=Page[TimelineRun](items=items, total=total, limit=limit, offset=offset),
     )
+
+
+def _environment_changes(session: Session, pairs: list[tuple[str, str]]
+                         ) -> dict[tuple[str, str], list[AttributeChange]]:
+    """(env_key now, env_key before) → the attributes that differ, by name."""
+    documents = repository.environment_documents(session, [k for pair in pairs for k in pair])
+    flat = {key: analysis.flatten_environment(doc) for key, doc in documents.items()}
+    return {
+        (now, before): [
+            AttributeChange(attribute=d["attribute"], before=d["a"], after=d["b"])
+            for d in analysis.environment_diff(flat.get(before, {}), flat.get(now, {}))
+        ]
+        for now, before in set(pairs)
+    }
 
 
 def _changes(now: dict[ResultKey, Any], before: dict[ResultKey, Any]

@@ -103,3 +103,11 @@ def test_where_nan_first_appears(api):
     assert pair["verdict"] == "nonfinite"
     assert pair["first_nonfinite"]["name"] == "fc1"
     assert pair["first_nonfinite"]["nan"] >= 1 and pair["first_nonfinite"]["reference_nan"] == 0
+
+
+def test_the_openapi_example_is_a_valid_answer(api):
+    from numparity_server.divergence.schemas import EXAMPLE, DivergenceOut
+
+    schema = api.client.get("/openapi.json").json()["components"]["schemas"]["DivergenceOut"]
+    assert schema["examples"] == [EXAMPLE]
+    DivergenceOut.model_validate(EXAMPLE)

@@ -54,12 +54,16 @@ def test_timeline_marks_environment_and_result_changes(fleet):
 
     assert newest["env_key"] == MKL and newest["environment_changed"] is True
     assert newest["previous_run_id"] == "a-09"
+    # Drift: the attribute that changed, with the results that changed with it.
+    assert newest["environment_changes"] == [
+        {"attribute": "env_vars.MKL_CBWR", "before": "unset", "after": "COMPATIBLE"}]
     (change,) = newest["changed_results"]
     assert (change["workload"], change["variant"], change["device"]) == ("cnn", "default", "cpu")
     assert change["manifest_hash"] != change["previous_manifest_hash"]
     assert change["outputs_changed"] is True and change["status"] == "ok"
 
     assert middle["environment_changed"] is False and middle["changed_results"] == []
+    assert middle["environment_changes"] == [] and oldest["environment_changes"] == []
     assert oldest["previous_run_id"] is None and oldest["environment_changed"] is None
 
 
