@@ -2,8 +2,8 @@
 
 bfloat16 has no numpy dtype; it travels as its raw 16-bit patterns and is decoded to
 float32 exactly (a bfloat16 is the upper half of a float32, so ``bits << 16`` loses
-nothing). Code that needs bfloat16 semantics (ULP distance) recovers the patterns with
-``bfloat16_bits``.
+nothing). ``bfloat16_bits`` recovers the patterns; the ULP distance (ulp.py) reads them
+in place, as the upper half of each float32.
 """
 
 from __future__ import annotations

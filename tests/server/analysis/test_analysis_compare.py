@@ -152,8 +152,9 @@ def test_sample_basis_without_values(rng, make_fingerprint):
     assert comparison.metrics["rmse"] is None
     assert comparison.metrics["rel_l2_est"] == pytest.approx(
         np.linalg.norm(exact) / np.linalg.norm(b), rel=0.3)
+    # An error unrelated to b: the standard error is about sqrt(1/k) of the estimate.
     assert comparison.metrics["rel_l2_err"] == pytest.approx(
-        comparison.metrics["rel_l2_est"] * math.sqrt(2 / 256))
+        comparison.metrics["rel_l2_est"] * math.sqrt(1 / 256), rel=0.05)
 
 
 def test_sketch_overrules_a_sample_that_missed(rng, make_fingerprint):

@@ -8,6 +8,7 @@ import torch
 from numpy.testing._private.utils import nulp_diff
 
 from numparity_server.analysis import ulp_distance
+from numparity_server.analysis.ulp import max_ulp_distance
 
 SPECIAL = {
     "float16": [0.0, -0.0, 6e-8, -6e-8, 6.1e-5, 1.0, -1.0, 65504.0, -65504.0, np.inf, -np.inf],
@@ -83,3 +84,24 @@ def test_bfloat16_nextafter_is_one_ulp():
     up = torch.nextafter(start, torch.full_like(start, float("inf")))
     ours = ulp_distance(start.float().numpy(), up.float().numpy(), "bfloat16")
     assert ours.tolist() == [1] * 5
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("signs", ["same", "mixed"])
+def test_max_ulp_distance_is_the_largest_element_wise_distance(dtype, signs, rng):
+    # Checked against ulp_distance, which the tests above check against the oracles.
+    # bfloat16 arrays here are any float32 (the lower half must be ignored, not rounded).
+    held = np.float32 if dtype == "bfloat16" else dtype
+    b = (rng.standard_normal(3000) * rng.choice([1e-3, 1.0, 1e3], 3000)).astype(held)
+    a = (b * (1 + rng.standard_normal(3000) * 1e-2)).astype(held)
+    if signs == "same":
+        a = np.copysign(a, b)
+    else:
+        a[::7] = -a[::7]
+    expected = int(ulp_distance(a, b, dtype).max())
+    assert max_ulp_distance(a, b, dtype) == expected
+    assert max_ulp_distance(b, a, dtype) == expected
+    comparable = rng.random(3000) < 0.5
+    assert max_ulp_distance(a, b, dtype, comparable) == int(
+        ulp_distance(a, b, dtype)[comparable].max())
+    assert max_ulp_distance(a, b, dtype, np.zeros(3000, dtype=bool)) is None
