@@ -2,8 +2,9 @@
 
 Starts the server on a temporary SQLite database on a free loopback port, runs the real
 agent once per simulated node (each in its own process, with the environment variables
-that make its numerics differ, DESIGN §5), prints the divergence report, then keeps
-serving until Ctrl-C (``--no-serve`` exits after the report).
+that make its numerics differ, DESIGN §5; one node runs a fault drill twice), prints the
+divergence reports and the audit, then keeps serving until Ctrl-C (``--no-serve``
+exits after the report).
 
 The agent runs as a child process (``python -m numparity_agent``): the server never
 imports torch.
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from numparity_server.report import format_divergence
+from numparity_server.report import format_audit, format_divergence
 
 # Variables that change numerics on a CPU (DESIGN §2.5): cleared for every simulated node
 # so the fleet is the same whatever the shell that starts the demo has set.
@@ -39,6 +40,8 @@ class SimulatedNode:
     name: str
     env: dict[str, str] = field(default_factory=dict)
     why: str = "stock configuration"
+    args: tuple[str, ...] = ()  # more agent arguments
+    runs: int = 1
 
 
 FLEET: tuple[SimulatedNode, ...] = (
@@ -48,9 +51,16 @@ FLEET: tuple[SimulatedNode, ...] = (
     SimulatedNode("lab-mkl", {"MKL_CBWR": "COMPATIBLE"}, "MKL conditional bitwise mode"),
     SimulatedNode("lab-1thread", {"OMP_NUM_THREADS": "1"}, "one OpenMP thread"),
     SimulatedNode("lab-avx2", {"ATEN_CPU_CAPABILITY": "avx2"}, "ATen AVX2 kernels"),
+    # A stock node whose "GPU" flips a bit in strict, twice: the audit must call it suspect.
+    SimulatedNode("lab-drill", why="fault drill, run twice", args=("--fault-drill",), runs=2),
 )
-WORKLOADS = ("cnn",)
+WORKLOADS = ("cnn", "probes")
 VARIANTS = ("default", "strict")
+# What the report shows: (workload, variant, tensor). The MKL node differs in cnn's
+# fully connected layers; the one-thread node in a long sum (ATen splits a reduction by
+# thread count on any CPU; whether MKL's matmuls do depends on the CPU).
+VIEWS = (("cnn", "default", "output"), ("cnn", "strict", "output"),
+         ("probes", "default", "sum_long"))
 
 
 def free_port() -> int:
@@ -78,7 +88,7 @@ def run_agent(
     command = [
         sys.executable, "-m", "numparity_agent", "run",
         "--server", server_url, "--node", node.name, "--spool", str(spool),
-        "--workloads", *workloads, "--variants", *variants,
+        "--workloads", *workloads, "--variants", *variants, *node.args,
     ]  # fmt: skip
     env = node_environment(node)
     # The token travels in the environment, not on a command line other users can read.
@@ -151,27 +161,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         failed = 0
         for node in FLEET:
-            started = time.monotonic()
-            done = run_agent(
-                node, server_url=base_url, token=agent_token, spool=workdir / f"spool-{node.name}"
-            )
-            took = time.monotonic() - started
-            state = "uploaded" if done.returncode == 0 else f"agent exit {done.returncode}"
-            print(f"  {node.name:<12} {node.why:<32} {state} in {took:.1f} s", flush=True)
-            if done.returncode != 0:
-                failed += 1
-                print(done.stderr.strip(), file=sys.stderr)
+            for _ in range(node.runs):
+                started = time.monotonic()
+                done = run_agent(node, server_url=base_url, token=agent_token,
+                                 spool=workdir / f"spool-{node.name}")
+                took = time.monotonic() - started
+                state = "uploaded" if done.returncode == 0 else f"agent exit {done.returncode}"
+                print(f"  {node.name:<12} {node.why:<32} {state} in {took:.1f} s", flush=True)
+                if done.returncode != 0:
+                    failed += 1
+                    print(done.stderr.strip(), file=sys.stderr)
 
         headers = {"Authorization": f"Bearer {reader_token}"}
         with httpx.Client(base_url=base_url, headers=headers, timeout=60) as client:
-            for workload in WORKLOADS:
-                for variant in VARIANTS:
-                    response = client.get(
-                        "/api/v1/divergence", params={"workload": workload, "variant": variant}
-                    )
-                    response.raise_for_status()
-                    print()
-                    print(format_divergence(response.json()))
+            for workload, variant, tensor in VIEWS:
+                response = client.get("/api/v1/divergence", params={
+                    "workload": workload, "variant": variant, "tensor": tensor})
+                response.raise_for_status()
+                print()
+                print(format_divergence(response.json()))
+            response = client.get("/api/v1/audit")
+            response.raise_for_status()
+            print()
+            print(format_audit(response.json()))
 
         if failed:
             print(f"\n{failed} simulated node(s) failed; see above.", file=sys.stderr)

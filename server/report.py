@@ -1,4 +1,4 @@
-"""Plain-text rendering of a `/api/v1/divergence` answer (the demo's report)."""
+"""Plain-text rendering of `/api/v1/divergence` and `/api/v1/audit` answers (the demo)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,18 @@ def _separation(item: dict[str, Any]) -> str:
     return f"{item['attribute']} ({sides[0]} vs {sides[1]})"
 
 
+def _sketch_note(metrics: dict[str, Any]) -> str:
+    """The whole tensor's relative L2 error estimated from the sketches, when the values
+    were not all there to measure it."""
+    estimate, error = metrics.get("rel_l2_est"), metrics.get("rel_l2_err")
+    if metrics.get("rel_l2") is not None or not estimate:
+        return ""
+    return f"; rel L2 ≈ {_number(estimate)} ± {_number(error)} from the sketch"
+
+
 def format_divergence(payload: dict[str, Any]) -> str:
-    """Render groups, pairwise verdicts and attribution as lines a person reads."""
+    """Render groups, verdicts and attribution as lines a person reads: each group
+    against the largest (group 1); the API has every pair."""
     key = payload["key"]
     lines = [
         f"== {key['workload']} / {key['variant']} — tensor {key['tensor']!r} "
@@ -39,12 +49,15 @@ def format_divergence(payload: dict[str, Any]) -> str:
             f"  group {group['id']}: {group['size']} {noun} {', '.join(group['nodes'])}"
         )
     for pair in payload["pairs"]:
+        if pair["a"] != groups[0]["id"]:
+            continue
         metrics = pair.get("metrics") or {}
         lines.append(
             f"  group {pair['a']} vs {pair['b']}: {pair['verdict']}"
             f" (max abs {_number(metrics.get('max_abs'))},"
             f" max rel {_number(metrics.get('max_rel'))},"
             f" max ULP {_number(metrics.get('max_ulp'), whole=True)}; from {pair['basis']})"
+            + _sketch_note(metrics)
         )
         layer = pair.get("first_divergent_layer")
         if layer:
@@ -60,4 +73,36 @@ def format_divergence(payload: dict[str, Any]) -> str:
     if payload.get("members_without_tensor"):
         missing = ", ".join(payload["members_without_tensor"])
         lines.append(f"  without this tensor: {missing}")
+    return "\n".join(lines)
+
+
+def format_audit(payload: dict[str, Any]) -> str:
+    """The audit's summary and its findings, a line each."""
+    summary = payload["summary"]
+    counts = ", ".join(f"{summary[name]} {name}" for name in
+                       ("ok", "suspect", "watch", "nondeterministic", "stale")
+                       if summary.get(name))
+    lines = [f"== audit: {summary['nodes']} nodes on {summary['environments']} environments "
+             f"({counts})"]
+    for entry in payload["suspects"]:
+        drill = ", a drill" if entry["drill"] else ""
+        workloads = ", ".join(sorted({key["workload"] for key in entry["keys"]}))
+        lines.append(
+            f"  {entry['status']}: {entry['node']} — strict answers of {workloads} differ "
+            f"from its {entry['peers']} same-environment peers in "
+            f"{entry['disagreeing_runs']} run(s){drill}")
+    for entry in payload["nondeterministic"]:
+        lines.append(f"  nondeterministic: {entry['node']} — {entry['detail']}")
+    for entry in payload["stale"]:
+        lines.append(f"  stale: {entry['node']} — no upload for {entry['hours_since']} h")
+    for entry in payload["policy"]:
+        lines.append(f"  policy: {entry['node']} — {entry['attribute']} is {entry['value']}")
+    for entry in payload["broken_inputs"]:
+        lines.append(f"  broken inputs: {entry['node']} — {entry['workload']}")
+    for entry in payload["determinism_cost"]:
+        if entry["ratio"] is not None:
+            lines.append(f"  strict costs {entry['ratio']:.2f}x default on "
+                         f"{entry['env_key'][:12]} ({entry['nodes']} node(s))")
+    if len(lines) == 1:
+        lines.append("  nothing to report")
     return "\n".join(lines)
