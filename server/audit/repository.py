@@ -3,7 +3,7 @@ the audit of 10,000 nodes must not pull their 360,000 latest results into Python
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -15,17 +15,6 @@ from numparity_server.models import Environment, Latest, Node, Outcome, Result, 
 
 STRICT = "strict"
 _KEY = (Outcome.suite, Outcome.workload, Outcome.workload_version, Outcome.device)
-
-
-def _latest_results() -> Any:
-    """latest ⋈ results ⋈ outcomes ⋈ runs, to select from."""
-    return (
-        select()
-        .select_from(Latest)
-        .join(Result, Result.id == Latest.result_id)
-        .join(Outcome, Outcome.id == Result.outcome_id)
-        .join(Run, Run.id == Result.run_id)
-    )
 
 
 def nodes(session: Session) -> Sequence[Any]:
@@ -41,36 +30,88 @@ def environments(session: Session) -> Sequence[Any]:
     ).all()
 
 
-def current_runs(session: Session) -> Sequence[Any]:
-    """Every run that holds some node's latest result: (node_id, run_id, environment_id,
-    started_at). The newest of a node's is its current environment."""
-    held = select(Result.run_id).join(Latest, Latest.result_id == Result.id).distinct()
+def latest_by_outcome(session: Session) -> Sequence[Any]:
+    """The fleet's latest results in a few hundred rows: (environment_id, outcome_id,
+    nodes, summed wall_s, results with a wall_s)."""
     return session.execute(
-        select(Run.node_id, Run.run_id, Run.environment_id, Run.started_at)
-        .where(Run.id.in_(held.scalar_subquery()))
+        select(Latest.environment_id, Latest.outcome_id, func.count(),
+               func.sum(Latest.wall_s), func.count(Latest.wall_s))
+        .group_by(Latest.environment_id, Latest.outcome_id)
     ).all()
 
 
-def strict_answer_counts(session: Session) -> Sequence[Any]:
-    """(environment_id, suite, workload, version, device, manifest_hash, nodes) over the
-    nodes' latest ok strict results."""
-    query = _latest_results().add_columns(
-        Run.environment_id, *_KEY, Outcome.manifest_hash, func.count()
-    ).where(Latest.variant == STRICT, Outcome.status == "ok").group_by(
-        Run.environment_id, *_KEY, Outcome.manifest_hash)
-    return session.execute(query).all()
+def outcomes(session: Session, ids: Iterable[int]) -> dict[int, Any]:
+    found: dict[int, Any] = {}
+    for part in chunked(sorted(set(ids))):
+        found.update((row.id, row) for row in session.execute(
+            select(Outcome.id, *_KEY, Outcome.variant, Outcome.status, Outcome.manifest_hash,
+                   Outcome.input_hash, Outcome.param_hash, Outcome.repeats,
+                   Outcome.repeats_agree)
+            .where(Outcome.id.in_(part))
+        ))
+    return found
 
 
-def strict_peer_runs(session: Session, majority_manifests: Sequence[str]) -> Sequence[Any]:
-    """One run per (environment_id, key, manifest) among latest strict results holding
-    one of the given manifests: a peer to compare a suspect with."""
+def node_environments(session: Session) -> Sequence[Any]:
+    """(node_id, environment_id, newest started_at) of the environments each node's
+    latest results were measured on: the newest is the node's current environment."""
+    return session.execute(
+        select(Latest.node_id, Latest.environment_id, func.max(Latest.started_at))
+        .group_by(Latest.node_id, Latest.environment_id)
+    ).all()
+
+
+def newest_run_ids(session: Session, node_ids: Sequence[int]) -> dict[int, str]:
+    """node id → run_id of the newest run holding one of its latest results."""
+    newest: dict[int, tuple[Any, str]] = {}
+    for part in chunked(sorted(set(node_ids))):
+        for node_id, started_at, run_id in session.execute(
+            select(Latest.node_id, Latest.started_at, Run.run_id)
+            .join(Result, Result.id == Latest.result_id)
+            .join(Run, Run.id == Result.run_id)
+            .where(Latest.node_id.in_(part))
+        ):
+            if node_id not in newest or (started_at, run_id) > newest[node_id]:
+                newest[node_id] = (started_at, run_id)
+    return {node_id: run_id for node_id, (_started, run_id) in newest.items()}
+
+
+def run_ids_holding(session: Session, pairs: Iterable[tuple[int, int]]
+                    ) -> dict[tuple[int, int], str]:
+    """(environment_id, outcome_id) → the run_id of one latest result holding it."""
+    wanted = set(pairs)
+    outcome_ids = sorted({outcome for _env, outcome in wanted})
+    firsts: dict[tuple[int, int], int] = {}
+    for part in chunked(outcome_ids):
+        for env_id, outcome_id, result_id in session.execute(
+            select(Latest.environment_id, Latest.outcome_id, func.min(Latest.result_id))
+            .where(Latest.outcome_id.in_(part))
+            .group_by(Latest.environment_id, Latest.outcome_id)
+        ):
+            if (env_id, outcome_id) in wanted:
+                firsts[(env_id, outcome_id)] = result_id
+    runs: dict[int, str] = {}
+    for part in chunked(sorted(set(firsts.values()))):
+        runs.update((result_id, run_id) for result_id, run_id in session.execute(
+            select(Result.id, Run.run_id).join(Run, Run.id == Result.run_id)
+            .where(Result.id.in_(part))
+        ))
+    return {pair: runs[result_id] for pair, result_id in firsts.items()}
+
+
+def latest_holding(session: Session, outcome_ids: Iterable[int]) -> Sequence[Any]:
+    """(node name, environment_id, outcome_id, run_id) of the latest results holding one
+    of these outcomes, by node name."""
     rows: list[Any] = []
-    for part in chunked(sorted(set(majority_manifests))):
-        query = _latest_results().add_columns(
-            Run.environment_id, *_KEY, Outcome.manifest_hash, func.min(Run.run_id)
-        ).where(Latest.variant == STRICT, Outcome.manifest_hash.in_(part)).group_by(
-            Run.environment_id, *_KEY, Outcome.manifest_hash)
-        rows.extend(session.execute(query).all())
+    for part in chunked(sorted(set(outcome_ids))):
+        rows.extend(session.execute(
+            select(Node.name, Latest.environment_id, Latest.outcome_id, Run.run_id)
+            .join(Node, Node.id == Latest.node_id)
+            .join(Result, Result.id == Latest.result_id)
+            .join(Run, Run.id == Result.run_id)
+            .where(Latest.outcome_id.in_(part))
+        ).all())
+    rows.sort(key=lambda row: row.name)
     return rows
 
 
@@ -98,17 +139,6 @@ def strict_deviations(session: Session, *, environments: Sequence[int],
     return rows
 
 
-def latest_deviating(session: Session, manifests: Sequence[str]) -> set[tuple[str, str]]:
-    """(node name, manifest_hash) of latest strict results holding one of ``manifests``."""
-    found: set[tuple[str, str]] = set()
-    for part in chunked(sorted(set(manifests))):
-        query = _latest_results().add_columns(Node.name, Outcome.manifest_hash).join(
-            Node, Node.id == Latest.node_id
-        ).where(Latest.variant == STRICT, Outcome.manifest_hash.in_(part))
-        found.update((name, digest) for name, digest in session.execute(query))
-    return found
-
-
 def strict_changes(session: Session, *, since: datetime) -> Sequence[Any]:
     """(node, env_key, suite, workload, version, device, distinct manifests, newest run)
     where a node's strict answer changed within one environment since ``since``
@@ -126,54 +156,6 @@ def strict_changes(session: Session, *, since: datetime) -> Sequence[Any]:
         .group_by(Node.name, Environment.env_key, *_KEY)
         .having(func.count(Outcome.manifest_hash.distinct()) > 1)
     )
-    return session.execute(query).all()
-
-
-def repeat_disagreements(session: Session) -> Sequence[Any]:
-    """Latest results whose repeats disagree: (node, suite, workload, version, variant,
-    device, repeats, run_id)."""
-    query = _latest_results().add_columns(
-        Node.name, Outcome.suite, Outcome.workload, Outcome.workload_version,
-        Outcome.variant, Outcome.device, Outcome.repeats, Run.run_id,
-    ).join(Node, Node.id == Latest.node_id).where(Outcome.repeats_agree == false())
-    return session.execute(query).all()
-
-
-def input_hash_counts(session: Session) -> Sequence[Any]:
-    """(suite, workload, version, variant, input_hash, param_hash, nodes) over latest ok
-    results."""
-    columns = (Outcome.suite, Outcome.workload, Outcome.workload_version, Outcome.variant,
-               Outcome.input_hash, Outcome.param_hash)
-    query = _latest_results().add_columns(*columns, func.count()).where(
-        Outcome.status == "ok").group_by(*columns)
-    return session.execute(query).all()
-
-
-def nodes_with_inputs(session: Session, *, suite: str, workload: str, version: int | None,
-                      variant: str, input_hash: str | None, param_hash: str | None
-                      ) -> Sequence[Any]:
-    """(node, run_id) of latest ok results of the key with these input and param hashes."""
-    query = _latest_results().add_columns(Node.name, Run.run_id).join(
-        Node, Node.id == Latest.node_id
-    ).where(
-        Outcome.status == "ok", Outcome.suite == suite, Outcome.workload == workload,
-        Outcome.variant == variant,
-        Outcome.workload_version.is_(None) if version is None
-        else Outcome.workload_version == version,
-        Outcome.input_hash.is_(None) if input_hash is None else Outcome.input_hash == input_hash,
-        Outcome.param_hash.is_(None) if param_hash is None else Outcome.param_hash == param_hash,
-    ).order_by(Node.name)
-    return session.execute(query).all()
-
-
-def wall_times(session: Session, variants: Sequence[str]) -> Sequence[Any]:
-    """(environment_id, workload, variant, mean wall_s, nodes) over latest ok results."""
-    query = _latest_results().add_columns(
-        Run.environment_id, Outcome.workload, Outcome.variant, func.avg(Result.wall_s),
-        func.count(Latest.node_id.distinct()),
-    ).where(Outcome.status == "ok", Latest.variant.in_(variants),
-            Result.wall_s.is_not(None)).group_by(
-        Run.environment_id, Outcome.workload, Outcome.variant)
     return session.execute(query).all()
 
 

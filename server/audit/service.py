@@ -6,6 +6,7 @@ import csv
 import io
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -34,6 +35,16 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
+@dataclass(frozen=True)
+class _Held:
+    """Latest results of one outcome in one environment (from ``latest_by_outcome``)."""
+
+    environment: int
+    outcome: Any  # the outcome row
+    nodes: int
+    wall_s: float | None  # mean over the results that have one
+
+
 def audit(*, session: Session, policy: Policy, now: datetime | None = None) -> dict[str, Any]:
     now = now or datetime.now(timezone.utc)
     since = now - timedelta(days=policy.window_days)
@@ -41,19 +52,25 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None) -> d
     environments = {row.id: row for row in repository.environments(session)}
     env_keys = {env_id: row.env_key for env_id, row in environments.items()}
 
-    current: dict[int, Any] = {}
-    for row in repository.current_runs(session):
-        held = current.get(row.node_id)
-        if held is None or (row.started_at, row.run_id) > (held.started_at, held.run_id):
-            current[row.node_id] = row
-    node_env = {node.name: current[node.id].environment_id
-                for node in nodes if node.id in current}
+    # The whole fleet's latest results as (environment, outcome) counts: a few hundred
+    # rows for 10,000 nodes. Most of the audit is read from these.
+    aggregate = repository.latest_by_outcome(session)
+    outcomes = repository.outcomes(session, [row[1] for row in aggregate])
+    held = [_Held(env_id, outcomes[outcome_id], int(count),
+                  float(wall_sum) / timed if timed else None)
+            for env_id, outcome_id, count, wall_sum, timed in aggregate]
 
-    suspects = _suspects(session, policy, env_keys, since)
-    nondeterministic = _nondeterministic(session, since)
-    stale = _stale(nodes, current, now, policy)
+    current: dict[int, tuple[Any, int]] = {}
+    for node_id, env_id, started_at in repository.node_environments(session):
+        if node_id not in current or (started_at, env_id) > current[node_id]:
+            current[node_id] = (started_at, env_id)
+    node_env = {node.name: current[node.id][1] for node in nodes if node.id in current}
+
+    suspects = _suspects(session, policy, held, env_keys, since)
+    nondeterministic = _nondeterministic(session, held, since)
+    stale = _stale(session, nodes, now, policy)
     policy_rows = _policy(policy, node_env, environments)
-    broken = _broken_inputs(session)
+    broken = _broken_inputs(session, held)
     statuses = _statuses([node.name for node in nodes], suspects, nondeterministic, stale)
     return analysis.json_safe({
         "generated_at": now.isoformat(),
@@ -73,7 +90,7 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None) -> d
         "nondeterministic": nondeterministic,
         "broken_inputs": broken,
         "drift": _drift(session, environments, since),
-        "determinism_cost": _determinism_cost(session, env_keys),
+        "determinism_cost": _determinism_cost(held, env_keys),
     })
 
 
@@ -108,20 +125,18 @@ def _inventory(node_env: Mapping[str, int], environments: Mapping[int, Any]
     return inventory
 
 
-def _stale(nodes: Sequence[Any], current: Mapping[int, Any], now: datetime, policy: Policy
+def _stale(session: Session, nodes: Sequence[Any], now: datetime, policy: Policy
            ) -> list[dict[str, Any]]:
     """Nodes whose newest upload arrived more than ``stale_after_hours`` ago."""
     limit = now - timedelta(hours=policy.stale_after_hours)
-    rows = []
-    for node in nodes:
-        last_seen = _aware(node.last_seen)
-        if last_seen < limit:
-            run = current.get(node.id)
-            rows.append({
-                "node": node.name, "last_seen": last_seen.isoformat(),
-                "hours_since": round((now - last_seen).total_seconds() / 3600, 1),
-                "last_run_id": run.run_id if run else None,
-            })
+    stale = [node for node in nodes if _aware(node.last_seen) < limit]
+    run_ids = repository.newest_run_ids(session, [node.id for node in stale])
+    rows = [
+        {"node": node.name, "last_seen": _aware(node.last_seen).isoformat(),
+         "hours_since": round((now - _aware(node.last_seen)).total_seconds() / 3600, 1),
+         "last_run_id": run_ids.get(node.id)}
+        for node in stale
+    ]
     rows.sort(key=lambda row: (-row["hours_since"], row["node"]))
     return rows
 
@@ -142,23 +157,30 @@ def _policy(policy: Policy, node_env: Mapping[str, int], environments: Mapping[i
     ]
 
 
-def _suspects(session: Session, policy: Policy, env_keys: Mapping[int, str],
-              since: datetime) -> list[dict[str, Any]]:
-    counts = [(env_id, (suite, workload, version, device), manifest, nodes)
-              for env_id, suite, workload, version, device, manifest, nodes
-              in repository.strict_answer_counts(session)]
+def _key(outcome: Any) -> Key:
+    return (outcome.suite, outcome.workload, outcome.workload_version, outcome.device)
+
+
+def _suspects(session: Session, policy: Policy, held: Sequence[_Held],
+              env_keys: Mapping[int, str], since: datetime) -> list[dict[str, Any]]:
+    strict = [h for h in held if h.outcome.variant == repository.STRICT
+              and h.outcome.status == "ok" and h.outcome.manifest_hash]
+    counts: Counter[tuple[int, Key, str]] = Counter()
+    for h in strict:
+        counts[(h.environment, _key(h.outcome), h.outcome.manifest_hash)] += h.nodes
     majority: dict[tuple[int, Key], Majority] = majorities(
-        counts, min_peers=policy.min_peers)
+        ((env, key, manifest, n) for (env, key, manifest), n in counts.items()),
+        min_peers=policy.min_peers)
     if not majority:
         return []
+    # A run holding the majority answer of each (environment, key), to compare with.
+    holding = {(h.environment, _key(h.outcome)): (h.environment, h.outcome.id) for h in strict
+               if (found := majority.get((h.environment, _key(h.outcome))))
+               and found.manifest_hash == h.outcome.manifest_hash}
+    run_ids = repository.run_ids_holding(session, holding.values())
+    peer_runs = {key: run_ids[pair] for key, pair in holding.items() if pair in run_ids}
+
     manifests = [m.manifest_hash for m in majority.values()]
-    peer_runs = {
-        (env_id, (suite, workload, version, device)): run_id
-        for env_id, suite, workload, version, device, manifest, run_id
-        in repository.strict_peer_runs(session, manifests)
-        if (found := majority.get((env_id, (suite, workload, version, device))))
-        and found.manifest_hash == manifest
-    }
     rows = repository.strict_deviations(
         session, environments=sorted({env_id for env_id, _key in majority}),
         majority_manifests=manifests, since=since)
@@ -167,19 +189,32 @@ def _suspects(session: Session, policy: Policy, env_keys: Mapping[int, str],
     deviating = [row for row in rows
                  if (row[1], tuple(row[2:6])) in majority
                  and majority[(row[1], tuple(row[2:6]))].manifest_hash != row[6]]
-    latest = repository.latest_deviating(session, [row[6] for row in deviating])
+    deviant = {(h.environment, h.outcome.manifest_hash): h.outcome.id for h in strict
+               if (h.environment, h.outcome.manifest_hash)
+               in {(row[1], row[6]) for row in deviating}}
+    latest = {(row.name, row.environment_id, row.outcome_id)
+              for row in repository.latest_holding(session, deviant.values())}
+    manifest_of = {h.outcome.id: h.outcome.manifest_hash for h in strict}
+    latest_answers = {(name, env_id, manifest_of[outcome_id])
+                      for name, env_id, outcome_id in latest}
     deviations = [
         Deviation(node=name, environment=env_id, key=(suite, workload, version, device),
                   manifest_hash=manifest, runs=int(runs), drill_runs=int(drills or 0),
-                  run_id=run_id, latest=(name, manifest) in latest)
+                  run_id=run_id, latest=(name, env_id, manifest) in latest_answers)
         for name, env_id, suite, workload, version, device, manifest, runs, drills, run_id
         in deviating
     ]
     return classify_suspects(deviations, majority, env_keys, peer_runs)
 
 
-def _nondeterministic(session: Session, since: datetime) -> list[dict[str, Any]]:
-    repeats = repeat_disagreements(repository.repeat_disagreements(session))
+def _nondeterministic(session: Session, held: Sequence[_Held], since: datetime
+                      ) -> list[dict[str, Any]]:
+    disagreeing = {h.outcome.id: h.outcome for h in held if h.outcome.repeats_agree is False}
+    repeats = repeat_disagreements(
+        (name, o.suite, o.workload, o.workload_version, o.variant, o.device, o.repeats, run_id)
+        for name, _env, outcome_id, run_id in repository.latest_holding(session, disagreeing)
+        if (o := disagreeing[outcome_id])
+    )
     changes = strict_changes(
         (name, env_key, (suite, workload, version, device), distinct, run_id)
         for name, env_key, suite, workload, version, device, distinct, run_id
@@ -189,34 +224,39 @@ def _nondeterministic(session: Session, since: datetime) -> list[dict[str, Any]]
                                                           row["workload"], row["variant"]))
 
 
-def _broken_inputs(session: Session) -> list[dict[str, Any]]:
+def _broken_inputs(session: Session, held: Sequence[_Held]) -> list[dict[str, Any]]:
     """Latest results whose input or parameter bytes differ from the fleet's (DESIGN §2.1:
     those bytes are the same everywhere by construction; a difference is a bug)."""
     counts: dict[tuple[Any, ...], Counter[tuple[str | None, str | None]]] = defaultdict(Counter)
-    for suite, workload, version, variant, input_hash, param_hash, nodes in \
-            repository.input_hash_counts(session):
-        counts[(suite, workload, version, variant)][(input_hash, param_hash)] += nodes
-    rows = []
-    for (suite, workload, version, variant), hashes in sorted(
-            counts.items(), key=lambda item: (item[0][0], item[0][1], item[0][2] or 0, item[0][3])):
+    by_hashes: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+    for h in held:
+        o = h.outcome
+        if o.status != "ok":
+            continue
+        key = (o.suite, o.workload, o.workload_version, o.variant)
+        counts[key][(o.input_hash, o.param_hash)] += h.nodes
+        by_hashes[key + (o.input_hash, o.param_hash)].append(o.id)
+    minority: dict[int, dict[str, Any]] = {}
+    for key, hashes in counts.items():
         if len(hashes) < 2:
             continue
-        (fleet_input, fleet_param), _ = max(hashes.items(), key=lambda item: (item[1], item[0]))
-        for (input_hash, param_hash), _count in hashes.items():
+        (fleet_input, fleet_param), _ = max(hashes.items(),
+                                            key=lambda item: (item[1], str(item[0])))
+        for input_hash, param_hash in hashes:
             if (input_hash, param_hash) == (fleet_input, fleet_param):
                 continue
             differing = [name for name, own, fleet in (("input_hash", input_hash, fleet_input),
                                                        ("param_hash", param_hash, fleet_param))
                          if own != fleet]
-            for node, run_id in repository.nodes_with_inputs(
-                    session, suite=suite, workload=workload, version=version, variant=variant,
-                    input_hash=input_hash, param_hash=param_hash):
-                rows.append({
-                    "node": node, "run_id": run_id, "suite": suite, "workload": workload,
-                    "workload_version": version, "variant": variant, "differs": differing,
+            for outcome_id in by_hashes[key + (input_hash, param_hash)]:
+                minority[outcome_id] = {
+                    "suite": key[0], "workload": key[1], "workload_version": key[2],
+                    "variant": key[3], "differs": differing,
                     "input_hash": input_hash, "fleet_input_hash": fleet_input,
                     "param_hash": param_hash, "fleet_param_hash": fleet_param,
-                })
+                }
+    rows = [{"node": name, "run_id": run_id, **minority[outcome_id]}
+            for name, _env, outcome_id, run_id in repository.latest_holding(session, minority)]
     rows.sort(key=lambda row: (row["node"], row["workload"], row["variant"]))
     return rows
 
@@ -261,24 +301,32 @@ def _drift(session: Session, environments: Mapping[int, Any], since: datetime
     return rows
 
 
-def _determinism_cost(session: Session, env_keys: Mapping[int, str]) -> list[dict[str, Any]]:
+def _determinism_cost(held: Sequence[_Held], env_keys: Mapping[int, str]
+                      ) -> list[dict[str, Any]]:
     """Per environment: mean wall time of ``strict`` against ``default`` per workload and
     summed over the workloads that have both."""
-    times: dict[int, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
-    nodes: dict[int, int] = defaultdict(int)
-    for env_id, workload, variant, wall_s, count in repository.wall_times(
-            session, ["default", "strict"]):
-        times[env_id][workload][variant] = float(wall_s)
-        nodes[env_id] = max(nodes[env_id], int(count))
+    totals: dict[int, dict[str, dict[str, list[float]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(lambda: [0.0, 0.0])))
+    for h in held:
+        o = h.outcome
+        if o.status != "ok" or o.variant not in ("default", "strict") or h.wall_s is None:
+            continue
+        total = totals[h.environment][o.workload][o.variant]
+        total[0] += h.wall_s * h.nodes
+        total[1] += h.nodes
     rows: list[dict[str, Any]] = []
-    for env_id, workloads in times.items():
-        both = {w: v for w, v in sorted(workloads.items()) if {"default", "strict"} <= v.keys()}
+    for env_id, workloads in totals.items():
+        means = {w: {variant: s / n for variant, (s, n) in v.items() if n}
+                 for w, v in sorted(workloads.items())}
+        both = {w: v for w, v in means.items() if {"default", "strict"} <= v.keys()}
         if not both:
             continue
         default_s = sum(v["default"] for v in both.values())
         strict_s = sum(v["strict"] for v in both.values())
         rows.append({
-            "env_key": env_keys.get(env_id), "nodes": nodes[env_id],
+            # Nodes counted once per workload measured: the most of any workload.
+            "env_key": env_keys.get(env_id),
+            "nodes": max(int(workloads[w]["default"][1]) for w in both),
             "default_s": default_s, "strict_s": strict_s,
             "ratio": strict_s / default_s if default_s > 0 else None,
             "workloads": [{"workload": w, "default_s": v["default"], "strict_s": v["strict"],

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import chunked
@@ -48,11 +48,11 @@ def latest_ok_results(
                Outcome.workload_version, Outcome.input_hash, Outcome.param_hash,
                Outcome.manifest_hash)
         .select_from(Latest)
+        .join(Outcome, Outcome.id == Latest.outcome_id)
         .join(Result, Result.id == Latest.result_id)
-        .join(Outcome, Outcome.id == Result.outcome_id)
         .join(Run, Run.id == Result.run_id)
         .join(Node, Node.id == Latest.node_id)
-        .join(Environment, Environment.id == Run.environment_id)
+        .join(Environment, Environment.id == Latest.environment_id)
         .where(Latest.suite == suite, Latest.workload == workload, Latest.variant == variant,
                Outcome.status == "ok", Outcome.manifest_hash.is_not(None))
         .order_by(Node.name)
@@ -67,6 +67,22 @@ def latest_ok_results(
                      entries[row.manifest_hash])
         for row in rows
     ]
+
+
+def outcome_counts(session: Session, *, suite: str, workload: str, variant: str
+                   ) -> list[tuple[Any, int, list[dict[str, Any]]]]:
+    """The key's latest ok results by outcome: (outcome, nodes, manifest entries)."""
+    rows = session.execute(
+        select(Outcome.workload_version, Outcome.device, Outcome.manifest_hash, func.count())
+        .select_from(Latest)
+        .join(Outcome, Outcome.id == Latest.outcome_id)
+        .where(Latest.suite == suite, Latest.workload == workload, Latest.variant == variant,
+               Outcome.status == "ok", Outcome.manifest_hash.is_not(None))
+        .group_by(Outcome.workload_version, Outcome.device, Outcome.manifest_hash)
+    ).all()
+    entries = _by_key(session, Manifest.hash, Manifest.entries,
+                      {row.manifest_hash for row in rows})
+    return [(row, int(row[3]), entries[row.manifest_hash]) for row in rows]
 
 
 def _by_key(session: Session, key: Any, value: Any, wanted: Iterable[Any]) -> dict[Any, Any]:

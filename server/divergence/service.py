@@ -114,16 +114,16 @@ def _consensus_hash(session: Session, suite: str, workload: str, variant: str, t
                     version: int | None, device: str | None = None) -> str | None:
     """The most common hash of ``tensor`` among the latest ok results of another variant."""
     hashes: Counter[str] = Counter()
-    for result in repository.latest_ok_results(session, suite=suite, workload=workload,
-                                               variant=variant):
-        if version is not None and result.workload_version != version:
+    for outcome, nodes, entries in repository.outcome_counts(
+            session, suite=suite, workload=workload, variant=variant):
+        if version is not None and outcome.workload_version != version:
             continue
-        if device is not None and result.device != device:
+        if device is not None and outcome.device != device:
             continue
-        digest = _member(result).tensor_hash(tensor)
+        digest = next((e["hash"] for e in entries if e["name"] == tensor), None)
         if digest is not None:
-            hashes[digest] += 1
-    return hashes.most_common(1)[0][0] if hashes else None
+            hashes[digest] += nodes
+    return max(hashes.items(), key=lambda item: (item[1], item[0]))[0] if hashes else None
 
 
 def load_fingerprints(session: Session, hashes: Iterable[str]

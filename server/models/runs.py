@@ -80,7 +80,14 @@ class Result(Base):
 
 class Latest(Base):
     """The newest result of each node per key, kept current on ingest (by ``started_at``,
-    so a spooled run uploaded late does not hide a newer one)."""
+    so a spooled run uploaded late does not hide a newer one).
+
+    It also carries copies of what the fleet-wide analysis reads of that result (its
+    outcome, the run's environment, the wall time), so /audit and /divergence aggregate
+    this one table instead of joining 10,000 nodes' results and runs. The copies change
+    only with ``result_id``; an outcome cannot go while its result refers to it, and the
+    row goes with the result, so ``outcome_id`` needs no foreign key (nor its index).
+    """
 
     __tablename__ = "latest"
     __table_args__ = (
@@ -97,3 +104,6 @@ class Latest(Base):
         ForeignKey("results.id", ondelete="CASCADE"), index=True
     )
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    outcome_id: Mapped[int] = mapped_column(BigId)
+    environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"))
+    wall_s: Mapped[float | None] = mapped_column(Float)

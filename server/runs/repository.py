@@ -139,7 +139,8 @@ def _upsert_latest_statement(dialect: str) -> Any:
     stmt = dialect_insert(dialect, table)
     return stmt.on_conflict_do_update(
         index_elements=["node_id", "suite", "workload", "variant"],
-        set_={"result_id": stmt.excluded.result_id, "started_at": stmt.excluded.started_at},
+        set_={name: stmt.excluded[name] for name in (
+            "result_id", "started_at", "outcome_id", "environment_id", "wall_s")},
         where=table.c.started_at <= stmt.excluded.started_at,
     )
 

@@ -174,10 +174,12 @@ def _store(session: Session, run: RunDocument, sha256: str,
 
     # Within one document the last result of a key wins (one per device at most).
     latest: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for result, result_id in zip(run.results, result_ids, strict=True):
+    for result, result_id, outcome in zip(run.results, result_ids, outcomes, strict=True):
         latest[(result.suite, result.workload, result.variant)] = {
             "node_id": node_id, "suite": result.suite, "workload": result.workload,
             "variant": result.variant, "result_id": result_id, "started_at": run.started_at,
+            "outcome_id": outcome_ids[outcome["hash"]], "environment_id": environment_id,
+            "wall_s": result.wall_s,
         }
     repository.upsert_latest(session, list(latest.values()))
     return RunCreated(id=run_pk, run_id=run.run_id, results=len(result_ids))

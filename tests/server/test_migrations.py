@@ -58,3 +58,40 @@ def test_every_lookup_column_is_indexed(migrated_database_url):
         assert ("sha256",) in indexed("tokens")
     finally:
         engine.dispose()
+
+
+def test_0002_fills_latest_from_the_results_it_points_at(database_url):
+    """A database with runs at 0001 keeps its answers: latest's new copies are filled."""
+    from sqlalchemy import text
+
+    engine = create_engine_for(database_url, pooled=False)
+    try:
+        migrate.upgrade(database_url, "0001")
+        now = "2026-11-21 10:00:00+00:00"
+        with engine.begin() as connection:
+            for statement in (
+                "INSERT INTO nodes (id, name, labels, first_seen, last_seen) "
+                f"VALUES (1, 'n', '{{}}', '{now}', '{now}')",
+                "INSERT INTO environments (id, env_key, document, first_seen) "
+                f"VALUES (7, 'e', '{{}}', '{now}')",
+                "INSERT INTO runs (id, run_id, node_id, environment_id, started_at, "
+                f"document_sha256, drill, received_at) VALUES (3, 'r', 1, 7, '{now}', 'x', "
+                f"false, '{now}')",
+                "INSERT INTO outcomes (id, hash, suite, workload, variant, device, status) "
+                "VALUES (5, 'h', 'standard', 'cnn', 'strict', 'cpu', 'ok')",
+                "INSERT INTO results (id, run_id, outcome_id, wall_s) VALUES (11, 3, 5, 0.25)",
+                "INSERT INTO latest (id, node_id, suite, workload, variant, result_id, "
+                f"started_at) VALUES (1, 1, 'standard', 'cnn', 'strict', 11, '{now}')",
+            ):
+                connection.execute(text(statement))
+        migrate.upgrade(database_url)
+        with engine.connect() as connection:
+            row = connection.execute(
+                text("SELECT outcome_id, environment_id, wall_s FROM latest")).one()
+        assert tuple(row) == (5, 7, 0.25)
+        migrate.downgrade(database_url, "0001")
+        with engine.connect() as connection:
+            columns = {c["name"] for c in inspect(connection).get_columns("latest")}
+        assert "outcome_id" not in columns and "result_id" in columns
+    finally:
+        engine.dispose()
