@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from e2e_helpers import upload_with_agent
 
 from numparity_server.demo import SimulatedNode, node_environment
 
@@ -79,17 +80,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 @pytest.fixture
 def server(fleet: list[Path], live_server: Any, tmp_path: Path) -> Any:
     """The live server with the fleet uploaded through the agent's own `flush`."""
-    spool = tmp_path / "spool"
-    spool.mkdir()
-    for index, path in enumerate(fleet):  # the file names keep the drilled runs' order
-        (spool / f"{index:02d}-{path.name}").write_bytes(path.read_bytes())
-    done = subprocess.run(
-        [sys.executable, "-m", "numparity_agent", "flush", "--server", live_server.base_url,
-         "--spool", str(spool)],
-        env={**os.environ, "NUMPARITY_TOKEN": live_server.agent_token},
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    upload_with_agent(fleet, live_server, tmp_path / "spool")
     return live_server
 
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
+from e2e_helpers import upload_with_agent
 
-from numparity_agent._upload import spooled
 from numparity_server.demo import SimulatedNode, node_environment
 
 pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores")
@@ -48,21 +48,6 @@ def fleet_documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
         assert done.returncode == 0, done.stderr
         documents[node.name] = path
     return documents
-
-
-def upload_with_agent(documents: dict[str, Path], server: Any, spool: Path) -> None:
-    """Upload through the agent's own path: spool the documents, then `flush`."""
-    spool.mkdir()
-    for name, path in documents.items():
-        (spool / f"{name}.json").write_bytes(path.read_bytes())
-    done = subprocess.run(
-        [sys.executable, "-m", "numparity_agent", "flush", "--server", server.base_url,
-         "--spool", str(spool)],
-        env={**os.environ, "NUMPARITY_TOKEN": server.agent_token},
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert spooled(spool) == [], "flush left documents in the spool"
 
 
 def divergence(server: Any, variant: str, workload: str = "cnn",
@@ -95,7 +80,7 @@ def attributes(pair_report: dict[str, Any]) -> dict[str, tuple[list[str], list[s
 def test_fleet_splits_are_found_and_attributed(
     fleet_documents: dict[str, Path], live_server: Any, tmp_path: Path, variant: str
 ) -> None:
-    upload_with_agent(fleet_documents, live_server, tmp_path / "spool")
+    upload_with_agent(list(fleet_documents.values()), live_server, tmp_path / "spool")
     report = divergence(live_server, variant)
 
     stock = group_of(report, "stock-1")
