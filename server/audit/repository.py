@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, cast, false, func, select, true
+from sqlalchemy import Integer, cast, func, select, true
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import chunked
@@ -115,48 +115,45 @@ def latest_holding(session: Session, outcome_ids: Iterable[int]) -> Sequence[Any
     return rows
 
 
-def strict_deviations(session: Session, *, environments: Sequence[int],
-                      majority_manifests: Sequence[str], since: datetime) -> Sequence[Any]:
-    """Strict ok results since ``since`` in the given environments whose manifest is no
-    environment's majority answer, per (node, environment, key, manifest): runs, drill
-    runs, the newest run id."""
-    rows: list[Any] = []
-    majority = sorted(set(majority_manifests))
-    for part in chunked(sorted(set(environments))):
-        query = (
-            select(Node.name, Run.environment_id, *_KEY, Outcome.manifest_hash,
-                   func.count(), func.sum(cast(Run.drill, Integer)), func.max(Run.run_id))
-            .select_from(Result)
-            .join(Outcome, Outcome.id == Result.outcome_id)
-            .join(Run, Run.id == Result.run_id)
-            .join(Node, Node.id == Run.node_id)
-            .where(Outcome.variant == STRICT, Outcome.status == "ok",
-                   Run.started_at >= since, Run.environment_id.in_(part),
-                   Outcome.manifest_hash.not_in(majority) if majority else true())
-            .group_by(Node.name, Run.environment_id, *_KEY, Outcome.manifest_hash)
-        )
-        rows.extend(session.execute(query).all())
-    return rows
+def nodes_with_unusual_answers(session: Session, *, usual_manifests: Sequence[str],
+                               since: datetime) -> set[str]:
+    """Nodes with a strict ok result since ``since`` whose manifest is none of
+    ``usual_manifests`` (every environment's usual answers).
 
-
-def strict_changes(session: Session, *, since: datetime) -> Sequence[Any]:
-    """(node, env_key, suite, workload, version, device, distinct manifests, newest run)
-    where a node's strict answer changed within one environment since ``since``
-    (drill runs left out)."""
-    query = (
-        select(Node.name, Environment.env_key, *_KEY,
-               func.count(Outcome.manifest_hash.distinct()), func.max(Run.run_id))
+    Driven by the unusual outcomes (a handful) through the index on results.outcome_id,
+    so its cost follows the number of unusual results, not the length of the history.
+    """
+    unusual = select(Outcome.id).where(
+        Outcome.variant == STRICT, Outcome.status == "ok",
+        Outcome.manifest_hash.not_in(sorted(set(usual_manifests))) if usual_manifests
+        else true())
+    return set(session.scalars(
+        select(Node.name).distinct()
         .select_from(Result)
-        .join(Outcome, Outcome.id == Result.outcome_id)
         .join(Run, Run.id == Result.run_id)
         .join(Node, Node.id == Run.node_id)
-        .join(Environment, Environment.id == Run.environment_id)
-        .where(Outcome.variant == STRICT, Outcome.status == "ok", Run.drill == false(),
-               Run.started_at >= since)
-        .group_by(Node.name, Environment.env_key, *_KEY)
-        .having(func.count(Outcome.manifest_hash.distinct()) > 1)
-    )
-    return session.execute(query).all()
+        .where(Result.outcome_id.in_(unusual.scalar_subquery()), Run.started_at >= since)
+    ))
+
+
+def strict_history(session: Session, *, nodes: Iterable[str], since: datetime
+                   ) -> Sequence[Any]:
+    """These nodes' strict ok answers since ``since``: (node, environment_id, suite,
+    workload, version, device, manifest_hash, runs, drill runs, newest run_id)."""
+    rows: list[Any] = []
+    for part in chunked(sorted(set(nodes))):
+        rows.extend(session.execute(
+            select(Node.name, Run.environment_id, *_KEY, Outcome.manifest_hash,
+                   func.count(), func.sum(cast(Run.drill, Integer)), func.max(Run.run_id))
+            .select_from(Run)
+            .join(Node, Node.id == Run.node_id)
+            .join(Result, Result.run_id == Run.id)
+            .join(Outcome, Outcome.id == Result.outcome_id)
+            .where(Node.name.in_(part), Outcome.variant == STRICT, Outcome.status == "ok",
+                   Run.started_at >= since)
+            .group_by(Node.name, Run.environment_id, *_KEY, Outcome.manifest_hash)
+        ).all())
+    return rows
 
 
 def environment_changes(session: Session, *, since: datetime) -> Sequence[Any]:

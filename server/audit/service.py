@@ -66,8 +66,10 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None) -> d
             current[node_id] = (started_at, env_id)
     node_env = {node.name: current[node.id][1] for node in nodes if node.id in current}
 
-    suspects = _suspects(session, policy, held, env_keys, since)
-    nondeterministic = _nondeterministic(session, held, since)
+    strict, counts = _usual_answers(held)
+    history = _history(session, strict, counts, since)
+    suspects = _suspects(session, policy, env_keys, history.deviating, counts, strict)
+    nondeterministic = _nondeterministic(session, held, history.rows, env_keys)
     stale = _stale(session, nodes, now, policy)
     policy_rows = _policy(policy, node_env, environments)
     broken = _broken_inputs(session, held)
@@ -161,13 +163,51 @@ def _key(outcome: Any) -> Key:
     return (outcome.suite, outcome.workload, outcome.workload_version, outcome.device)
 
 
-def _suspects(session: Session, policy: Policy, held: Sequence[_Held],
-              env_keys: Mapping[int, str], since: datetime) -> list[dict[str, Any]]:
+def _usual_answers(held: Sequence[_Held]) -> tuple[list[_Held], Counter[tuple[int, Key, str]]]:
+    """The latest ok strict results, and how many nodes give each answer per
+    (environment, key)."""
     strict = [h for h in held if h.outcome.variant == repository.STRICT
               and h.outcome.status == "ok" and h.outcome.manifest_hash]
     counts: Counter[tuple[int, Key, str]] = Counter()
     for h in strict:
         counts[(h.environment, _key(h.outcome), h.outcome.manifest_hash)] += h.nodes
+    return strict, counts
+
+
+@dataclass(frozen=True)
+class _History:
+    """Strict answers since the window's start of the nodes that ever answered unusually."""
+
+    deviating: list[Any]  # rows whose answer is not their environment's usual one
+    rows: list[Any]  # every row of those nodes (strict_history)
+
+
+def _history(session: Session, strict: Sequence[_Held], counts: Counter[tuple[int, Key, str]],
+             since: datetime) -> _History:
+    """The usual answer of an (environment, key) is the most common among the latest
+    results. A node answered unusually if its latest answer is not its environment's
+    usual one, or if some answer in the window is no environment's usual answer; only
+    those nodes' histories are read, so the cost follows the unusual, not the fleet."""
+    usual: dict[tuple[int, Key], tuple[int, str]] = {}
+    for (env_id, key, manifest), nodes in counts.items():
+        if (env_id, key) not in usual or (nodes, manifest) > usual[(env_id, key)]:
+            usual[(env_id, key)] = (nodes, manifest)
+    unusual_now = [h.outcome.id for h in strict
+                   if usual[(h.environment, _key(h.outcome))][1] != h.outcome.manifest_hash]
+    unusual_envs = {(h.environment, h.outcome.id) for h in strict if h.outcome.id in unusual_now}
+    candidates = {row.name for row in repository.latest_holding(session, unusual_now)
+                  if (row.environment_id, row.outcome_id) in unusual_envs}
+    candidates |= repository.nodes_with_unusual_answers(
+        session, usual_manifests=[m for _n, m in usual.values()], since=since)
+    rows = list(repository.strict_history(session, nodes=candidates, since=since))
+    deviating = [row for row in rows
+                 if (found := usual.get((row[1], tuple(row[2:6])))) and found[1] != row[6]]
+    return _History(deviating=deviating, rows=rows)
+
+
+def _suspects(session: Session, policy: Policy, env_keys: Mapping[int, str],
+              deviating: Sequence[Any], counts: Counter[tuple[int, Key, str]],
+              strict: Sequence[_Held]) -> list[dict[str, Any]]:
     majority: dict[tuple[int, Key], Majority] = majorities(
         ((env, key, manifest, n) for (env, key, manifest), n in counts.items()),
         min_peers=policy.min_peers)
@@ -180,45 +220,43 @@ def _suspects(session: Session, policy: Policy, held: Sequence[_Held],
     run_ids = repository.run_ids_holding(session, holding.values())
     peer_runs = {key: run_ids[pair] for key, pair in holding.items() if pair in run_ids}
 
-    manifests = [m.manifest_hash for m in majority.values()]
-    rows = repository.strict_deviations(
-        session, environments=sorted({env_id for env_id, _key in majority}),
-        majority_manifests=manifests, since=since)
-    # A node's answer can be another environment's majority answer: those rows were
-    # not excluded by the query's manifest filter, and are left out here instead.
-    deviating = [row for row in rows
-                 if (row[1], tuple(row[2:6])) in majority
-                 and majority[(row[1], tuple(row[2:6]))].manifest_hash != row[6]]
-    deviant = {(h.environment, h.outcome.manifest_hash): h.outcome.id for h in strict
-               if (h.environment, h.outcome.manifest_hash)
-               in {(row[1], row[6]) for row in deviating}}
-    latest = {(row.name, row.environment_id, row.outcome_id)
-              for row in repository.latest_holding(session, deviant.values())}
+    judged = [row for row in deviating if (row[1], tuple(row[2:6])) in majority]
+    answers = {(row[1], row[6]) for row in judged}
+    deviant = [h.outcome.id for h in strict if (h.environment, h.outcome.manifest_hash) in answers]
     manifest_of = {h.outcome.id: h.outcome.manifest_hash for h in strict}
-    latest_answers = {(name, env_id, manifest_of[outcome_id])
-                      for name, env_id, outcome_id in latest}
+    current = {(row.name, row.environment_id, manifest_of[row.outcome_id])
+               for row in repository.latest_holding(session, deviant)}
     deviations = [
         Deviation(node=name, environment=env_id, key=(suite, workload, version, device),
                   manifest_hash=manifest, runs=int(runs), drill_runs=int(drills or 0),
-                  run_id=run_id, latest=(name, env_id, manifest) in latest_answers)
+                  run_id=run_id, latest=(name, env_id, manifest) in current)
         for name, env_id, suite, workload, version, device, manifest, runs, drills, run_id
-        in deviating
+        in judged
     ]
     return classify_suspects(deviations, majority, env_keys, peer_runs)
 
 
-def _nondeterministic(session: Session, held: Sequence[_Held], since: datetime
-                      ) -> list[dict[str, Any]]:
+def _nondeterministic(session: Session, held: Sequence[_Held], history: Sequence[Any],
+                      env_keys: Mapping[int, str]) -> list[dict[str, Any]]:
     disagreeing = {h.outcome.id: h.outcome for h in held if h.outcome.repeats_agree is False}
     repeats = repeat_disagreements(
         (name, o.suite, o.workload, o.workload_version, o.variant, o.device, o.repeats, run_id)
         for name, _env, outcome_id, run_id in repository.latest_holding(session, disagreeing)
         if (o := disagreeing[outcome_id])
     )
+    # A strict answer that changed within one environment, drill runs left out: a node
+    # that changed answered unusually at least once, so its history has been read.
+    answers: dict[tuple[str, int, Key], set[str]] = defaultdict(set)
+    newest: dict[tuple[str, int, Key], str] = {}
+    for name, env_id, suite, workload, version, device, manifest, runs, drills, run_id \
+            in history:
+        if int(runs) > int(drills or 0):
+            found = (name, env_id, (suite, workload, version, device))
+            answers[found].add(manifest)
+            newest[found] = max(newest.get(found, run_id), run_id)
     changes = strict_changes(
-        (name, env_key, (suite, workload, version, device), distinct, run_id)
-        for name, env_key, suite, workload, version, device, distinct, run_id
-        in repository.strict_changes(session, since=since)
+        (name, env_keys.get(env_id, ""), key, len(manifests), newest[(name, env_id, key)])
+        for (name, env_id, key), manifests in answers.items() if len(manifests) > 1
     )
     return sorted([*repeats, *changes], key=lambda row: (row["node"], row["reason"],
                                                           row["workload"], row["variant"]))
