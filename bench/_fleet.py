@@ -154,9 +154,11 @@ class NodePlan:
 
 
 class Fleet:
-    def __init__(self, *, now: datetime, seed: int = 0) -> None:
+    def __init__(self, *, now: datetime, seed: int = 0, history: int = 0) -> None:
         self.now = now
         self.seed = seed
+        # Steady nodes' older hourly runs, the same answers (a lab's window of history).
+        self.history = history
         template = suite_document("seed")
         self.envelope = {k: v for k, v in template.items() if k not in ("environment",
                                                                           "results")}
@@ -256,6 +258,10 @@ class Fleet:
                             replace(env, driver=PREVIOUS_DRIVER) if role == "drift" else env,
                             faulty=role in ("suspect", "watch"), flaky=False)
             runs = (older, newest)
+        if role == "steady" and self.history:
+            first = runs[0].started_at
+            runs = (*(RunPlan(first - timedelta(hours=hours), env, faulty=False, flaky=False)
+                      for hours in range(self.history, 0, -1)), *runs)
         return NodePlan(index, f"node-{index:05d}", role, runs)
 
     def documents(self, plan: NodePlan, sent: set[str] | None

@@ -395,6 +395,8 @@ def main() -> int:
     parser.add_argument("--loaders", type=int, default=2, help="ingest processes")
     parser.add_argument("--profile", choices=("auto", "always", "never"), default="auto")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--history", type=int, default=0,
+                        help="older hourly runs of every steady node (default 0)")
     parser.add_argument("--postgres-url",
                         default=os.environ.get("NUMPARITY_TEST_DATABASE_URL",
                                                "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
@@ -402,7 +404,8 @@ def main() -> int:
     args.sizes = sorted(set(args.sizes))
 
     began = time.monotonic()
-    fleet = Fleet(now=datetime.now(timezone.utc).replace(microsecond=0), seed=args.seed)
+    fleet = Fleet(now=datetime.now(timezone.utc).replace(microsecond=0), seed=args.seed,
+                  history=args.history)
     expected = fleet.expected(args.sizes[-1])
     print(f"fleet: {len(fleet.envs)} environments (+{len(fleet.environments) - len(fleet.envs)} "
           f"before a driver upgrade), {len(fleet.answers)} distinct answers; at "
