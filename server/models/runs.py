@@ -100,9 +100,12 @@ class Latest(Base):
     suite: Mapped[str] = mapped_column(String(64))
     workload: Mapped[str] = mapped_column(String(128))
     variant: Mapped[str] = mapped_column(String(64))
-    result_id: Mapped[int] = mapped_column(
-        ForeignKey("results.id", ondelete="CASCADE"), index=True
-    )
+    # No foreign key and no index: every upload moves 36 rows' result_id, and an index on
+    # it would make every one of those updates write a new index entry in each index of
+    # the table (PostgreSQL's HOT updates need no indexed column to change; the table
+    # has fillfactor 70 there so the new row versions fit on their page). Only
+    # retention deletes results, and it never deletes a run that holds a latest result.
+    result_id: Mapped[int] = mapped_column(BigId)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     outcome_id: Mapped[int] = mapped_column(BigId)
     environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"))

@@ -19,6 +19,16 @@ def counts(api) -> dict[str, int]:
                 for model in (Run, Result, Outcome, Manifest, Fingerprint, Latest)}
 
 
+def dangling_latest(api) -> int:
+    """latest rows whose result is gone (latest has no foreign key: retention must never
+    drop a result a latest row points at)."""
+    with session_factory(get_engine(api.settings))() as session:
+        return session.scalar(
+            select(func.count()).select_from(Latest)
+            .outerjoin(Result, Result.id == Latest.result_id).where(Result.id.is_(None))
+        ) or 0
+
+
 def stored_run_ids(api) -> set[str]:
     with session_factory(get_engine(api.settings))() as session:
         return set(session.scalars(select(Run.run_id)))
@@ -80,6 +90,7 @@ def test_retention_drops_old_runs_but_keeps_latest_and_shared_content(aged, caps
     assert stored_run_ids(aged) == {"a-new", "b-old", "c-old-2"}
     assert counts(aged) == {"runs": 3, "results": 6, "outcomes": 3, "manifests": 2,
                             "fingerprints": 7, "latest": 6}
+    assert dangling_latest(aged) == 0
     remaining = fingerprint_hashes(aged)
     assert not only_old_a & remaining  # orphaned: gone
     assert {t["hash"] for t in cnn_tensors()} <= remaining  # shared by c-old-1 and a-new
