@@ -144,7 +144,9 @@ def strict_history(session: Session, *, nodes: Iterable[str], since: datetime
     for part in chunked(sorted(set(nodes))):
         rows.extend(session.execute(
             select(Node.name, Run.environment_id, *_KEY, Outcome.manifest_hash,
-                   func.count(), func.sum(cast(Run.drill, Integer)), func.max(Run.run_id))
+                   func.count().label("runs"),
+                   func.sum(cast(Run.drill, Integer)).label("drill_runs"),
+                   func.max(Run.run_id).label("run_id"))
             .select_from(Run)
             .join(Node, Node.id == Run.node_id)
             .join(Result, Result.run_id == Run.id)

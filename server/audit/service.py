@@ -163,6 +163,10 @@ def _key(outcome: Any) -> Key:
     return (outcome.suite, outcome.workload, outcome.workload_version, outcome.device)
 
 
+def _row_key(row: Any) -> Key:
+    return (row.suite, row.workload, row.workload_version, row.device)
+
+
 def _usual_answers(held: Sequence[_Held]) -> tuple[list[_Held], Counter[tuple[int, Key, str]]]:
     """The latest ok strict results, and how many nodes give each answer per
     (environment, key)."""
@@ -201,7 +205,8 @@ def _history(session: Session, strict: Sequence[_Held], counts: Counter[tuple[in
         session, usual_manifests=[m for _n, m in usual.values()], since=since)
     rows = list(repository.strict_history(session, nodes=candidates, since=since))
     deviating = [row for row in rows
-                 if (found := usual.get((row[1], tuple(row[2:6])))) and found[1] != row[6]]
+                 if (found := usual.get((row.environment_id, _row_key(row))))
+                 and found[1] != row.manifest_hash]
     return _History(deviating=deviating, rows=rows)
 
 
@@ -220,18 +225,18 @@ def _suspects(session: Session, policy: Policy, env_keys: Mapping[int, str],
     run_ids = repository.run_ids_holding(session, holding.values())
     peer_runs = {key: run_ids[pair] for key, pair in holding.items() if pair in run_ids}
 
-    judged = [row for row in deviating if (row[1], tuple(row[2:6])) in majority]
-    answers = {(row[1], row[6]) for row in judged}
+    judged = [row for row in deviating if (row.environment_id, _row_key(row)) in majority]
+    answers = {(row.environment_id, row.manifest_hash) for row in judged}
     deviant = [h.outcome.id for h in strict if (h.environment, h.outcome.manifest_hash) in answers]
     manifest_of = {h.outcome.id: h.outcome.manifest_hash for h in strict}
     current = {(row.name, row.environment_id, manifest_of[row.outcome_id])
                for row in repository.latest_holding(session, deviant)}
     deviations = [
-        Deviation(node=name, environment=env_id, key=(suite, workload, version, device),
-                  manifest_hash=manifest, runs=int(runs), drill_runs=int(drills or 0),
-                  run_id=run_id, latest=(name, env_id, manifest) in current)
-        for name, env_id, suite, workload, version, device, manifest, runs, drills, run_id
-        in judged
+        Deviation(node=row.name, environment=row.environment_id, key=_row_key(row),
+                  manifest_hash=row.manifest_hash, runs=int(row.runs),
+                  drill_runs=int(row.drill_runs or 0), run_id=row.run_id,
+                  latest=(row.name, row.environment_id, row.manifest_hash) in current)
+        for row in judged
     ]
     return classify_suspects(deviations, majority, env_keys, peer_runs)
 
@@ -248,12 +253,11 @@ def _nondeterministic(session: Session, held: Sequence[_Held], history: Sequence
     # that changed answered unusually at least once, so its history has been read.
     answers: dict[tuple[str, int, Key], set[str]] = defaultdict(set)
     newest: dict[tuple[str, int, Key], str] = {}
-    for name, env_id, suite, workload, version, device, manifest, runs, drills, run_id \
-            in history:
-        if int(runs) > int(drills or 0):
-            found = (name, env_id, (suite, workload, version, device))
-            answers[found].add(manifest)
-            newest[found] = max(newest.get(found, run_id), run_id)
+    for row in history:
+        if int(row.runs) > int(row.drill_runs or 0):
+            found = (row.name, row.environment_id, _row_key(row))
+            answers[found].add(row.manifest_hash)
+            newest[found] = max(newest.get(found, row.run_id), row.run_id)
     changes = strict_changes(
         (name, env_keys.get(env_id, ""), key, len(manifests), newest[(name, env_id, key)])
         for (name, env_id, key), manifests in answers.items() if len(manifests) > 1
