@@ -35,21 +35,27 @@ class Majority:
     nodes: int  # nodes of the environment with a result for the key
 
 
-def majorities(counts: Iterable[tuple[int, Key, str, int]], *, min_peers: int
-               ) -> dict[tuple[int, Key], Majority]:
-    """``(environment, key, manifest, nodes)`` rows → the majority of each (environment,
-    key) that has a quorum: more than half of its nodes agree and a node there has at
-    least ``min_peers`` peers. A split without a strict majority judges nobody."""
+def usual_answers(counts: Iterable[tuple[int, Key, str, int]]
+                  ) -> dict[tuple[int, Key], Majority]:
+    """``(environment, key, manifest, nodes)`` rows → the most common answer of each
+    (environment, key), ties to the larger manifest hash (any stable choice)."""
     by_env: dict[tuple[int, Key], dict[str, int]] = defaultdict(dict)
     for environment, key, manifest, nodes in counts:
         by_env[(environment, key)][manifest] = nodes
-    found = {}
+    usual = {}
     for env_key, manifests in by_env.items():
-        total = sum(manifests.values())
         manifest, holders = max(manifests.items(), key=lambda item: (item[1], item[0]))
-        if total - 1 >= min_peers and 2 * holders > total:
-            found[env_key] = Majority(manifest, holders, total)
-    return found
+        usual[env_key] = Majority(manifest, holders, sum(manifests.values()))
+    return usual
+
+
+def majorities(usual: Mapping[tuple[int, Key], Majority], *, min_peers: int
+               ) -> dict[tuple[int, Key], Majority]:
+    """The usual answers that judge their environment: more than half of its nodes give
+    it and a node there has at least ``min_peers`` peers. A split without a strict
+    majority judges nobody."""
+    return {env_key: found for env_key, found in usual.items()
+            if found.nodes - 1 >= min_peers and 2 * found.holders > found.nodes}
 
 
 @dataclass(frozen=True)

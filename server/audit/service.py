@@ -21,6 +21,7 @@ from numparity_server.analysis.audit import (
     majorities,
     repeat_disagreements,
     strict_changes,
+    usual_answers,
 )
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit import repository
@@ -66,9 +67,9 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None) -> d
             current[node_id] = (started_at, env_id)
     node_env = {node.name: current[node.id][1] for node in nodes if node.id in current}
 
-    strict, counts = _usual_answers(held)
-    history = _history(session, strict, counts, since)
-    suspects = _suspects(session, policy, env_keys, history.deviating, counts, strict)
+    strict, usual = _usual_answers(held)
+    history = _history(session, strict, usual, since)
+    suspects = _suspects(session, policy, env_keys, history.deviating, usual, strict)
     nondeterministic = _nondeterministic(session, held, history.rows, env_keys)
     stale = _stale(session, nodes, now, policy)
     policy_rows = _policy(policy, node_env, environments)
@@ -167,15 +168,16 @@ def _row_key(row: Any) -> Key:
     return (row.suite, row.workload, row.workload_version, row.device)
 
 
-def _usual_answers(held: Sequence[_Held]) -> tuple[list[_Held], Counter[tuple[int, Key, str]]]:
-    """The latest ok strict results, and how many nodes give each answer per
-    (environment, key)."""
+def _usual_answers(held: Sequence[_Held]
+                   ) -> tuple[list[_Held], dict[tuple[int, Key], Majority]]:
+    """The latest ok strict results, and the usual answer of each (environment, key)."""
     strict = [h for h in held if h.outcome.variant == repository.STRICT
               and h.outcome.status == "ok" and h.outcome.manifest_hash]
     counts: Counter[tuple[int, Key, str]] = Counter()
     for h in strict:
         counts[(h.environment, _key(h.outcome), h.outcome.manifest_hash)] += h.nodes
-    return strict, counts
+    return strict, usual_answers(
+        (env, key, manifest, n) for (env, key, manifest), n in counts.items())
 
 
 @dataclass(frozen=True)
@@ -186,36 +188,32 @@ class _History:
     rows: list[Any]  # every row of those nodes (strict_history)
 
 
-def _history(session: Session, strict: Sequence[_Held], counts: Counter[tuple[int, Key, str]],
-             since: datetime) -> _History:
+def _history(session: Session, strict: Sequence[_Held],
+             usual: Mapping[tuple[int, Key], Majority], since: datetime) -> _History:
     """The usual answer of an (environment, key) is the most common among the latest
     results. A node answered unusually if its latest answer is not its environment's
     usual one, or if some answer in the window is no environment's usual answer; only
     those nodes' histories are read, so the cost follows the unusual, not the fleet."""
-    usual: dict[tuple[int, Key], tuple[int, str]] = {}
-    for (env_id, key, manifest), nodes in counts.items():
-        if (env_id, key) not in usual or (nodes, manifest) > usual[(env_id, key)]:
-            usual[(env_id, key)] = (nodes, manifest)
     unusual_now = [h.outcome.id for h in strict
-                   if usual[(h.environment, _key(h.outcome))][1] != h.outcome.manifest_hash]
+                   if usual[(h.environment, _key(h.outcome))].manifest_hash
+                   != h.outcome.manifest_hash]
     unusual_envs = {(h.environment, h.outcome.id) for h in strict if h.outcome.id in unusual_now}
     candidates = {row.name for row in repository.latest_holding(session, unusual_now)
                   if (row.environment_id, row.outcome_id) in unusual_envs}
     candidates |= repository.nodes_with_unusual_answers(
-        session, usual_manifests=[m for _n, m in usual.values()], since=since)
+        session, usual_manifests=[found.manifest_hash for found in usual.values()],
+        since=since)
     rows = list(repository.strict_history(session, nodes=candidates, since=since))
     deviating = [row for row in rows
                  if (found := usual.get((row.environment_id, _row_key(row))))
-                 and found[1] != row.manifest_hash]
+                 and found.manifest_hash != row.manifest_hash]
     return _History(deviating=deviating, rows=rows)
 
 
 def _suspects(session: Session, policy: Policy, env_keys: Mapping[int, str],
-              deviating: Sequence[Any], counts: Counter[tuple[int, Key, str]],
+              deviating: Sequence[Any], usual: Mapping[tuple[int, Key], Majority],
               strict: Sequence[_Held]) -> list[dict[str, Any]]:
-    majority: dict[tuple[int, Key], Majority] = majorities(
-        ((env, key, manifest, n) for (env, key, manifest), n in counts.items()),
-        min_peers=policy.min_peers)
+    majority = majorities(usual, min_peers=policy.min_peers)
     if not majority:
         return []
     # A run holding the majority answer of each (environment, key), to compare with.
