@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from numparity_server.kit.db import chunked
+from numparity_server.kit.db import lookup
 from numparity_server.models import Environment, Manifest, Node, Outcome, Result, Run
 
 ResultKey = tuple[str, str, str, str]  # suite, workload, variant, device
@@ -90,10 +90,6 @@ def results_of_runs(
 def manifest_entries(session: Session, hashes: Iterable[str]
                      ) -> dict[str, list[tuple[str, str, str]]]:
     """Manifest hash -> its (name, kind, hash) triples in execution order."""
-    found: dict[str, list[tuple[str, str, str]]] = {}
-    for part in chunked(sorted(set(hashes))):
-        for digest, entries in session.execute(
-            select(Manifest.hash, Manifest.entries).where(Manifest.hash.in_(part))
-        ):
-            found[digest] = [(e["name"], e["kind"], e["hash"]) for e in entries]
-    return found
+    return {digest: [(e["name"], e["kind"], e["hash"]) for e in entries]
+            for digest, entries in lookup(session, Manifest.hash, Manifest.entries,
+                                          hashes).items()}

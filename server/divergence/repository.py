@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from numparity_server.kit.db import chunked
+from numparity_server.kit.db import chunked, lookup
 from numparity_server.models import (
     Environment,
     Fingerprint,
@@ -57,9 +57,9 @@ def latest_ok_results(
                Outcome.status == "ok", Outcome.manifest_hash.is_not(None))
         .order_by(Node.name)
     ).all()
-    documents = _by_key(session, Environment.id, Environment.document,
+    documents = lookup(session, Environment.id, Environment.document,
                         {row.environment_id for row in rows})
-    entries = _by_key(session, Manifest.hash, Manifest.entries,
+    entries = lookup(session, Manifest.hash, Manifest.entries,
                       {row.manifest_hash for row in rows})
     return [
         LatestResult(row.name, row.run_id, row.env_key, documents[row.environment_id],
@@ -80,16 +80,9 @@ def outcome_counts(session: Session, *, suite: str, workload: str, variant: str
                Outcome.status == "ok", Outcome.manifest_hash.is_not(None))
         .group_by(Outcome.workload_version, Outcome.device, Outcome.manifest_hash)
     ).all()
-    entries = _by_key(session, Manifest.hash, Manifest.entries,
+    entries = lookup(session, Manifest.hash, Manifest.entries,
                       {row.manifest_hash for row in rows})
     return [(row, int(row[3]), entries[row.manifest_hash]) for row in rows]
-
-
-def _by_key(session: Session, key: Any, value: Any, wanted: Iterable[Any]) -> dict[Any, Any]:
-    found: dict[Any, Any] = {}
-    for part in chunked(sorted(wanted)):
-        found.update((k, v) for k, v in session.execute(select(key, value).where(key.in_(part))))
-    return found
 
 
 def fingerprints(session: Session, hashes: Iterable[str]) -> Sequence[Fingerprint]:

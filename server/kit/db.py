@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy import Engine, create_engine, event, make_url, select
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool, StaticPool
@@ -144,6 +144,14 @@ def chunked(items: Sequence[Any], size: int = 500) -> Iterator[Sequence[Any]]:
     """Slices of ``items`` small enough for an ``IN (...)`` on any backend."""
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def lookup(session: Session, key: Any, value: Any, keys: Iterable[Any]) -> dict[Any, Any]:
+    """``{key: value}`` of the rows whose ``key`` column is one of ``keys`` (chunked IN)."""
+    found: dict[Any, Any] = {}
+    for part in chunked(sorted(set(keys))):
+        found.update((k, v) for k, v in session.execute(select(key, value).where(key.in_(part))))
+    return found
 
 
 def insert_ignoring_conflicts(

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from numparity_server.kit.db import chunked
+from numparity_server.kit.db import chunked, lookup
 from numparity_server.models import Environment, Manifest, Node, Outcome, Result, Run
 
 
@@ -83,19 +83,8 @@ def results_of(session: Session, run_ids: Sequence[int]) -> Sequence[Any]:
 
 
 def manifest_entries(session: Session, hashes: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
-    entries: dict[str, list[dict[str, Any]]] = {}
-    for part in chunked(sorted(set(hashes))):
-        entries.update((key, value) for key, value in session.execute(
-            select(Manifest.hash, Manifest.entries).where(Manifest.hash.in_(part))
-        ))
-    return entries
+    return lookup(session, Manifest.hash, Manifest.entries, hashes)
 
 
 def environment_documents(session: Session, env_keys: Sequence[str]) -> dict[str, Any]:
-    documents: dict[str, Any] = {}
-    for part in chunked(sorted(set(env_keys))):
-        documents.update((key, value) for key, value in session.execute(
-            select(Environment.env_key, Environment.document)
-            .where(Environment.env_key.in_(part))
-        ))
-    return documents
+    return lookup(session, Environment.env_key, Environment.document, env_keys)
