@@ -18,7 +18,10 @@ _KEY = (Outcome.suite, Outcome.workload, Outcome.workload_version, Outcome.devic
 
 
 def nodes(session: Session) -> Sequence[Any]:
-    return session.execute(select(Node.id, Node.name, Node.last_seen)).all()
+    return session.execute(
+        select(Node.id, Node.name, Node.last_seen, Node.environment_id,
+               Node.environment_changed_at)
+    ).all()
 
 
 def environments(session: Session) -> Sequence[Any]:
@@ -50,15 +53,6 @@ def outcomes(session: Session, ids: Iterable[int]) -> dict[int, Any]:
             .where(Outcome.id.in_(part))
         ))
     return found
-
-
-def node_environments(session: Session) -> Sequence[Any]:
-    """(node_id, environment_id, newest started_at) of the environments each node's
-    latest results were measured on: the newest is the node's current environment."""
-    return session.execute(
-        select(Latest.node_id, Latest.environment_id, func.max(Latest.started_at))
-        .group_by(Latest.node_id, Latest.environment_id)
-    ).all()
 
 
 def newest_run_ids(session: Session, node_ids: Sequence[int]) -> dict[int, str]:
@@ -158,29 +152,36 @@ def strict_history(session: Session, *, nodes: Iterable[str], since: datetime
     return rows
 
 
-def environment_changes(session: Session, *, since: datetime) -> Sequence[Any]:
-    """Consecutive runs of one node (by started_at) on different environments since
-    ``since``: (node, run id, run_id, previous run id, previous run_id, started_at,
+def environment_changes(session: Session, *, node_ids: Sequence[int], since: datetime
+                        ) -> Sequence[Any]:
+    """Consecutive runs of one of these nodes (by started_at) on different environments
+    since ``since``: (node, run id, run_id, previous run id, previous run_id, started_at,
     environment_id, previous environment_id)."""
-    ordered = (
-        select(
-            Run.node_id, Run.id, Run.run_id, Run.started_at, Run.environment_id,
-            func.lag(Run.environment_id).over(
-                partition_by=Run.node_id, order_by=(Run.started_at, Run.id)).label("prev_env"),
-            func.lag(Run.id).over(
-                partition_by=Run.node_id, order_by=(Run.started_at, Run.id)).label("prev_id"),
-            func.lag(Run.run_id).over(
-                partition_by=Run.node_id, order_by=(Run.started_at, Run.id)).label("prev_run"),
+    rows: list[Any] = []
+    for part in chunked(sorted(set(node_ids))):
+        ordered = (
+            select(
+                Run.node_id, Run.id, Run.run_id, Run.started_at, Run.environment_id,
+                func.lag(Run.environment_id).over(
+                    partition_by=Run.node_id, order_by=(Run.started_at, Run.id)
+                ).label("prev_env"),
+                func.lag(Run.id).over(
+                    partition_by=Run.node_id, order_by=(Run.started_at, Run.id)
+                ).label("prev_id"),
+                func.lag(Run.run_id).over(
+                    partition_by=Run.node_id, order_by=(Run.started_at, Run.id)
+                ).label("prev_run"),
+            )
+            .where(Run.started_at >= since, Run.node_id.in_(part))
+            .subquery()
         )
-        .where(Run.started_at >= since)
-        .subquery()
-    )
-    query = (
-        select(Node.name, ordered.c.id, ordered.c.run_id, ordered.c.prev_id, ordered.c.prev_run,
-               ordered.c.started_at, ordered.c.environment_id, ordered.c.prev_env)
-        .join(Node, Node.id == ordered.c.node_id)
-        .where(ordered.c.prev_env.is_not(None), ordered.c.prev_env != ordered.c.environment_id)
-        .order_by(ordered.c.started_at.desc(), Node.name)
-    )
-    return session.execute(query).all()
-
+        rows.extend(session.execute(
+            select(Node.name, ordered.c.id, ordered.c.run_id, ordered.c.prev_id,
+                   ordered.c.prev_run, ordered.c.started_at, ordered.c.environment_id,
+                   ordered.c.prev_env)
+            .join(Node, Node.id == ordered.c.node_id)
+            .where(ordered.c.prev_env.is_not(None),
+                   ordered.c.prev_env != ordered.c.environment_id)
+        ).all())
+    rows.sort(key=lambda row: (row.started_at, row.name), reverse=True)
+    return rows

@@ -61,11 +61,8 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None) -> d
                   float(wall_sum) / timed if timed else None)
             for env_id, outcome_id, count, wall_sum, timed in aggregate]
 
-    current: dict[int, tuple[Any, int]] = {}
-    for node_id, env_id, started_at in repository.node_environments(session):
-        if node_id not in current or (started_at, env_id) > current[node_id]:
-            current[node_id] = (started_at, env_id)
-    node_env = {node.name: current[node.id][1] for node in nodes if node.id in current}
+    node_env = {node.name: node.environment_id for node in nodes
+                if node.environment_id is not None}
 
     strict, usual = _usual_answers(held)
     history = _history(session, strict, usual, since)
@@ -92,7 +89,7 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None) -> d
         "suspects": suspects,
         "nondeterministic": nondeterministic,
         "broken_inputs": broken,
-        "drift": _drift(session, environments, since),
+        "drift": _drift(session, nodes, environments, since),
         "determinism_cost": _determinism_cost(held, env_keys),
     })
 
@@ -301,11 +298,14 @@ def _broken_inputs(session: Session, held: Sequence[_Held]) -> list[dict[str, An
     return rows
 
 
-def _drift(session: Session, environments: Mapping[int, Any], since: datetime
-           ) -> list[dict[str, Any]]:
+def _drift(session: Session, nodes: Sequence[Any], environments: Mapping[int, Any],
+           since: datetime) -> list[dict[str, Any]]:
     """Environment changes of a node between consecutive runs: the attributes that changed
-    and the results whose answer changed with them."""
-    changes = repository.environment_changes(session, since=since)
+    and the results whose answer changed with them. Only the runs of nodes that changed
+    environment within the window are read (``nodes.environment_changed_at``)."""
+    changed = [node.id for node in nodes if node.environment_changed_at is not None
+               and _aware(node.environment_changed_at) >= since]
+    changes = repository.environment_changes(session, node_ids=changed, since=since)
     if not changes:
         return []
     run_ids = {row.id for row in changes} | {row.prev_id for row in changes}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Integer, String
+from sqlalchemy import JSON, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from numparity_server.models.base import Base, UTCDateTime, utcnow
@@ -19,6 +19,12 @@ class Node(Base):
     labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     first_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    # The environment of the node's newest run (by started_at), and when a newer run
+    # last came on another environment than the run before it: /audit reads the current
+    # environment from here and looks for drift only on nodes that changed.
+    environment_id: Mapped[int | None] = mapped_column(ForeignKey("environments.id"))
+    newest_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    environment_changed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
 
 
 class Environment(Base):

@@ -32,23 +32,40 @@ def count_results(session: Session, run_pk: int) -> int:
     return session.scalar(query) or 0
 
 
-def upsert_node(session: Session, *, name: str, labels: dict[str, Any], seen_at: datetime) -> int:
-    """Insert or refresh the node (labels, last_seen never going back); its id. One statement."""
+def upsert_node(session: Session, *, name: str, labels: dict[str, Any], seen_at: datetime,
+                environment_id: int, started_at: datetime) -> int:
+    """Insert or refresh the node (labels, last_seen never going back; the environment of
+    its newest run, and when a run came on another environment); its id. One statement."""
     stmt = _upsert_node_statement(session.get_bind().dialect.name)
-    params = {"name": name, "labels": labels, "first_seen": seen_at, "last_seen": seen_at}
+    params = {"name": name, "labels": labels, "first_seen": seen_at, "last_seen": seen_at,
+              "environment_id": environment_id, "newest_started_at": started_at}
     return int(session.execute(stmt, params).scalar_one())
 
 
 @functools.cache
 def _upsert_node_statement(dialect: str) -> Any:
     # Built once per backend: constructing ON CONFLICT ... excluded costs more than running it.
+    # Every SET expression reads the row as it was before this statement.
     table = Node.__table__
     stmt = dialect_insert(dialect, table)
+    new = stmt.excluded
+    newer = (table.c.newest_started_at.is_(None)
+             | (new.newest_started_at >= table.c.newest_started_at))
+    newest = case((newer, new.newest_started_at), else_=table.c.newest_started_at)
     return stmt.on_conflict_do_update(
         index_elements=["name"],
-        set_={"labels": stmt.excluded.labels,
-              "last_seen": case((table.c.last_seen > stmt.excluded.last_seen, table.c.last_seen),
-                                else_=stmt.excluded.last_seen)},
+        set_={"labels": new.labels,
+              "last_seen": case((table.c.last_seen > new.last_seen, table.c.last_seen),
+                                else_=new.last_seen),
+              "environment_id": case((newer, new.environment_id),
+                                     else_=table.c.environment_id),
+              "newest_started_at": newest,
+              # A run on another environment than the node's current one, whatever the
+              # order runs arrive in (a spool may send an older run late): the node
+              # changed environment; /audit reads its runs for drift.
+              "environment_changed_at": case(
+                  (new.environment_id != table.c.environment_id, newest),
+                  else_=table.c.environment_changed_at)},
     ).returning(table.c.id)
 
 

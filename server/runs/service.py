@@ -146,8 +146,6 @@ def _store(session: Session, run: RunDocument, sha256: str,
     `latest` pointers, and little else.
     """
     now = utcnow()
-    node_id = repository.upsert_node(session, name=run.node.name, labels=run.node.labels,
-                                     seen_at=now)
     environment_id = repository.find_environment(session, run.environment.env_key)
     if environment_id is None:
         environment = run.environment.model_dump(mode="json")
@@ -155,6 +153,9 @@ def _store(session: Session, run: RunDocument, sha256: str,
             session, row={"env_key": run.environment.env_key, "document": environment,
                           "first_seen": now, **promoted_columns(environment)},
         )
+    node_id = repository.upsert_node(session, name=run.node.name, labels=run.node.labels,
+                                     seen_at=now, environment_id=environment_id,
+                                     started_at=run.started_at)
     # First, so a run_id already stored fails here (IntegrityError) before any other work.
     run_pk = repository.insert_run(session, {
         "run_id": run.run_id, "node_id": node_id, "environment_id": environment_id,

@@ -178,3 +178,30 @@ def test_audit_of_an_empty_server(api):
     report = get_audit(api).json()
     assert report["summary"]["nodes"] == 0
     assert report["suspects"] == [] and report["drift"] == [] and report["stale"] == []
+
+
+def test_drift_is_found_whatever_order_the_runs_arrive_in(api):
+    # A spool sends the newer run first: the change is still found, in started_at order.
+    assert api.post_run(document("late", 2, env_vars={"MKL_CBWR": "COMPATIBLE"},
+                                 shift=2e-3)).status_code == 201
+    assert api.post_run(document("late", 5)).status_code == 201
+    (drift,) = get_audit(api).json()["drift"]
+    assert drift["node"] == "late"
+    assert drift["attributes"] == [
+        {"attribute": "env_vars.MKL_CBWR", "before": "unset", "after": "COMPATIBLE"}]
+    assert drift["outputs_changed"]
+
+
+def test_the_current_environment_is_the_newest_runs(make_api, tmp_path):
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[allowed]\n"env_vars.MKL_CBWR" = ["unset"]\n')
+    api = make_api(policy_file=policy)
+    assert api.post_run(document("mover", 2, env_vars={"MKL_CBWR": "COMPATIBLE"})
+                        ).status_code == 201
+    assert api.post_run(document("mover", 5)).status_code == 201  # older, arrives later
+    report = get_audit(api).json()
+    # Judged on the newest run's environment (MKL), not on the last upload's.
+    assert [(row["node"], row["value"]) for row in report["policy"]] == [
+        ("mover", "COMPATIBLE")]
+    assert report["summary"]["environments"] == 1
+    assert report["inventory"]["torch"] == [{"value": "2.13.0", "nodes": 1}]

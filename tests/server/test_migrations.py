@@ -95,3 +95,37 @@ def test_0002_fills_latest_from_the_results_it_points_at(database_url):
         assert "outcome_id" not in columns and "result_id" in columns
     finally:
         engine.dispose()
+
+
+def test_0004_gives_nodes_their_newest_environment_and_marks_changes(database_url):
+    from sqlalchemy import text
+
+    engine = create_engine_for(database_url, pooled=False)
+    try:
+        migrate.upgrade(database_url, "0003")
+        with engine.begin() as connection:
+            for statement in (
+                "INSERT INTO nodes (id, name, labels, first_seen, last_seen) VALUES "
+                "(1, 'moved', '{}', '2026-11-20 00:00:00+00:00', '2026-11-20 00:00:00+00:00'),"
+                "(2, 'stayed', '{}', '2026-11-20 00:00:00+00:00', '2026-11-20 00:00:00+00:00')",
+                "INSERT INTO environments (id, env_key, document, first_seen) VALUES "
+                "(7, 'e7', '{}', '2026-11-20 00:00:00+00:00'),"
+                "(8, 'e8', '{}', '2026-11-20 00:00:00+00:00')",
+                "INSERT INTO runs (id, run_id, node_id, environment_id, started_at, "
+                "document_sha256, drill, received_at) VALUES "
+                "(1, 'm1', 1, 7, '2026-11-20 01:00:00+00:00', 'x', false, "
+                "'2026-11-20 01:00:00+00:00'),"
+                "(2, 'm2', 1, 8, '2026-11-20 02:00:00+00:00', 'x', false, "
+                "'2026-11-20 02:00:00+00:00'),"
+                "(3, 's1', 2, 7, '2026-11-20 01:00:00+00:00', 'x', false, "
+                "'2026-11-20 01:00:00+00:00')",
+            ):
+                connection.execute(text(statement))
+        migrate.upgrade(database_url)
+        with engine.connect() as connection:
+            rows = {name: (env, changed is not None) for name, env, changed in connection.execute(
+                text("SELECT name, environment_id, environment_changed_at FROM nodes"))}
+        assert rows == {"moved": (8, True), "stayed": (7, False)}
+        migrate.downgrade(database_url, "0003")
+    finally:
+        engine.dispose()
