@@ -29,26 +29,9 @@ def run_counts(session: Session, node_ids: Sequence[int]) -> dict[int, int]:
     return counts
 
 
-def newest_runs(session: Session, node_ids: Sequence[int]) -> dict[int, Any]:
-    """node id → (started_at, env_key) of its newest run (by started_at, then id)."""
-    newest: dict[int, Any] = {}
-    for part in chunked(node_ids):
-        ranked = (
-            select(Run.node_id, Run.started_at, Environment.env_key,
-                   func.row_number().over(partition_by=Run.node_id,
-                                          order_by=(Run.started_at.desc(), Run.id.desc()))
-                   .label("rank"))
-            .join(Environment, Environment.id == Run.environment_id)
-            .where(Run.node_id.in_(part))
-            .subquery()
-        )
-        for row in session.execute(
-            select(ranked.c.node_id, ranked.c.started_at, ranked.c.env_key)
-            .where(ranked.c.rank == 1)
-        ):
-            newest[row.node_id] = row
-    return newest
-
+def env_keys(session: Session, environment_ids: Sequence[int | None]) -> dict[int, str]:
+    return lookup(session, Environment.id, Environment.env_key,
+                  [env_id for env_id in environment_ids if env_id is not None])
 
 def find_node(session: Session, name: str) -> Node | None:
     return session.scalar(select(Node).where(Node.name == name))

@@ -28,14 +28,15 @@ def list_nodes(*, session: Session, limit: int, offset: int) -> Page[NodeItem]:
     nodes = repository.nodes_page(session, limit=limit, offset=offset)
     ids = [node.id for node in nodes]
     counts = repository.run_counts(session, ids)
-    newest = repository.newest_runs(session, ids)
+    # The node row keeps its newest run's start and environment (kept on ingest).
+    env_keys = repository.env_keys(session, [node.environment_id for node in nodes])
     items = []
     for node in nodes:
-        last = newest.get(node.id)
         items.append(NodeItem(
             name=node.name, labels=node.labels or {}, first_seen=node.first_seen,
-            last_seen=node.last_seen, last_run_at=last.started_at if last else None,
-            env_key=last.env_key if last else None, runs=counts.get(node.id, 0),
+            last_seen=node.last_seen, last_run_at=node.newest_started_at,
+            env_key=env_keys.get(node.environment_id) if node.environment_id else None,
+            runs=counts.get(node.id, 0),
         ))
     return Page[NodeItem](items=items, total=total, limit=limit, offset=offset)
 
