@@ -32,10 +32,6 @@ INVENTORY_COLUMNS = ("gpu_name", "compute_capability", "driver", "cuda", "cudnn"
 STATUSES = ("ok", "suspect", "watch", "nondeterministic", "stale")
 
 
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
-
-
 @dataclass(frozen=True)
 class _Held:
     """Latest results of one outcome in one environment (from ``latest_by_outcome``)."""
@@ -129,11 +125,11 @@ def _stale(session: Session, nodes: Sequence[Any], now: datetime, policy: Policy
            ) -> list[dict[str, Any]]:
     """Nodes whose newest upload arrived more than ``stale_after_hours`` ago."""
     limit = now - timedelta(hours=policy.stale_after_hours)
-    stale = [node for node in nodes if _aware(node.last_seen) < limit]
+    stale = [node for node in nodes if node.last_seen < limit]
     run_ids = repository.newest_run_ids(session, [node.id for node in stale])
     rows = [
-        {"node": node.name, "last_seen": _aware(node.last_seen).isoformat(),
-         "hours_since": round((now - _aware(node.last_seen)).total_seconds() / 3600, 1),
+        {"node": node.name, "last_seen": node.last_seen.isoformat(),
+         "hours_since": round((now - node.last_seen).total_seconds() / 3600, 1),
          "last_run_id": run_ids.get(node.id)}
         for node in stale
     ]
@@ -304,7 +300,7 @@ def _drift(session: Session, nodes: Sequence[Any], environments: Mapping[int, An
     and the results whose answer changed with them. Only the runs of nodes that changed
     environment within the window are read (``nodes.environment_changed_at``)."""
     changed = [node.id for node in nodes if node.environment_changed_at is not None
-               and _aware(node.environment_changed_at) >= since]
+               and node.environment_changed_at >= since]
     changes = repository.environment_changes(session, node_ids=changed, since=since)
     if not changes:
         return []
@@ -330,7 +326,7 @@ def _drift(session: Session, nodes: Sequence[Any], environments: Mapping[int, An
         ]
         rows.append({
             "node": change.name, "run_id": change.run_id, "previous_run_id": change.prev_run,
-            "started_at": _aware(change.started_at).isoformat(),
+            "started_at": change.started_at.isoformat(),
             "env_key": environments[change.environment_id].env_key,
             "previous_env_key": environments[change.prev_env].env_key,
             "attributes": [{"attribute": d["attribute"], "before": d["a"], "after": d["b"]}
