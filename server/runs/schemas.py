@@ -270,17 +270,6 @@ class ResultSummary(BaseModel):
     wall_s: float | None
 
 
-class RunSummary(BaseModel):
-    id: int
-    run_id: str
-    node: str
-    env_key: str
-    agent_version: str | None
-    started_at: datetime
-    finished_at: datetime | None
-    received_at: datetime
-    drill: bool
-    results: list[ResultSummary]
 
 
 class MissingIn(BaseModel):
@@ -306,3 +295,10 @@ class RunListItem(BaseModel):
     started_at: datetime
     received_at: datetime
     drill: bool
+
+
+class RunSummary(RunListItem):
+    """One run: its list item, when it finished, and its results."""
+
+    finished_at: datetime | None
+    results: list[ResultSummary]
