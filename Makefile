@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[agent,server,dev]'
+	$(PY) -m pip install --quiet -e '.[agent,server,dev,browser]'
 	touch $(STAMP)
 
 clean:

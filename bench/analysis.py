@@ -1,4 +1,5 @@
-"""Analysis benchmark: GET /divergence and GET /audit on fleets of 100 to 10,000 nodes.
+"""Analysis benchmark: /divergence, /audit, the dashboard and /metrics on fleets of 100 to
+10,000 nodes.
 
 Not run by CI. For each database (SQLite: a temporary file; PostgreSQL: a temporary
 database on the server of ``--postgres-url``, dropped afterwards) it starts
@@ -10,6 +11,8 @@ times over HTTP, with a reader token:
 - GET /api/v1/divergence?workload=cnn&variant=default
 - GET /api/v1/divergence?workload=transformer&variant=strict
 - GET /api/v1/audit
+- the dashboard's fleet page (``/``, its first 100 nodes) and ``/workloads/cnn``
+- GET /metrics (its fleet figures are cached: ``first`` is what a scrape computes)
 
 the first request after loading (``first``) and the best of ``--repeats`` more
 (``best``), with the size of each response (``load s``: the seconds it took to grow the
@@ -56,9 +59,11 @@ from ingest import running_server
 
 from numparity_server.audit import service as audit_service
 from numparity_server.auth.service import create_token
+from numparity_server.dashboard import service as dashboard_service
 from numparity_server.divergence import service as divergence_service
 from numparity_server.kit.db import create_engine_for, session_factory
 from numparity_server.kit.policy import load_policy
+from numparity_server.metrics import service as metrics_service
 
 AUDIT_TARGET_MS = 1000.0
 AUDIT_TARGET_NODES = 10_000
@@ -88,6 +93,18 @@ ENDPOINTS = (
                  variant="strict", tensor="output")),
     Endpoint("audit", "/api/v1/audit", {},
              lambda session, policy: audit_service.audit(session=session, policy=policy)),
+    # The dashboard's pages (HTML) and the Prometheus scrape. /metrics caches the fleet
+    # figures for NUMPARITY_METRICS_CACHE_SECONDS: its "first" is the computation.
+    Endpoint("fleet page", "/", {},
+             lambda session, policy: dashboard_service.overview(
+                 session=session, policy=policy, suite="standard", limit=100, offset=0)),
+    Endpoint("workload page cnn", "/workloads/cnn", {},
+             lambda session, policy: dashboard_service.workload_page(
+                 session=session, policy=policy, suite="standard", workload="cnn",
+                 tensor=None)),
+    Endpoint("metrics", "/metrics", {},
+             lambda session, policy: metrics_service.fleet_snapshot(session=session,
+                                                                    policy=policy)),
 )
 
 
@@ -125,7 +142,9 @@ def timed(client: httpx.Client, url: str, params: dict[str, str], repeats: int
         if response.status_code != 200:
             raise RuntimeError(f"GET {url} {params}: {response.status_code} {response.text}")
     assert response is not None
-    return Timing(times[0], min(times[1:] or times), len(response.content)), response.json()
+    answer = (response.json() if response.headers["content-type"].startswith("application/json")
+              else response.text)
+    return Timing(times[0], min(times[1:] or times), len(response.content)), answer
 
 
 def checks(expected: dict[str, int], answers: dict[str, Any]) -> list[tuple[str, int, int]]:

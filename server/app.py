@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 import numparity_server
 from numparity_server.audit.api import router as audit_router
 from numparity_server.compare.api import router as compare_router
+from numparity_server.dashboard import api as dashboard
 from numparity_server.divergence.api import router as divergence_router
 from numparity_server.environments.api import router as environments_router
 from numparity_server.health.api import router as health_router
@@ -20,6 +21,7 @@ from numparity_server.kit.db import get_engine, session_factory
 from numparity_server.kit.handlers import install_error_handlers
 from numparity_server.kit.policy import load_policy
 from numparity_server.kit.settings import Settings, get_settings
+from numparity_server.metrics.api import router as metrics_router
 from numparity_server.nodes.api import router as nodes_router
 from numparity_server.runs.api import OPENAPI_MODELS
 from numparity_server.runs.api import router as runs_router
@@ -44,7 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = get_engine(settings)
     app.state.session_factory = session_factory(app.state.engine)
     app.state.policy = load_policy(settings.policy_file)
-    install_error_handlers(app)
+    install_error_handlers(app, pages=(dashboard.is_page, dashboard.error_page))
     app.include_router(health_router)
     app.include_router(runs_router)
     app.include_router(nodes_router)
@@ -52,6 +54,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(divergence_router)
     app.include_router(compare_router)
     app.include_router(audit_router)
+    app.include_router(metrics_router)
+    dashboard.install(app)
     _document_models(app)
     return app
 

@@ -163,8 +163,23 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         _migrate(settings, "head")
     import uvicorn
 
-    uvicorn.run("numparity_server.app:create_app", factory=True, host=args.host,
-                port=args.port, workers=args.workers, log_level=args.log_level)
+    metrics_dir = None
+    if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # prometheus_client's multiprocess mode: each worker writes its counters to files
+        # there and a scrape of any worker sums them all. Set before the workers start:
+        # prometheus_client reads it when a worker first imports it.
+        import tempfile
+
+        metrics_dir = tempfile.mkdtemp(prefix="numparity-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    try:
+        uvicorn.run("numparity_server.app:create_app", factory=True, host=args.host,
+                    port=args.port, workers=args.workers, log_level=args.log_level)
+    finally:
+        if metrics_dir is not None:
+            import shutil
+
+            shutil.rmtree(metrics_dir, ignore_errors=True)
     return EXIT_OK
 
 

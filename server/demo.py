@@ -190,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         if args.no_serve:
             return 0
-        print(f"\nServing on {base_url} (reader token: {reader_token}). Ctrl-C to stop.")
+        print(f"\nDashboard: {base_url}/ (sign in with the reader token {reader_token}); "
+              f"API: {base_url}/docs. Ctrl-C to stop.")
         with contextlib.suppress(KeyboardInterrupt):
             while True:
                 time.sleep(3600)

@@ -11,19 +11,20 @@
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import psycopg
 import pytest
+from server_processes import (
+    server_command,
+    start_server,
+    stop_process,
+    wait_ready,
+)
 from sqlalchemy import make_url
 
 TEST_DATABASE_ENV = "NUMPARITY_TEST_DATABASE_URL"
@@ -71,30 +72,6 @@ def migrated_database_url(database_url: str) -> str:
     return database_url
 
 
-def server_command() -> list[str]:
-    """The installed ``numparity-server`` script (next to this Python), else ``-m``."""
-    script = Path(sys.executable).with_name("numparity-server")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("numparity-server")
-    return [found] if found else [sys.executable, "-m", "numparity_server.cli"]
-
-
-def run_cli(*args: str, database_url: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run ``numparity-server ARGS`` against ``database_url``; fails the test on error."""
-    env = {**os.environ, "NUMPARITY_DATABASE_URL": database_url}
-    done = subprocess.run([*server_command(), *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    assert done.returncode == 0, f"numparity-server {' '.join(args)} failed:\n{done.stderr}"
-    return done
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class LiveServer:
     base_url: str
@@ -137,49 +114,20 @@ def _create_tokens(roles: tuple[str, ...], database_url: str) -> dict[str, str]:
 @pytest.fixture
 def live_server(migrated_database_url: str, tmp_path: Path) -> Iterator[LiveServer]:
     url = migrated_database_url
-    port = free_port()
     log_path = tmp_path / "server.log"
     env = {**os.environ, "NUMPARITY_DATABASE_URL": url, "NUMPARITY_MIGRATE_ON_START": "false"}
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [*server_command(), "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--log-level", "warning"],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    process, base_url = start_server(log_path, env, "--log-level", "warning")
     try:
         tokens = _create_tokens(("agent", "reader", "admin"), url)
     except BaseException:
         process.kill()
         process.wait(timeout=15)
         raise
-    server = LiveServer(base_url=f"http://127.0.0.1:{port}", database_url=url,
+    server = LiveServer(base_url=base_url, database_url=url,
                         agent_token=tokens["agent"], reader_token=tokens["reader"],
                         admin_token=tokens["admin"], log_path=log_path, process=process)
     try:
-        _wait_ready(server, timeout=60)
+        wait_ready(server.base_url, process, log_path, timeout=60)
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
-
-
-def _wait_ready(server: LiveServer, *, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    last = "no answer"
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"numparity-server exited with {server.process.returncode}:\n"
-                               f"{server.log()}")
-        try:
-            response = httpx.get(f"{server.base_url}/readyz", timeout=2)
-            if response.status_code == 200:
-                return
-            last = f"{response.status_code} {response.text}"
-        except httpx.TransportError as exc:
-            last = repr(exc)
-        time.sleep(0.1)
-    raise RuntimeError(f"numparity-server not ready after {timeout}s ({last}):\n{server.log()}")
+        stop_process(process)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -42,27 +42,46 @@ _HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "
                415: "unsupported_media_type", 422: "validation_error", 503: "unavailable"}
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    async def on_domain_error(_request: Request, exc: Exception) -> JSONResponse:
+# A page's error as HTML: (request) -> whether it asked for a page, and the renderer.
+PageErrors = tuple[Callable[[Request], bool], Callable[[Request, int, Any], Response]]
+
+
+def install_error_handlers(app: FastAPI, pages: PageErrors | None = None) -> None:
+    """JSON errors for the API; with ``pages``, the same errors as HTML for the pages."""
+
+    def respond(request: Request, status_code: int, code: str, detail: Any,
+                headers: dict[str, str] | None = None) -> Response:
+        if pages is not None and pages[0](request):
+            response = pages[1](request, status_code, detail)
+            response.headers.update(headers or {})
+            return response
+        return error_response(status_code, code, detail, headers)
+
+    async def on_domain_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, DomainError)
-        return error_response(exc.status_code, exc.code, exc.detail, exc.headers)
+        return respond(request, exc.status_code, exc.code, exc.detail, exc.headers)
 
-    async def on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    async def on_validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
-        return error_response(422, "validation_error", validation_details(exc.errors()))
+        errors = validation_details(exc.errors())
+        if pages is not None and pages[0](request):
+            # The page names the value it could not read.
+            errors = [{**detail, "input": error.get("input")}
+                      for detail, error in zip(errors, exc.errors(), strict=True)]
+        return respond(request, 422, "validation_error", errors)
 
-    async def on_http_error(_request: Request, exc: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         code = _HTTP_CODES.get(exc.status_code, "error")
-        return error_response(exc.status_code, code, exc.detail, getattr(exc, "headers", None))
+        return respond(request, exc.status_code, code, exc.detail, getattr(exc, "headers", None))
 
-    async def on_database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    async def on_database_unavailable(request: Request, exc: Exception) -> Response:
         cause = getattr(exc, "orig", None) or exc
         first_line = next(iter(str(cause).splitlines()), "")
         log.warning("database unavailable during %s %s: %s: %s", request.method,
                     request.url.path, type(cause).__name__, first_line)
-        return error_response(
-            503, "database_unavailable",
+        return respond(
+            request, 503, "database_unavailable",
             f"the database is unavailable ({type(cause).__name__}); retry later",
             {"Retry-After": str(RETRY_AFTER_S)},
         )

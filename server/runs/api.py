@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from numparity_server.deps import AgentAuth, DbSession, ReaderAuth, SettingsDep
 from numparity_server.kit.body import parse_json_object, read_body
 from numparity_server.kit.pagination import Page, Pagination
+from numparity_server.metrics.ingest import MeteredIngest
 from numparity_server.runs import service
 from numparity_server.runs.schemas import (
     MissingIn,
@@ -44,12 +45,14 @@ _RUN_BODY: dict[str, Any] = {
                400: _ERROR, 401: _ERROR, 403: _ERROR, 409: _ERROR, 413: _ERROR, 422: _ERROR},
 )
 async def upload_run(
-    request: Request, response: Response, session: DbSession, settings: SettingsDep,
-    _principal: AgentAuth,
+    request: Request, response: Response, ingest: MeteredIngest, session: DbSession,
+    settings: SettingsDep, _principal: AgentAuth,
 ) -> RunCreated:
+    # ``ingest`` comes first: it times and counts the refusals of the token checks too.
     document = parse_json_object(await read_body(request, limit=settings.max_body_bytes))
     # The service is synchronous (SQLAlchemy); keep the event loop free while it runs.
     outcome = await run_in_threadpool(service.ingest_run, session=session, document=document)
+    ingest.stored(created=outcome.created)
     if not outcome.created:
         response.status_code = status.HTTP_200_OK
     return outcome.run

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,25 +12,16 @@ from typing import Any
 import httpx
 import pytest
 from server_documents import run_document
-
-
-def server_command() -> list[str]:
-    script = Path(sys.executable).with_name("numparity-server")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "numparity_server.cli"]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from server_processes import (
+    run_cli,
+    start_server,
+    stop_process,
+    wait_ready,
+)
 
 
 def create_token(role: str, database_url: str) -> str:
-    done = subprocess.run([*server_command(), "token", "create", "--role", role],
-                          env={**os.environ, "NUMPARITY_DATABASE_URL": database_url},
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
+    return run_cli("token", "create", "--role", role, database_url=database_url).stdout.strip()
 
 
 def _post_together(base_url: str, headers: dict[str, str], documents: list[dict[str, Any]]
@@ -84,35 +71,14 @@ def test_two_documents_under_one_run_id_store_one(live_server):
 def two_workers(migrated_database_url: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     if not migrated_database_url.startswith("postgresql"):
         pytest.skip("several workers need PostgreSQL (SQLite refuses: test_cli)")
-    port = free_port()
     log_path = tmp_path / "server.log"
     env = {**os.environ, "NUMPARITY_DATABASE_URL": migrated_database_url}
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [*server_command(), "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--workers", "2", "--log-level", "info"],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    base_url = f"http://127.0.0.1:{port}"
+    process, base_url = start_server(log_path, env, "--workers", "2", "--log-level", "info")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
+        wait_ready(base_url, process, log_path, timeout=60)
         yield base_url, log_path
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
+        stop_process(process, timeout=20)
 
 
 def test_two_workers_on_postgresql_serve_uploads(two_workers, migrated_database_url):

@@ -1,0 +1,264 @@
+"""The dashboard: server-rendered pages under ``/`` (DESIGN §3.2).
+
+Every page is complete HTML (tables readable without JavaScript); charts are drawn by
+uPlot, shipped in ``static/vendor`` (lab networks are often closed: no CDN). Pages read
+through the same services as the JSON API, so a page and its API answer agree.
+
+Access: where reads are open (``open_reads``) pages need nothing; otherwise a reader
+token, asked once by a form and kept in an HttpOnly cookie (or sent as a bearer header).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote, urlencode
+
+from fastapi import APIRouter, Depends, FastAPI, Form, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from starlette.concurrency import run_in_threadpool
+
+from numparity_server.audit import service as audit_service
+from numparity_server.auth.service import authenticate
+from numparity_server.dashboard import service
+from numparity_server.deps import DbSession, PolicyDep, SettingsDep
+from numparity_server.kit.errors import Forbidden, Unauthorized
+from numparity_server.nodes.service import node_timeline
+
+HERE = Path(__file__).parent
+COOKIE = "numparity_token"
+COOKIE_MAX_AGE_S = 30 * 24 * 3600
+templates = Jinja2Templates(directory=HERE / "templates")
+router = APIRouter(include_in_schema=False)
+# Paths that are not pages: their errors stay JSON (the API's contract).
+NOT_PAGES = ("/api/", "/metrics", "/healthz", "/readyz", "/docs", "/redoc", "/openapi.json",
+             "/static/")
+
+
+class LoginRequired(Exception):
+    """A page was asked for without a usable reader token: off to the token form."""
+
+    def __init__(self, why: str = "") -> None:
+        super().__init__(why)
+        self.why = why
+
+
+# Why the form is shown again (``?why=``): the sign-in page says it in words.
+WHY = {"unknown": "That token is unknown to this server.",
+       "revoked": "That token has been revoked.",
+       "role": "That token cannot read: a reader (or admin) token is needed."}
+
+
+def page_reader(request: Request, session: DbSession, settings: SettingsDep) -> None:
+    """Reads are open, or the cookie (or a bearer header) holds a reader token."""
+    if settings.open_reads:
+        return
+    authorization = request.headers.get("authorization")
+    token = request.cookies.get(COOKIE)
+    if not authorization and not token:
+        raise LoginRequired()
+    try:
+        authenticate(session=session, role="reader",
+                     authorization=authorization or f"Bearer {token}")
+    except Forbidden:
+        raise LoginRequired("role") from None
+    except Unauthorized as exc:
+        raise LoginRequired("revoked" if "revoked" in str(exc.detail) else "unknown") from None
+
+
+PageReader = Annotated[None, Depends(page_reader)]
+
+
+def _fmt_time(value: Any) -> str:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S UTC")
+    return "—" if value is None else str(value)
+
+
+def _fmt_num(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if value == 0 or isinstance(value, int):
+        return str(int(value)) if value == int(value) else str(value)
+    return f"{value:.{digits}g}" if 1e-3 <= abs(value) < 1e5 else f"{value:.{digits - 1}e}"
+
+
+templates.env.filters["time"] = _fmt_time
+templates.env.filters["num"] = _fmt_num
+templates.env.filters["short"] = lambda value, n=12: (value or "")[:n]
+templates.env.globals["compare_url"] = service.compare_url
+templates.env.globals["quote"] = lambda value: quote(str(value), safe="")
+
+
+def render(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    return templates.TemplateResponse(request, name, context, status_code=status_code)
+
+
+# ---- pages ------------------------------------------------------------------------------
+
+
+@router.get("/", response_class=HTMLResponse)
+async def fleet(request: Request, session: DbSession, policy: PolicyDep, settings: SettingsDep,
+                _reader: PageReader, suite: str = "standard",
+                limit: Annotated[int, Query(ge=1)] = 100,
+                offset: Annotated[int, Query(ge=0)] = 0) -> HTMLResponse:
+    view = await run_in_threadpool(service.overview, session=session, policy=policy,
+                                   suite=suite, limit=min(limit, settings.page_max),
+                                   offset=offset)
+    return render(request, "overview.html", view=view, title="Fleet")
+
+
+@router.get("/workloads/{workload}", response_class=HTMLResponse)
+async def workload_page(request: Request, workload: str, session: DbSession, policy: PolicyDep,
+                        _reader: PageReader, suite: str = "standard",
+                        tensor: str | None = None) -> HTMLResponse:
+    page = await run_in_threadpool(service.workload_page, session=session, policy=policy,
+                                   suite=suite, workload=workload, tensor=tensor)
+    return render(request, "workload.html", page=page, title=f"Workload {workload}")
+
+
+@router.get("/nodes/{name}", response_class=HTMLResponse)
+async def node_page(request: Request, name: str, session: DbSession, settings: SettingsDep,
+                    _reader: PageReader,
+                    limit: Annotated[int, Query(ge=1)] = 100,
+                    offset: Annotated[int, Query(ge=0)] = 0) -> HTMLResponse:
+    limit = min(limit, settings.page_max)
+    timeline = await run_in_threadpool(node_timeline, session=session, name=name, limit=limit,
+                                       offset=offset)
+    runs = timeline.runs.items
+    return render(request, "node.html", node=timeline, runs=runs,
+                  chart=service.timeline_points(runs), title=f"Node {name}",
+                  newer=offset > 0, older=offset + limit < timeline.runs.total,
+                  limit=limit, offset=offset)
+
+
+@router.get("/compare", response_class=HTMLResponse)
+async def compare_page(request: Request, session: DbSession, policy: PolicyDep,
+                       _reader: PageReader,
+                       run_a: Annotated[str, Query(min_length=1)],
+                       run_b: Annotated[str, Query(min_length=1)],
+                       workload: str | None = None, variant: str | None = None) -> HTMLResponse:
+    compared, charts = await run_in_threadpool(
+        service.comparison, session=session, policy=policy, run_a=run_a, run_b=run_b,
+        workload=workload or None, variant=variant or None)
+    return render(request, "compare.html", compared=compared,
+                  pairs=list(zip(compared.pairs, charts, strict=True)),
+                  title=f"{compared.run_a.node} vs {compared.run_b.node}")
+
+
+@router.get("/audit", response_class=HTMLResponse)
+async def audit_page(request: Request, session: DbSession, policy: PolicyDep,
+                     _reader: PageReader) -> HTMLResponse:
+    report = await run_in_threadpool(audit_service.audit, session=session, policy=policy)
+    return render(request, "audit.html", report=report, title="Audit")
+
+
+@router.get("/audit.csv")
+async def audit_csv(session: DbSession, policy: PolicyDep, _reader: PageReader,
+                    table: str = "findings") -> Response:
+    """The audit's CSV for a browser that holds the cookie (the API wants a bearer)."""
+    report = await run_in_threadpool(audit_service.audit, session=session, policy=policy)
+    body = audit_service.to_csv(report, table)
+    return Response(body, media_type="text/csv", headers={
+        "Content-Disposition": f'attachment; filename="numparity-audit-{table}.csv"'})
+
+
+# ---- the token prompt -------------------------------------------------------------------
+
+
+def _local(target: str | None) -> str:
+    """Only a path on this server may follow a login (no open redirect)."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_form(request: Request, next: str = "/", why: str = "") -> HTMLResponse:  # noqa: A002
+    return render(request, "login.html", next=_local(next), message=WHY.get(why, ""),
+                  title="Sign in")
+
+
+@router.post("/login", response_model=None)
+def login(request: Request, session: DbSession, token: Annotated[str, Form()] = "",
+          next: Annotated[str, Form()] = "/") -> Response:  # noqa: A002
+    target = _local(next)
+    try:
+        authenticate(session=session, authorization=f"Bearer {token.strip()}", role="reader")
+    except (Unauthorized, Forbidden) as exc:
+        message = str(exc.detail) if token.strip() else "enter a token"
+        return render(request, "login.html", status_code=401, next=target,
+                      message=f"Not accepted: {message}.", title="Sign in")
+    response = RedirectResponse(target, status_code=303)
+    response.set_cookie(COOKIE, token.strip(), max_age=COOKIE_MAX_AGE_S, httponly=True,
+                        samesite="strict", secure=request.url.scheme == "https", path="/")
+    return response
+
+
+@router.post("/logout")
+def logout() -> Response:
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(COOKIE, path="/")
+    return response
+
+
+# ---- errors as pages --------------------------------------------------------------------
+
+
+def is_page(request: Request) -> bool:
+    return not request.url.path.startswith(NOT_PAGES)
+
+
+def error_page(request: Request, status_code: int, detail: Any) -> HTMLResponse:
+    titles = {400: "Bad request", 401: "Sign in", 403: "Forbidden", 404: "Not found",
+              422: "Invalid request", 503: "Unavailable"}
+    if status_code == 404 and detail == "Not Found":  # no route at all
+        detail = f"there is no page at {request.url.path}"
+    return render(request, "error.html", status_code=status_code,
+                  heading=titles.get(status_code, "Error"), messages=_messages(detail),
+                  title=titles.get(status_code, "Error"))
+
+
+def _messages(detail: Any) -> list[str]:
+    """Readable lines from an error's detail (a string, or validation errors)."""
+    if isinstance(detail, list):
+        lines = []
+        for error in detail:
+            if isinstance(error, dict):
+                where = ".".join(str(part) for part in error.get("loc", ())
+                                 if part not in ("query", "path", "body"))
+                got = error.get("input")
+                suffix = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
+                lines.append(f"{where}: {error.get('msg', '')}{suffix}" if where
+                             else str(error.get("msg", "")))
+            else:
+                lines.append(str(error))
+        return lines
+    return [str(detail)]
+
+
+def install(app: FastAPI) -> None:
+    """Mount the pages, their static files, and the token prompt for closed reads."""
+    app.include_router(router)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+
+    async def on_login_required(request: Request, exc: Exception) -> Response:
+        # To the form (a page of its own, so the browser shows no failed request), and
+        # back to this page once signed in. A cookie that no longer works is dropped.
+        assert isinstance(exc, LoginRequired)
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        query = {"next": _local(target), **({"why": exc.why} if exc.why else {})}
+        response = RedirectResponse("/login?" + urlencode(query), status_code=303)
+        if exc.why and COOKIE in request.cookies:
+            response.delete_cookie(COOKIE, path="/")
+        return response
+
+    app.add_exception_handler(LoginRequired, on_login_required)
+

@@ -1,0 +1,108 @@
+"""Queries behind the dashboard's pages that the API's services do not already answer."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from numparity_server.kit.db import chunked
+from numparity_server.models import Latest, Manifest, Node, Outcome, Result, Run
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One node's newest result of one (suite, workload, variant, device)."""
+
+    node: str
+    suite: str
+    workload: str
+    variant: str
+    device: str
+    status: str
+    reason: str | None
+    error: str | None
+    manifest_hash: str | None
+    run_id: str
+
+
+def answer_counts(session: Session, *, suite: str) -> list[tuple[str, str, str, str, int, str]]:
+    """The fleet's answers: (workload, variant, device, manifest hash, nodes, first node
+    name) of the newest ok results, one row per distinct answer (a few hundred rows
+    however many nodes)."""
+    rows = session.execute(
+        select(Outcome.workload, Outcome.variant, Outcome.device, Outcome.manifest_hash,
+               func.count(), func.min(Node.name))
+        .select_from(Latest)
+        .join(Outcome, Outcome.id == Latest.outcome_id)
+        .join(Node, Node.id == Latest.node_id)
+        .where(Latest.suite == suite, Outcome.status == "ok",
+               Outcome.manifest_hash.is_not(None))
+        .group_by(Outcome.workload, Outcome.variant, Outcome.device, Outcome.manifest_hash)
+    ).all()
+    return [tuple(row) for row in rows]  # type: ignore[misc]
+
+
+def node_names(session: Session, *, suite: str, limit: int, offset: int
+               ) -> tuple[list[str], int]:
+    """A page of the names of the nodes with a newest result in ``suite``, and how many."""
+    having = select(Latest.node_id).where(Latest.suite == suite).distinct().subquery()
+    total = session.scalar(select(func.count()).select_from(having)) or 0
+    names = session.scalars(
+        select(Node.name).where(Node.id.in_(select(having.c.node_id)))
+        .order_by(Node.name).limit(limit).offset(offset)
+    ).all()
+    return list(names), total
+
+
+def latest_cells(session: Session, *, suite: str, nodes: Collection[str]) -> list[Cell]:
+    """The newest result of every key of ``suite`` of these nodes."""
+    found: list[Cell] = []
+    for part in chunked(sorted(set(nodes))):
+        rows = session.execute(
+            select(Node.name.label("node"), Outcome.suite, Outcome.workload,
+                   Outcome.variant, Outcome.device, Outcome.status, Outcome.reason,
+                   Outcome.error, Outcome.manifest_hash, Run.run_id)
+            .select_from(Latest)
+            .join(Outcome, Outcome.id == Latest.outcome_id)
+            .join(Result, Result.id == Latest.result_id)
+            .join(Run, Run.id == Result.run_id)
+            .join(Node, Node.id == Latest.node_id)
+            .where(Latest.suite == suite, Node.name.in_(part))
+        ).all()
+        found.extend(Cell(**row._mapping) for row in rows)
+    return found
+
+
+def columns(session: Session, *, suite: str) -> list[tuple[str, str]]:
+    """Every (workload, variant) of ``suite`` some node has a newest result of."""
+    rows = session.execute(
+        select(Latest.workload, Latest.variant).where(Latest.suite == suite).distinct())
+    return [(workload, variant) for workload, variant in rows]
+
+
+def workload_variants(session: Session, *, suite: str, workload: str) -> list[str]:
+    """The variants of ``workload`` some node has a newest result of."""
+    return list(session.scalars(
+        select(Latest.variant).where(Latest.suite == suite, Latest.workload == workload)
+        .distinct()
+    ))
+
+
+def tensor_names(session: Session, *, suite: str, workload: str) -> list[tuple[str, str]]:
+    """(name, kind) of the tensors in the newest results of ``workload``, in the order of
+    the first manifest that has each; a few distinct manifests per workload at most."""
+    hashes = session.scalars(
+        select(Outcome.manifest_hash).distinct()
+        .select_from(Latest)
+        .join(Outcome, Outcome.id == Latest.outcome_id)
+        .where(Latest.suite == suite, Latest.workload == workload,
+               Outcome.manifest_hash.is_not(None))
+    ).all()
+    seen: dict[tuple[str, str], None] = {}
+    for entries in session.scalars(select(Manifest.entries).where(Manifest.hash.in_(hashes))):
+        for entry in entries:
+            seen.setdefault((entry["name"], entry["kind"]), None)
+    return list(seen)

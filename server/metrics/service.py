@@ -1,0 +1,153 @@
+"""The fleet metrics, read from the database at scrape time and kept for a few seconds.
+
+Every server process answers the same (they all read the database), so these need no
+multiprocess mode; each process keeps its own copy for ``metrics_cache_seconds``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from prometheus_client import generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy.orm import Session
+
+from numparity_server.analysis.policy import Policy
+from numparity_server.audit import service as audit_service
+from numparity_server.metrics import repository
+from numparity_server.metrics.ingest import process_metrics
+from numparity_server.metrics.repository import Inputs, Key
+
+STATUSES = audit_service.STATUSES
+# The tensor /divergence groups by unless asked for another.
+GROUPED_TENSOR = "output"
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    summary: dict[str, int]  # the audit's summary: nodes, environments, nodes per status
+    groups: dict[Key, int]  # distinct answers of the output tensor per key
+    last_runs: list[tuple[str, datetime]]  # each node's newest run
+
+
+def fleet_snapshot(*, session: Session, policy: Policy) -> FleetSnapshot:
+    summary = audit_service.audit(session=session, policy=policy)["summary"]
+    last_runs = [(row.name, row.newest_started_at or row.last_seen)
+                 for row in repository.node_last_runs(session)]
+    return FleetSnapshot(summary={name: int(summary[name]) for name in
+                                  ("nodes", "environments", *STATUSES)},
+                         groups=output_groups(session), last_runs=last_runs)
+
+
+def output_groups(session: Session) -> dict[Key, int]:
+    """Per key, the number of groups ``GET /divergence`` reports for the output tensor:
+    distinct hashes among the nodes' latest ok results of the newest workload version,
+    leaving out results on other input or parameter bytes than the fleet's."""
+    by_key: dict[Key, list[Any]] = defaultdict(list)
+    for row in repository.latest_ok_answers(session):
+        by_key[(row.suite, row.workload, row.variant)].append(row)
+    comparable = {key: _comparable(session, key, rows) for key, rows in by_key.items()}
+    entries = repository.manifest_entries(
+        session, {row.manifest_hash for rows in comparable.values() for row in rows})
+    outputs = {digest: next((e["hash"] for e in tensors if e["name"] == GROUPED_TENSOR), None)
+               for digest, tensors in entries.items()}
+    return {key: len({outputs[row.manifest_hash] for row in rows} - {None})
+            for key, rows in sorted(comparable.items())}
+
+
+def _comparable(session: Session, key: Key, rows: Sequence[Any]) -> list[Any]:
+    """The rows /divergence compares (its service's ``_comparable``, on rows counting nodes)."""
+    versions = [row.workload_version for row in rows if row.workload_version is not None]
+    version = max(versions) if versions else None
+    same_version = [row for row in rows if version is None or row.workload_version == version]
+    inputs: Counter[Inputs] = Counter()
+    for row in same_version:
+        if row.input_hash is not None or row.param_hash is not None:
+            inputs[(row.input_hash, row.param_hash)] += int(row.nodes)
+    if not inputs:
+        return same_version
+    most = max(inputs.values())
+    tied = [found for found, nodes in inputs.items() if nodes == most]
+    # /divergence keeps the first of equally common inputs in node name order.
+    if len(tied) > 1:
+        tied[0] = repository.first_inputs_by_node_name(
+            session, key=key, workload_version=version, candidates=tied) or tied[0]
+    fleet_input, fleet_param = tied[0]
+    return [row for row in same_version
+            if not _differs(row.input_hash, fleet_input)
+            and not _differs(row.param_hash, fleet_param)]
+
+
+def _differs(own: str | None, fleet: str | None) -> bool:
+    return own is not None and fleet is not None and own != fleet
+
+
+class FleetCache:
+    """The newest snapshot, recomputed when older than ``seconds``; one at a time, so
+    concurrent scrapes of a stale cache wait for one computation instead of each doing it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._snapshot: FleetSnapshot | None = None
+        self._taken = 0.0
+
+    def get(self, compute: Callable[[], FleetSnapshot]) -> FleetSnapshot:
+        with self._lock:
+            if self._snapshot is None or time.monotonic() - self._taken >= self.seconds:
+                self._snapshot = compute()
+                self._taken = time.monotonic()
+            return self._snapshot
+
+
+def fleet_metrics(snapshot: FleetSnapshot, now: datetime | None = None) -> list[Metric]:
+    now = now or datetime.now(timezone.utc)
+    nodes = GaugeMetricFamily(
+        "numparity_nodes",
+        "Nodes by audit status (GET /api/v1/audit's summary): a node can be suspect and "
+        "stale at once, ok is a node with none of the others.", labels=["status"])
+    for status in STATUSES:
+        nodes.add_metric([status], snapshot.summary[status])
+    groups = GaugeMetricFamily(
+        "numparity_groups",
+        "Distinct answers of the output tensor among the nodes' latest results of a "
+        "workload and variant (the groups of GET /api/v1/divergence); 1 is a fleet that "
+        "agrees bit for bit.", labels=["suite", "workload", "variant"])
+    for (suite, workload, variant), count in snapshot.groups.items():
+        groups.add_metric([suite, workload, variant], count)
+    ages = GaugeMetricFamily(
+        "numparity_node_last_run_age_seconds",
+        "Seconds since the node's newest run started (its started_at).", labels=["node"])
+    for name, started_at in snapshot.last_runs:
+        ages.add_metric([name], (now - started_at).total_seconds())
+    return [
+        GaugeMetricFamily("numparity_fleet_nodes", "Nodes known to the server.",
+                          value=snapshot.summary["nodes"]),
+        GaugeMetricFamily("numparity_fleet_environments",
+                          "Distinct environments (env_key) the nodes' newest runs ran on.",
+                          value=snapshot.summary["environments"]),
+        nodes, groups, ages,
+    ]
+
+
+class _Metrics(Collector):
+    def __init__(self, collectors: Iterable[Collector], fleet: Iterable[Metric]) -> None:
+        self.collectors = list(collectors)
+        self.fleet = list(fleet)
+
+    def collect(self) -> Iterable[Metric]:
+        for collector in self.collectors:
+            yield from collector.collect()
+        yield from self.fleet
+
+
+def exposition(snapshot: FleetSnapshot) -> bytes:
+    """The Prometheus text format of the process metrics and the fleet's."""
+    return generate_latest(_Metrics([process_metrics()], fleet_metrics(snapshot)))

@@ -1,0 +1,88 @@
+"""Real ``numparity-server`` processes for tests: the command, a free loopback port, the
+CLI, waiting until a server is ready, stopping it. Importable from every test folder
+(pytest puts ``tests/`` on the path for its conftest)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def server_command() -> list[str]:
+    """The installed ``numparity-server`` script (next to this Python), else ``-m``."""
+    script = Path(sys.executable).with_name("numparity-server")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("numparity-server")
+    return [found] if found else [sys.executable, "-m", "numparity_server.cli"]
+
+
+def run_cli(*args: str, database_url: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``numparity-server ARGS`` against ``database_url``; fails the test on error."""
+    env = {**os.environ, "NUMPARITY_DATABASE_URL": database_url}
+    done = subprocess.run([*server_command(), *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, f"numparity-server {' '.join(args)} failed:\n{done.stderr}"
+    return done
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_ready(base_url: str, process: subprocess.Popen, log_path: Path, *,
+               timeout: float = 60) -> None:
+    """Until ``/readyz`` answers 200; raises with the server's log if it exits or never
+    gets there."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"numparity-server exited with {process.returncode}:\n"
+                               f"{_log(log_path)}")
+        try:
+            response = httpx.get(f"{base_url}/readyz", timeout=2)
+            if response.status_code == 200:
+                return
+            last = f"{response.status_code} {response.text}"
+        except httpx.TransportError as exc:
+            last = repr(exc)
+        time.sleep(0.1)
+    raise RuntimeError(f"numparity-server not ready after {timeout}s ({last}):\n"
+                       f"{_log(log_path)}")
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 15) -> None:
+    """SIGTERM (a server's graceful shutdown), then SIGKILL if it does not go."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=timeout)
+
+
+def _log(log_path: Path) -> str:
+    return log_path.read_text(errors="replace") if log_path.exists() else ""
+
+
+def start_server(log_path: Path, env: dict[str, str], *args: str
+                 ) -> tuple[subprocess.Popen, str]:
+    """``numparity-server serve ARGS`` on a free loopback port, its output in
+    ``log_path``; returns the process and its base URL (not yet ready: ``wait_ready``)."""
+    port = free_port()
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [*server_command(), "serve", "--host", "127.0.0.1", "--port", str(port), *args],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+    return process, f"http://127.0.0.1:{port}"
