@@ -28,7 +28,7 @@ setup(
     packages=_packages(),
     package_dir=ROOTS,
     package_data={
-        "numparity_server": ["**/*.html", "**/*.js", "**/*.css"],
+        "numparity_server": ["**/*.html", "**/*.js", "**/*.css", "**/*.LICENSE"],
         "numparity_server.migrations": ["*.mako"],
     },
 )

@@ -34,6 +34,10 @@ def test_wheel_maps_the_folders_to_their_import_names(wheel: Path) -> None:
     assert "numparity_server/migrations/env.py" in names
     assert any(n.startswith("numparity_server/migrations/versions/") and n.endswith(".py")
                and not n.endswith("__init__.py") for n in names)
+    # The dashboard's pages and the chart library it serves (no CDN), with its licence.
+    for name in ("templates/overview.html", "templates/compare.html", "static/dashboard.js",
+                 "static/vendor/uPlot.iife.min.js", "static/vendor/uPlot.LICENSE"):
+        assert f"numparity_server/dashboard/{name}" in names, name
     # Bare names would collide with user code in the environments the agent lives in.
     assert not any(n.startswith(("agent/", "server/", "migrations/")) for n in names)
 
