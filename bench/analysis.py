@@ -367,7 +367,8 @@ def slow_endpoints(rows: list[Row], db: str, mode: str) -> list[Endpoint]:
 
 def table(rows: list[Row]) -> list[str]:
     heads = [("/divergence", "cnn/default"), ("/divergence", "transformer/strict"),
-             ("/audit", "")]
+             ("/audit", ""), ("/ (fleet page)", "first 100 nodes"),
+             ("/workloads/cnn", ""), ("/metrics", "")]
     lines = [f"{'':<34}" + "".join(f"{head[0]:>26}    " for head in heads),
              f"{'':<34}" + "".join(f"{head[1]:>26}    " for head in heads),
              f"{'db':<11}{'nodes':>7}{'runs':>8}{'load s':>8}"

@@ -31,6 +31,8 @@ from numparity_server.nodes.service import node_timeline
 HERE = Path(__file__).parent
 COOKIE = "numparity_token"
 COOKIE_MAX_AGE_S = 30 * 24 * 3600
+# Node names listed per group on a workload page (a 10,000-node group is a long page).
+MAX_GROUP_NODES = 50
 templates = Jinja2Templates(directory=HERE / "templates")
 router = APIRouter(include_in_schema=False)
 # Paths that are not pages: their errors stay JSON (the API's contract).
@@ -121,7 +123,8 @@ async def workload_page(request: Request, workload: str, session: DbSession, pol
                         tensor: str | None = None) -> HTMLResponse:
     page = await run_in_threadpool(service.workload_page, session=session, policy=policy,
                                    suite=suite, workload=workload, tensor=tensor)
-    return render(request, "workload.html", page=page, title=f"Workload {workload}")
+    return render(request, "workload.html", page=page, title=f"Workload {workload}",
+                  max_nodes=MAX_GROUP_NODES)
 
 
 @router.get("/nodes/{name}", response_class=HTMLResponse)

@@ -332,3 +332,14 @@ def test_a_page_of_the_heatmap_is_judged_against_the_whole_fleet(split_fleet):
     assert parse_qs(urlsplit(heat.rows["near"]["cnn/default"][1]).query)["run_a"] == ["rx"]
     assert "nodes 3–4 on this page" in html
     assert 'offset=0">previous nodes</a>' in html and 'offset=4">next nodes</a>' in html
+
+
+def test_a_large_group_lists_its_first_nodes_and_counts_the_rest(api, monkeypatch):
+    from numparity_server.dashboard import api as pages
+
+    monkeypatch.setattr(pages, "MAX_GROUP_NODES", 2)
+    upload(api, *(run_document(f"node-{i}") for i in range(4)))
+    section = page(api, "/workloads/cnn").split('data-variant="default"')[1]
+    assert re.findall(r'<a href="/nodes/([^"]+)">', section.split("</tr>")[1]) == [
+        "node-0", "node-1"]
+    assert "and 2 more" in section
