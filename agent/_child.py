@@ -1,7 +1,9 @@
 """The child process of one variant: `python -m numparity_agent._child SPEC OUT`.
 
 SPEC is a JSON file {"variant", "workloads", "device", "repeats", "node_env_vars",
-"fault_drill"} (fault_drill: flip one bit in each workload, DESIGN §2.6; optional);
+"fault_drill", "progress"} (fault_drill: flip one bit in each workload, DESIGN §2.6;
+progress: a file that gets one line per finished workload, for the parent's progress
+display; both optional);
 OUT receives {"environment", "results"} (written atomically, so a crash leaves none).
 The environment is captured first, before the variant touches any knob, with the
 node's numeric environment variables (not the ones the variant added), so that it
@@ -62,17 +64,28 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                     "error": _error_text(exc),
                 }
             )
-            continue
-        results.append(
-            run_workload(
-                workload,
-                variant=variant,
-                device=device,
-                repeats=spec["repeats"],
-                fault_drill=fault_drill,
+        else:
+            results.append(
+                run_workload(
+                    workload,
+                    variant=variant,
+                    device=device,
+                    repeats=spec["repeats"],
+                    fault_drill=fault_drill,
+                )
             )
-        )
+        _report_progress(spec.get("progress"), spec_name, results[-1]["status"])
     return {"environment": environment, "results": results}
+
+
+def _report_progress(path: str | None, workload: str, status: str) -> None:
+    if not path:
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{workload} {status}\n")
+    except OSError:  # the display only: the results are what matters
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:

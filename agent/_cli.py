@@ -1,13 +1,8 @@
 """`numparity-agent`: a thin shell over the library (DESIGN §2.6).
 
-Settings come from flags, then NUMPARITY_SERVER / NUMPARITY_TOKEN / NUMPARITY_NODE /
-NUMPARITY_SPOOL. Exit codes:
-  0 ok (uploaded, or written with --output / to stdout when no server is given)
-  2 usage error (unknown workload or variant: the valid names are listed)
-  3 the document is spooled: the server was unreachable or answered 5xx/408/429
-  4 a variant failed (crash, timeout or exception); takes precedence over 3 and 5
-  5 the server rejected the document (4xx); it was moved to the spool's rejected/
-  1 doctor --strict: at least one check warned
+Settings come from the command line, then NUMPARITY_* variables, then the config file
+(`_config`). `run` and `flush` hold the spool's lock (`_lock`) while they work. The exit
+codes are EXIT_CODES_HELP below (also printed by --help and listed in the README).
 """
 
 from __future__ import annotations
@@ -15,96 +10,133 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import socket
+import ssl
 import sys
+import time
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from numparity_agent import _upload, _variants, _workloads
-from numparity_agent._log import log
+from numparity_agent import _config, _flush, _spool, _upload, _variants, _workloads
+from numparity_agent._lock import LockBusy, spool_lock
+from numparity_agent._log import end_progress, hide, interactive, log, progress
+
+if TYPE_CHECKING:
+    from numparity_agent._suite import Progress
 
 EXIT_OK = 0
 EXIT_DOCTOR_WARNINGS = 1
 EXIT_USAGE = 2
 EXIT_SPOOLED = 3
 EXIT_VARIANT_FAILED = 4
-EXIT_REJECTED = 5
+EXIT_REFUSED = 5
+EXIT_REJECTED = EXIT_REFUSED  # the name before 401/403 were told apart
+EXIT_SPOOL_UNWRITABLE = 6
+EXIT_LOCKED = 7
+EXIT_QUARANTINED = 8
+# When several apply, the first of these wins: what needs a person most comes first;
+# 3 last, as the agent retries it by itself.
+PRECEDENCE = (EXIT_SPOOL_UNWRITABLE, EXIT_VARIANT_FAILED, EXIT_REFUSED, EXIT_QUARANTINED,
+              EXIT_SPOOLED)
 
+EXIT_CODES_HELP = """\
+exit codes:
+  0  ok: uploaded (or written with --output, or printed when no server is set)
+  1  doctor --strict: at least one check warned
+  2  usage: a bad option, config key or value, unknown workload or variant
+  3  spooled: the server was unreachable, busy (5xx, 408, 429) or its TLS
+     certificate could not be verified; the next run or flush sends it
+  4  a variant failed (crash, timeout, exception); the rest is still uploaded
+  5  refused by the server: 401/403 (the token; the document stays spooled) or
+     another 4xx (the document is moved to <spool>/rejected/ with a .reason)
+  6  the spool (or --output) could not be written (disk full, read-only, no
+     permission); the run is then uploaded directly, lost only if that fails too
+  7  another numparity-agent holds the spool's lock: nothing was done
+  8  a spool file was not a run document: moved to <spool>/quarantine/
+  when several apply, the first of 6, 4, 5, 8, 3 wins"""
 
-def _names(values: list[str] | None) -> list[str] | None:
-    """Accept `--variants a b` as well as `--variants a,b`."""
-    if not values:
-        return None
-    return [name for value in values for name in value.split(",") if name]
+MEANING = {
+    EXIT_OK: "ok", EXIT_SPOOLED: "kept in the spool for the next run",
+    EXIT_VARIANT_FAILED: "a variant failed", EXIT_REFUSED: "refused by the server",
+    EXIT_SPOOL_UNWRITABLE: "the spool could not be written",
+    EXIT_QUARANTINED: "a spool file was quarantined",
+}
 
-
-def _labels(values: list[str] | None) -> dict[str, str]:
-    labels = {}
-    for value in values or []:
-        key, sep, val = value.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--label expects key=value, got {value!r}")
-        labels[key] = val
-    return labels
+# Sleeps of --jitter and of the upload backoff go through here (tests replace it).
+sleep = time.sleep
 
 
 def _parser() -> argparse.ArgumentParser:
+    formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog="numparity-agent",
         description="Run the numparity reference suite and upload its fingerprints.",
-        epilog="exit codes: 0 ok, 2 usage, 3 spooled (server unreachable), "
-        "4 a variant failed, 5 rejected by the server",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=formatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
     def server_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--server", help="server URL (or NUMPARITY_SERVER)")
-        p.add_argument("--token", help="agent token (or NUMPARITY_TOKEN)")
-        p.add_argument(
-            "--spool",
-            help="spool directory (or NUMPARITY_SPOOL; default ~/.local/state/numparity/spool)",
-        )
-        p.add_argument(
-            "--upload-timeout",
-            type=float,
-            default=_upload.DEFAULT_TIMEOUT_S,
-            help="seconds per upload request (default %(default)s)",
-        )
+        p.add_argument("--config", metavar="FILE",
+                       help="TOML config file (or NUMPARITY_CONFIG; default "
+                       f"{_config.DEFAULT_CONFIG} when it exists)")
+        p.add_argument("--server", help="server URL (NUMPARITY_SERVER, config server)")
+        p.add_argument("--token", help="agent token (NUMPARITY_TOKEN, config token); "
+                       "visible in ps: prefer --token-file")
+        p.add_argument("--token-file", metavar="FILE",
+                       help="file holding the agent token (NUMPARITY_TOKEN_FILE, "
+                       "config token_file)")
+        p.add_argument("--spool", metavar="DIR",
+                       help="spool folder (NUMPARITY_SPOOL, config spool; default "
+                       "$XDG_STATE_HOME or ~/.local/state, then numparity/spool)")
+        p.add_argument("--upload-timeout", metavar="S",
+                       help="seconds per upload request (NUMPARITY_UPLOAD_TIMEOUT, config "
+                       f"upload_timeout; default {_upload.DEFAULT_TIMEOUT_S:g})")
+        p.add_argument("--max-wait", metavar="S",
+                       help="retry an unreachable or busy server with backoff for at most S "
+                       "seconds, then leave the rest spooled (NUMPARITY_MAX_WAIT, config "
+                       f"max_wait; default {_upload.DEFAULT_MAX_WAIT_S:g}; 0: no retries)")
+        p.add_argument("--ca-bundle", metavar="FILE",
+                       help="PEM file with the CA that signed the server's certificate, "
+                       "for a lab's own CA (NUMPARITY_CA_BUNDLE, config ca_bundle; default "
+                       "the usual public CAs)")
 
-    run = sub.add_parser("run", help="run the suite, spool and upload the run document")
+    run = sub.add_parser("run", help="run the suite, spool and upload the run document",
+                         epilog=EXIT_CODES_HELP, formatter_class=formatter)
     server_args(run)
-    run.add_argument(
-        "--variants",
-        nargs="+",
-        metavar="V",
-        help=f"variants (default all: {', '.join(_variants.names())})",
-    )
-    run.add_argument(
-        "--workloads",
-        nargs="+",
-        metavar="W",
-        help=f"workloads: {', '.join(_workloads.builtin_names())} or "
-        "module:factory (default all built-ins)",
-    )
-    run.add_argument("--device", default="cpu", help="cpu or cuda:N (default cpu)")
-    run.add_argument("--repeats", type=int, default=2, help="runs per variant (default 2)")
-    run.add_argument("--node", help="node name (or NUMPARITY_NODE; default the host name)")
-    run.add_argument("--label", action="append", metavar="K=V", help="node label, repeatable")
-    run.add_argument("--output", help="also write the run document to this file")
-    run.add_argument(
-        "--timeout",
-        type=float,
-        default=900.0,
-        help="seconds per variant before its child is killed (default 900)",
-    )
-    run.add_argument(
-        "--fault-drill",
-        action="store_true",
-        help="flip one bit of one activation per workload in the strict variant and mark "
-        "the document as a drill: checks that the audit catches a corrupting GPU",
-    )
+    run.add_argument("--variants", nargs="+", metavar="V",
+                     help=f"variants (NUMPARITY_VARIANTS, config variants; default all: "
+                     f"{', '.join(_variants.names())})")
+    run.add_argument("--workloads", nargs="+", metavar="W",
+                     help=f"workloads: {', '.join(_workloads.builtin_names())} or "
+                     "module:factory (NUMPARITY_WORKLOADS, config workloads; default all "
+                     "built-ins)")
+    run.add_argument("--device", metavar="cpu|cuda:N",
+                     help="the device (NUMPARITY_DEVICE, config device; default cpu)")
+    run.add_argument("--repeats", metavar="N",
+                     help="runs per variant (NUMPARITY_REPEATS, config repeats; default 2)")
+    run.add_argument("--node", metavar="NAME",
+                     help="node name (NUMPARITY_NODE, config node; default the host name)")
+    run.add_argument("--label", action="append", metavar="K=V",
+                     help="node label, repeatable (NUMPARITY_LABELS='k=v,k=v', config "
+                     "[labels])")
+    run.add_argument("--output", metavar="FILE",
+                     help="also write the run document to this file")
+    run.add_argument("--timeout", metavar="S",
+                     help="seconds per variant before its child is killed (NUMPARITY_TIMEOUT, "
+                     "config timeout; default 900)")
+    run.add_argument("--jitter", metavar="S",
+                     help="first wait a random 0..S seconds, to spread a fleet's cron jobs "
+                     "(NUMPARITY_JITTER, config jitter; default 0)")
+    run.add_argument("--fault-drill", action="store_true",
+                     help="flip one bit of one activation per workload in the strict variant "
+                     "and mark the document as a drill: checks that the audit catches a "
+                     "corrupting GPU")
 
-    flush = sub.add_parser("flush", help="upload what is spooled, oldest first")
+    flush = sub.add_parser("flush", help="upload what is spooled, oldest first",
+                           epilog=EXIT_CODES_HELP, formatter_class=formatter)
     server_args(flush)
 
     sub.add_parser("env", help="print the environment document")
@@ -117,86 +149,227 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _write_atomic(path: str, document: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(document, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
+def worst(codes: set[int]) -> int:
+    """The exit code when several apply (PRECEDENCE)."""
+    return next((code for code in PRECEDENCE if code in codes), EXIT_OK)
 
 
-def _spool_dir(args: argparse.Namespace) -> Path:
-    return Path(args.spool) if args.spool else _upload.default_spool_dir()
+class _Usage(Exception):
+    """A usage error already worded for the operator."""
 
 
-def _flush_code(outcomes: list[_upload.UploadOutcome]) -> int:
-    if any(o.retry for o in outcomes):
-        return EXIT_SPOOLED
-    if any(not o.ok for o in outcomes):
-        return EXIT_REJECTED
-    return EXIT_OK
+class _Context:
+    """The settings `run` and `flush` share, resolved once."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        cli = {key: getattr(args, key, None) for key in _config.KINDS}
+        cli["labels"] = getattr(args, "label", None)
+        try:
+            self.settings = _config.resolve(cli, os.environ, args.config)
+        except _config.ConfigError as exc:
+            raise _Usage(str(exc)) from None
+        get = self.settings.get
+        self.server: str | None = get("server")
+        self.token: str | None = get("token")
+        hide(self.token)
+        for warning in self.settings.warnings:
+            log(f"warning: {warning}")
+        self._spool: Path | None = get("spool")
+        self.upload_timeout: float = get("upload_timeout", _upload.DEFAULT_TIMEOUT_S)
+        self.max_wait: float = get("max_wait", _upload.DEFAULT_MAX_WAIT_S)
+        ca_bundle = get("ca_bundle")
+        try:
+            self.verify = _upload.tls_verify(ca_bundle)
+        except (OSError, ssl.SSLError) as exc:
+            where = self.settings.sources.get("ca_bundle", "--ca-bundle")
+            raise _Usage(f"cannot use {where} {ca_bundle} as a CA bundle: "
+                         f"{getattr(exc, 'strerror', None) or exc}") from None
+
+    @property
+    def spool(self) -> Path:
+        """The spool folder (the default one only when needed: `run --output` without a
+        server must work where no home folder is)."""
+        if self._spool is None:
+            try:
+                self._spool = _spool.default_spool_dir()
+            except RuntimeError as exc:
+                raise _Usage(str(exc)) from None
+        return self._spool
+
+    def flush(self) -> _flush.FlushResult:
+        assert self.server
+        return _flush.flush_spool(
+            self.spool, server=self.server, token=self.token, timeout=self.upload_timeout,
+            max_wait=self.max_wait, sleep=lambda s: sleep(s), verify=self.verify)
+
+    def lock(self, stack: ExitStack, command: str) -> int | None:
+        """Take the spool's lock for the rest of `stack`; an exit code when we must stop."""
+        try:
+            previous = stack.enter_context(spool_lock(self.spool, command))
+        except LockBusy as exc:
+            log(f"error: {exc}; this {command} does nothing (exit {EXIT_LOCKED})")
+            return EXIT_LOCKED
+        except OSError as exc:
+            reason = f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+            if command == "flush":
+                log(f"error: cannot lock the spool {self.spool}: {reason}")
+                return EXIT_SPOOL_UNWRITABLE
+            log(f"warning: cannot lock the spool {self.spool}: {reason}; running without "
+                "the lock")
+            return None
+        if previous:
+            log(f"took over the spool's lock from a numparity-agent that is gone ({previous})")
+        return None
+
+
+def _flush_codes(result: _flush.FlushResult, *, retryable: bool = True) -> set[int]:
+    codes = set()
+    if result.spool_errors:
+        codes.add(EXIT_SPOOL_UNWRITABLE)
+    if result.refused or result.rejected:
+        codes.add(EXIT_REFUSED)
+    if result.quarantined:
+        codes.add(EXIT_QUARANTINED)
+    if retryable and result.kept:
+        codes.add(EXIT_SPOOLED)
+    return codes
+
+
+def _finish(codes: set[int]) -> int:
+    code = worst(codes)
+    others = sorted(codes - {code}, key=PRECEDENCE.index)
+    also = f" (also: {', '.join(f'{c} {MEANING[c]}' for c in others)})" if others else ""
+    log(f"exit {code}: {MEANING[code]}{also}")
+    return code
 
 
 def _cmd_flush(args: argparse.Namespace) -> int:
-    server = args.server or os.environ.get("NUMPARITY_SERVER")
-    if not server:
-        log("flush needs --server or NUMPARITY_SERVER")
+    context = _Context(args)
+    if not context.server:
+        log("usage: flush needs --server (or NUMPARITY_SERVER, or server in the config file)")
         return EXIT_USAGE
-    token = args.token or os.environ.get("NUMPARITY_TOKEN")
-    spool = _spool_dir(args)
-    outcomes = _upload.flush(spool, server=server, token=token, timeout=args.upload_timeout)
-    if not outcomes:
-        log(f"nothing spooled in {spool}")
-    return _flush_code(outcomes)
+    with ExitStack() as stack:
+        stopped = context.lock(stack, "flush")
+        if stopped is not None:
+            return stopped
+        result = context.flush()
+    if not (result.outcomes or result.quarantined or result.spool_errors):
+        log(f"nothing spooled in {context.spool}")
+        return EXIT_OK
+    log(f"spool {context.spool}: {result.summary()}")
+    return _finish(_flush_codes(result))
+
+
+def _write_output(path: str, document: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(document, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _progress_display() -> Progress | None:
+    """A callback that draws `[3/12] cnn/strict 0:42` on a terminal; None elsewhere."""
+    if not interactive():
+        return None
+    started = time.monotonic()
+
+    def show(finished: int, total: int, what: str) -> None:
+        elapsed = int(time.monotonic() - started)
+        progress(f"[{finished}/{total}] {what} {elapsed // 60}:{elapsed % 60:02d}")
+
+    return show
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from numparity_agent._suite import UsageError, run_suite, validate
+    from numparity_agent._suite import DEFAULT_REPEATS, DEFAULT_TIMEOUT_S, UsageError, validate
 
-    variants = _names(args.variants) or _variants.names()
-    workloads = _names(args.workloads) or _workloads.builtin_names()
+    context = _Context(args)
+    get = context.settings.get
+    variants = get("variants") or _variants.names()
+    workloads = get("workloads") or _workloads.builtin_names()
+    repeats = get("repeats", DEFAULT_REPEATS)
     try:
-        validate(workloads, variants, args.repeats, drill=args.fault_drill)
-        labels = _labels(args.label)
-    except (UsageError, ValueError) as exc:
-        log(f"usage: {exc}")
-        return EXIT_USAGE
-    server = args.server or os.environ.get("NUMPARITY_SERVER")
-    token = args.token or os.environ.get("NUMPARITY_TOKEN")
-    node = args.node or os.environ.get("NUMPARITY_NODE") or socket.gethostname()
-    spool = _spool_dir(args)
-    if server and _upload.spooled(spool):
-        _upload.flush(spool, server=server, token=token, timeout=args.upload_timeout)
+        validate(workloads, variants, repeats, drill=args.fault_drill)
+    except UsageError as exc:
+        raise _Usage(str(exc)) from None
+    jitter = get("jitter", 0.0)
+    if jitter > 0:
+        delay = random.uniform(0, jitter)
+        log(f"jitter: waiting {delay:.1f} s (a random 0..{jitter:g} s) before the run")
+        sleep(delay)
+    with ExitStack() as stack:
+        if context.server:
+            stopped = context.lock(stack, "run")
+            if stopped is not None:
+                return stopped
+        return _run_locked(args, context, workloads=workloads, variants=variants,
+                           repeats=repeats, timeout=get("timeout", DEFAULT_TIMEOUT_S))
 
-    document = run_suite(
-        workloads=workloads,
-        variants=variants,
-        device=args.device,
-        repeats=args.repeats,
-        node=node,
-        labels=labels,
-        timeout=args.timeout,
-        drill=args.fault_drill,
-    )
-    failed = [r for r in document["results"] if r["status"] == "failed"]
-    code = EXIT_OK
-    if args.output:
-        _write_atomic(args.output, document)
-        log(f"wrote {args.output}")
-    if server:
-        path = _upload.spool_document(document, spool)
-        outcome = _upload.send_spooled(
-            path, server=server, token=token, timeout=args.upload_timeout
+
+def _run_locked(args: argparse.Namespace, context: _Context, *, workloads: list[str],
+                variants: list[str], repeats: int, timeout: float) -> int:
+    from numparity_agent._suite import run_suite
+
+    codes: set[int] = set()
+    get = context.settings.get
+    if context.server:
+        # What earlier runs left: its 3 is settled by the flush after this run.
+        codes |= _flush_codes(context.flush(), retryable=False)
+    try:
+        document = run_suite(
+            workloads=workloads, variants=variants, device=get("device", "cpu"),
+            repeats=repeats, node=get("node") or socket.gethostname(),
+            labels=get("labels") or {}, timeout=timeout, drill=args.fault_drill,
+            on_progress=_progress_display(),
         )
-        if not outcome.ok:
-            code = EXIT_SPOOLED if outcome.retry else EXIT_REJECTED
+    finally:
+        end_progress()
+    failed = [r for r in document["results"] if r["status"] == "failed"]
+    if failed:
+        log(f"{len(failed)} result(s) failed")
+        codes.add(EXIT_VARIANT_FAILED)
+    if args.output:
+        try:
+            _write_output(args.output, document)
+            log(f"wrote {args.output}")
+        except OSError as exc:
+            log(f"error: cannot write {args.output}: {exc.strerror or exc}")
+            codes.add(EXIT_SPOOL_UNWRITABLE)
+    if context.server:
+        codes |= _spool_and_upload(context, document)
     elif not args.output:
         json.dump(document, sys.stdout, indent=1)
         sys.stdout.write("\n")
-    if failed:
-        log(f"{len(failed)} result(s) failed")
-        code = EXIT_VARIANT_FAILED
-    return code
+    return _finish(codes)
+
+
+def _spool_and_upload(context: _Context, document: dict[str, Any]) -> set[int]:
+    assert context.server
+    try:
+        path = _spool.spool_document(document, context.spool)
+    except OSError as exc:
+        # No copy on disk: send it now, with the same patience, rather than lose it.
+        log(f"error: {exc.strerror or exc}; uploading run {document['run_id']} directly")
+        outcome = _flush.upload_unspooled(
+            document, server=context.server, token=context.token,
+            timeout=context.upload_timeout, max_wait=context.max_wait,
+            sleep=lambda s: sleep(s), verify=context.verify)
+        codes = {EXIT_SPOOL_UNWRITABLE}
+        if outcome.refused or (not outcome.ok and not outcome.retry):
+            codes.add(EXIT_REFUSED)
+        return codes
+    log(f"spooled {path.name} in {context.spool}")
+    result = context.flush()
+    log(f"spool {context.spool}: {result.summary()}")
+    return _flush_codes(result)
 
 
 def _cmd_env(_args: argparse.Namespace) -> int:
@@ -229,7 +402,11 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
     handlers = {"run": _cmd_run, "flush": _cmd_flush, "env": _cmd_env, "doctor": _cmd_doctor}
-    return handlers[args.command](args)
+    try:
+        return handlers[args.command](args)
+    except _Usage as exc:
+        log(f"usage: {exc}")
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +25,10 @@ from numparity_agent._log import log
 
 DEFAULT_TIMEOUT_S = 900.0
 DEFAULT_REPEATS = 2
+PROGRESS_POLL_S = 0.5
+# on_progress(finished, total, what): results finished so far, of how many, and what
+# runs now ("cnn/strict"); called often (every PROGRESS_POLL_S) so a display can tick.
+Progress = Callable[[int, int, str], None]
 
 
 class UsageError(ValueError):
@@ -78,9 +83,12 @@ def run_variant(
     timeout: float,
     node_env_vars: dict[str, str],
     fault_drill: bool = False,
+    on_progress: Callable[[int], None] | None = None,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """(environment or None, results) of one variant's child process; with
-    `fault_drill` the child flips one bit in each workload (DESIGN §2.6)."""
+    `fault_drill` the child flips one bit in each workload (DESIGN §2.6).
+    `on_progress(finished)` is called while the child runs with how many of its
+    workloads it has finished."""
     spec = {
         "variant": variant,
         "workloads": list(workloads),
@@ -93,14 +101,19 @@ def run_variant(
     with tempfile.TemporaryDirectory(prefix="numparity-") as tmp:
         spec_path = os.path.join(tmp, "spec.json")
         out_path = os.path.join(tmp, "out.json")
+        if on_progress is not None:
+            spec["progress"] = os.path.join(tmp, "progress")
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(spec, f)
         cmd = [sys.executable, "-m", "numparity_agent._child", spec_path, out_path]
         proc = None
         try:
-            proc = subprocess.run(
-                cmd, env=env, timeout=timeout, capture_output=True, text=True, check=False
-            )
+            if on_progress is None:
+                proc = subprocess.run(
+                    cmd, env=env, timeout=timeout, capture_output=True, text=True, check=False
+                )
+            else:
+                proc = _run_watched(cmd, env, timeout, str(spec["progress"]), on_progress)
         except subprocess.TimeoutExpired:
             error = f"variant {variant} timed out after {timeout:g} s (child killed)"
         else:
@@ -123,6 +136,36 @@ def run_variant(
     ]
 
 
+def _run_watched(
+    cmd: list[str], env: dict[str, str], timeout: float, progress_path: str,
+    on_progress: Callable[[int], None],
+) -> subprocess.CompletedProcess[str]:
+    """subprocess.run(cmd, timeout=...) that reports the child's progress file meanwhile."""
+    deadline = time.monotonic() + timeout
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as child:
+        while True:
+            try:
+                stdout, stderr = child.communicate(
+                    timeout=max(0.0, min(PROGRESS_POLL_S, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    child.kill()
+                    child.communicate()
+                    raise
+                on_progress(_lines(progress_path))
+    return subprocess.CompletedProcess(cmd, child.returncode, stdout, stderr)
+
+
+def _lines(path: str) -> int:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return sum(1 for line in f if line.endswith("\n"))
+    except OSError:
+        return 0
+
+
 def _environment_child(timeout: float) -> dict[str, Any]:
     """The environment from a fresh interpreter, when no variant child delivered one."""
     cmd = [sys.executable, "-m", "numparity_agent", "env"]
@@ -143,12 +186,14 @@ def run_suite(
     timeout: float = DEFAULT_TIMEOUT_S,
     log_line: Callable[[str], None] = log,
     drill: bool = False,
+    on_progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Run `workloads` under `variants` (all built-ins by default): the run document.
 
     With `drill` (`run --fault-drill`, DESIGN §2.6) the document is marked as a drill
     and, in the FAULT_DRILL_VARIANT only, every workload that records layers has one
     bit of one activation flipped; the other variants run as without it.
+    `on_progress` follows the run workload by workload (see Progress).
     """
     workloads = list(workloads or _workloads.builtin_names())
     variants = list(variants or _variants.names())
@@ -162,8 +207,17 @@ def run_suite(
     started_at = utc_now()
     environment: dict[str, Any] | None = None
     results: list[dict[str, Any]] = []
+    total = len(variants) * len(workloads)
     for variant in variants:
         log_line(f"variant {variant}: running {', '.join(workloads)} on {device}")
+        watch = None
+        if on_progress is not None:
+            def watch(finished: int, variant: str = variant, done: int = len(results)) -> None:
+                now = workloads[min(finished, len(workloads) - 1)]
+                on_progress(done + finished, total, f"{now}/{variant}")
+
+            watch(0)
+        started = time.monotonic()
         child_env, child_results = run_variant(
             variant,
             workloads=workloads,
@@ -172,6 +226,7 @@ def run_suite(
             timeout=timeout,
             node_env_vars=node_env_vars,
             fault_drill=drill and variant == _variants.FAULT_DRILL_VARIANT,
+            on_progress=watch,
         )
         environment = environment or child_env
         for result in child_results:
@@ -191,6 +246,9 @@ def run_suite(
                 detail = ": " + result.get("reason", "")
             log_line(f"variant {variant}: {result['workload']} {status}{detail}")
         results.extend(child_results)
+        log_line(f"variant {variant}: done in {time.monotonic() - started:.1f} s")
+        if on_progress is not None:
+            on_progress(len(results), total, f"{variant} done")
     if environment is None:
         try:
             environment = _environment_child(timeout)

@@ -1,15 +1,14 @@
-"""Upload run documents, through a spool that survives an unreachable server.
-
-A document is written to the spool (atomically: temporary file, then os.replace)
-before it is uploaded and deleted after a 2xx answer, so a crash or a network outage
-never loses a run. A document the server rejects for good (4xx other than 408/429)
-moves to `rejected/` so it is not retried forever. The token is never logged.
+"""Upload run documents to the server (the spool they wait in is `_spool`).
 
 Uploads ask first (DESIGN §3.2). The agent asks which of its results' manifests (the
 ordered (name, kind, hash) lists) the server lacks; a result whose manifest it has
 travels as that one hash. For the others it asks which fingerprints are missing, and
 only those travel in full, the rest as bare references. On a known environment a run is
 then a few KiB. The spool always keeps the full document, so any server can take it.
+
+Every answer becomes an UploadOutcome: what it means for the spooled document (delete,
+retry later, keep for the operator, move aside) is decided in `_flush`. The token is
+never logged: it is masked in every log line (`_log.hide`).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,57 +27,29 @@ from typing import Any
 import httpx
 
 from numparity_agent._log import log
+from numparity_agent._outcome import (
+    UploadOutcome,
+    Verify,
+    answer_of,
+    no_answer,
+    server_message,
+    tls_verify,
+)
+from numparity_agent._spool import default_spool_dir, spool_document, spooled
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S", "KnownManifests", "UploadOutcome", "Verify", "default_spool_dir",
+    "flush", "known_manifests_file", "manifest_hash", "send_spooled", "server_message",
+    "slim_document", "spool_document", "spooled", "tls_verify", "upload_bytes",
+    "upload_document",
+]
 
 DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_MAX_WAIT_S = 60.0
 RUNS_PATH = "/api/v1/runs"
 MISSING_PATH = "/api/v1/fingerprints/missing"
 # A tensor entry that refers to a fingerprint the server already has (DESIGN §2.7).
 BARE_KEYS = ("name", "kind", "order", "hash")
-
-
-def default_spool_dir() -> Path:
-    configured = os.environ.get("NUMPARITY_SPOOL")
-    if configured:
-        return Path(configured)
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
-    return Path(state) / "numparity" / "spool"
-
-
-def spool_document(document: dict[str, Any], spool_dir: Path) -> Path:
-    """Write the document to the spool atomically; the file name sorts oldest first."""
-    spool_dir.mkdir(parents=True, exist_ok=True)
-    stamp = document.get("finished_at", "").replace(":", "").replace("-", "")
-    path = spool_dir / f"{stamp}-{document['run_id']}.json"
-    tmp = spool_dir / f".{path.name}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(document, f, separators=(",", ":"))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
-
-
-def spooled(spool_dir: Path) -> list[Path]:
-    if not spool_dir.is_dir():
-        return []
-    return sorted(p for p in spool_dir.glob("*.json") if not p.name.startswith("."))
-
-
-@dataclass(frozen=True)
-class UploadOutcome:
-    """`status` is the HTTP status, or None when the server could not be reached."""
-
-    status: int | None
-    detail: str
-
-    @property
-    def ok(self) -> bool:
-        return self.status is not None and 200 <= self.status < 300
-
-    @property
-    def retry(self) -> bool:
-        """Worth trying again later (unreachable, server error, throttled)."""
-        return self.status is None or self.status >= 500 or self.status in (408, 429)
 
 
 def manifest_hash(tensors: list[dict[str, Any]]) -> str:
@@ -147,8 +119,8 @@ def _post(
     try:
         response = client.post(url, content=gzipped, headers=headers)
     except httpx.HTTPError as exc:
-        return UploadOutcome(None, f"{url} unreachable: {type(exc).__name__}: {exc}"), ""
-    return UploadOutcome(response.status_code, response.text[:500]), response.text
+        return no_answer(url, exc), ""
+    return answer_of(response), response.text
 
 
 class KnownManifests:
@@ -217,16 +189,20 @@ def _ask_missing(
     hashes: Sequence[str] = (),
     manifests: Sequence[str] = (),
 ) -> _Missing | UploadOutcome | None:
-    """What the server lacks of these; None when it cannot tell us (an older server: send
-    everything); an UploadOutcome when it is unreachable."""
+    """What the server lacks of these; None when it cannot tell us (an older server, or an
+    error in this one question: send everything); an UploadOutcome when the upload cannot
+    go on: the server is unreachable, unavailable or throttling (502/503/504, 408, 429: a
+    full document would not help it) or refuses the token."""
     url = base + MISSING_PATH
     try:
         response = client.post(url, json={"hashes": list(hashes), "manifests": list(manifests)},
                                headers=headers)
     except httpx.HTTPError as exc:
-        return UploadOutcome(None, f"{url} unreachable: {type(exc).__name__}: {exc}")
+        return no_answer(url, exc)
     if response.status_code != 200:
-        return None
+        answer = answer_of(response)
+        unavailable = answer.status in (408, 429, 502, 503, 504)
+        return answer if unavailable or answer.refused else None
     try:
         answer = response.json()
         missing = answer["missing"]
@@ -241,10 +217,11 @@ def _ask_missing(
 
 
 def upload_bytes(
-    body: bytes, *, server: str, token: str | None, timeout: float = DEFAULT_TIMEOUT_S
+    body: bytes, *, server: str, token: str | None, timeout: float = DEFAULT_TIMEOUT_S,
+    verify: Verify = True,
 ) -> UploadOutcome:
     """POST a JSON document (already serialised) gzip-compressed to the server, whole."""
-    with httpx.Client(timeout=timeout) as client:
+    with httpx.Client(timeout=timeout, verify=verify) as client:
         return _post(client, server.rstrip("/") + RUNS_PATH, _gzip(body), _headers(token))[0]
 
 
@@ -257,6 +234,7 @@ def upload_document(
     client: httpx.Client | None = None,
     gzipped_full: bytes | None = None,
     known: KnownManifests | None = None,
+    verify: Verify = True,
 ) -> UploadOutcome:
     """Upload a run document, sending only what the server lacks (DESIGN §3.2).
 
@@ -266,10 +244,11 @@ def upload_document(
     others. A 422 naming a hash we referenced (retention dropped it meanwhile) is retried
     once by asking, then with the full document; a server without the question
     (404/405) gets the full document. `gzipped_full` is the full document already
-    gzip-compressed, when the caller has it.
+    gzip-compressed, when the caller has it. `verify` is for the client made here (a
+    given `client` has its own).
     """
     if client is None:
-        with httpx.Client(timeout=timeout) as own:
+        with httpx.Client(timeout=timeout, verify=verify) as own:
             return upload_document(document, server=server, token=token, client=own,
                                    gzipped_full=gzipped_full, known=known)
     manifests = _manifests(document)
@@ -355,25 +334,6 @@ def _gzip(body: bytes) -> bytes:
     return gzip.compress(body, compresslevel=6)
 
 
-def _settle(path: Path, outcome: UploadOutcome, log_line: Callable[[str], None]) -> None:
-    if outcome.ok:
-        path.unlink(missing_ok=True)
-        log_line(f"uploaded {path.name} (HTTP {outcome.status})")
-    elif outcome.retry:
-        log_line(
-            f"kept {path.name} in the spool: "
-            + (f"HTTP {outcome.status}" if outcome.status else outcome.detail)
-        )
-    else:
-        rejected = path.parent / "rejected"
-        rejected.mkdir(exist_ok=True)
-        os.replace(path, rejected / path.name)
-        log_line(
-            f"server rejected {path.name} (HTTP {outcome.status}): {outcome.detail}; "
-            f"moved to {rejected}"
-        )
-
-
 def send_spooled(
     path: Path,
     *,
@@ -381,21 +341,15 @@ def send_spooled(
     token: str | None,
     timeout: float = DEFAULT_TIMEOUT_S,
     log_line: Callable[[str], None] = log,
+    verify: Verify = True,
 ) -> UploadOutcome:
-    """Upload one spooled document and settle it (delete, keep or move to rejected/)."""
-    body = path.read_bytes()
-    try:
-        document = json.loads(body)
-    except ValueError:
-        document = None
-    if isinstance(document, dict):
-        known = KnownManifests(known_manifests_file(path.parent), server)
-        outcome = upload_document(document, server=server, token=token, timeout=timeout,
-                                  known=known)
-    else:  # not ours to judge: the server answers what is wrong with it
-        outcome = upload_bytes(body, server=server, token=token, timeout=timeout)
-    _settle(path, outcome, log_line)
-    return outcome
+    """Upload one spooled document, once, and settle it: deleted after a 2xx, kept when
+    worth retrying or when the token was refused, moved to rejected/ when the server
+    refuses it for good, to quarantine/ when it is not a run document."""
+    from numparity_agent._flush import send_one
+
+    return send_one(path, server=server, token=token, timeout=timeout, log_line=log_line,
+                    verify=verify)
 
 
 def flush(
@@ -405,12 +359,15 @@ def flush(
     token: str | None,
     timeout: float = DEFAULT_TIMEOUT_S,
     log_line: Callable[[str], None] = log,
+    max_wait: float = DEFAULT_MAX_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+    verify: Verify = True,
 ) -> list[UploadOutcome]:
-    """Upload what is spooled, oldest first; stop at the first unreachable answer."""
-    outcomes = []
-    for path in spooled(spool_dir):
-        outcome = send_spooled(path, server=server, token=token, timeout=timeout, log_line=log_line)
-        outcomes.append(outcome)
-        if outcome.status is None:
-            break
-    return outcomes
+    """Upload what is spooled, oldest first, retrying with backoff for up to `max_wait`
+    seconds while the server is unreachable or busy, then leaving the rest spooled
+    (`_flush.flush_spool`, which also says what became of each file)."""
+    from numparity_agent._flush import flush_spool
+
+    return flush_spool(spool_dir, server=server, token=token, timeout=timeout,
+                       log_line=log_line, max_wait=max_wait, sleep=sleep,
+                       verify=verify).outcomes

@@ -79,6 +79,8 @@ def test_unreachable_server_exits_3_and_keeps_the_document_spooled(tmp_path, mon
             str(spool),
             "--upload-timeout",
             "5",
+            "--max-wait",
+            "0",
         ]
     )
     assert code == 3
@@ -117,7 +119,7 @@ def test_server_error_keeps_and_rejection_moves_aside(tmp_path, server):
     spool = tmp_path / "spool"
     path = spool_document(fake_document("run-a", "2026-11-21T10:00:00Z"), spool)
     state["status"] = 503
-    assert main(["flush", "--server", url, "--spool", str(spool)]) == 3
+    assert main(["flush", "--server", url, "--spool", str(spool), "--max-wait", "0"]) == 3
     assert spooled(spool) == [path]
     state["status"] = 409
     assert main(["flush", "--server", url, "--spool", str(spool)]) == 5

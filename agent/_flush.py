@@ -1,0 +1,269 @@
+"""Empty the spool: every document is uploaded, oldest first, or settled for a reason.
+
+What becomes of a spooled file:
+
+- 2xx: deleted (the server has it; sending the same run again answers 200, not a copy).
+- No answer, 5xx, 408, 429: retried with exponential backoff (1, 2, 4 ... 30 s, each
+  between half and all of that, never sooner than the server's Retry-After) for at most
+  `max_wait` seconds after the first failure (attempts included), then the flush stops
+  and the rest stays spooled: the next run tries again, and a server that is down is
+  not hammered with every file. A TLS failure stops at once (waiting fixes no
+  certificate).
+- 401/403: the token is bad or revoked. The document stays in the spool, the flush
+  stops (every other document would be refused the same way) and says so loudly.
+- Any other 4xx (400, 409, 413, 422 ...): the server refuses this document for good: it
+  moves to `rejected/` with a `.reason` file, and the others go on.
+- Not a run document (truncated, not JSON, not ours): moved to `quarantine/` with a
+  `.reason` file before anything is sent; the others go on. So are temporary files of a
+  write that crashed.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from numparity_agent import _spool
+from numparity_agent._log import log
+from numparity_agent._outcome import UploadOutcome, Verify, server_message
+from numparity_agent._upload import (
+    DEFAULT_MAX_WAIT_S,
+    DEFAULT_TIMEOUT_S,
+    KnownManifests,
+    known_manifests_file,
+    upload_document,
+)
+
+BACKOFF_BASE_S = 1.0
+BACKOFF_CAP_S = 30.0
+MAX_FAILURES = 20  # per flush, however long max_wait is
+
+
+@dataclass
+class Backoff:
+    """When to try again after a failure, and when to give up (the module's rule)."""
+
+    max_wait: float = DEFAULT_MAX_WAIT_S
+    sleep: Callable[[float], None] = time.sleep
+    rng: random.Random = field(default_factory=random.Random)
+    spent: float = 0.0  # seconds waited or spent failing since the first failure
+    streak: int = 0  # failures since the last success
+    failures: int = 0
+
+    def next_delay(self, outcome: UploadOutcome, attempt_s: float) -> float | None:
+        """Seconds to wait before the next attempt, or None to give up."""
+        if self.failures:
+            self.spent += attempt_s
+        self.failures += 1
+        self.streak += 1
+        if self.failures >= MAX_FAILURES:
+            return None
+        step = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (self.streak - 1))
+        delay = step / 2 + self.rng.uniform(0, step / 2)
+        if outcome.retry_after is not None:
+            delay = max(delay, outcome.retry_after)
+        if self.spent + delay > self.max_wait:
+            return None
+        return delay
+
+    def wait(self, delay: float) -> None:
+        self.spent += delay
+        self.sleep(delay)
+
+    def succeeded(self) -> None:
+        self.streak = 0
+
+
+@dataclass
+class FlushResult:
+    """What a flush did, file by file (paths as they were in the spool)."""
+
+    outcomes: list[UploadOutcome] = field(default_factory=list)
+    uploaded: list[Path] = field(default_factory=list)
+    kept: list[Path] = field(default_factory=list)  # worth retrying: the next run does
+    refused: list[Path] = field(default_factory=list)  # 401/403: kept, the token is wrong
+    rejected: list[Path] = field(default_factory=list)  # moved to rejected/
+    quarantined: list[Path] = field(default_factory=list)  # moved to quarantine/
+    spool_errors: list[str] = field(default_factory=list)  # the spool could not be changed
+
+    def summary(self) -> str:
+        parts = [f"{len(self.uploaded)} uploaded"]
+        for name, paths in (("kept", self.kept), ("refused (token)", self.refused),
+                            ("rejected", self.rejected), ("quarantined", self.quarantined)):
+            if paths:
+                parts.append(f"{len(paths)} {name}")
+        return ", ".join(parts)
+
+
+def _describe(outcome: UploadOutcome) -> str:
+    if outcome.status is None:
+        return outcome.detail
+    return f"HTTP {outcome.status}, {server_message(outcome.detail)}"
+
+
+def attempt_with_backoff(
+    send: Callable[[], UploadOutcome], *, name: str, backoff: Backoff,
+    log_line: Callable[[str], None],
+) -> UploadOutcome:
+    """`send()` until it answers something not worth retrying or the backoff gives up."""
+    while True:
+        started = time.monotonic()
+        outcome = send()
+        if outcome.ok:
+            backoff.succeeded()
+        if not outcome.retry or outcome.cause == "tls":
+            return outcome
+        delay = backoff.next_delay(outcome, time.monotonic() - started)
+        if delay is None:
+            log_line(f"{name}: giving up after {backoff.streak} attempt(s) and "
+                     f"{backoff.spent:.0f} s (--max-wait {backoff.max_wait:g})")
+            return outcome
+        log_line(f"{name}: {_describe(outcome)}; retrying in {delay:.1f} s")
+        backoff.wait(delay)
+
+
+def quarantine(path: Path, reason: str, result: FlushResult,
+               log_line: Callable[[str], None]) -> None:
+    try:
+        target = _spool.move_aside(path, _spool.QUARANTINE, reason)
+    except OSError as exc:
+        result.spool_errors.append(f"cannot move {path} to quarantine: {exc}")
+        log_line(f"error: cannot move {path} to {_spool.QUARANTINE}/: {exc.strerror or exc}")
+        return
+    result.quarantined.append(path)
+    log_line(f"warning: {path.name} is {reason}: moved to {target}")
+
+
+def _settle(path: Path, outcome: UploadOutcome, result: FlushResult, server: str,
+            log_line: Callable[[str], None]) -> None:
+    result.outcomes.append(outcome)
+    if outcome.ok:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:  # uploaded, but it will be sent again (and answered 200)
+            result.spool_errors.append(f"cannot delete {path}: {exc}")
+            log_line(f"error: uploaded {path.name} but cannot delete it from the spool: "
+                     f"{exc.strerror or exc}")
+        result.uploaded.append(path)
+        log_line(f"uploaded {path.name} (HTTP {outcome.status})")
+    elif outcome.refused:
+        result.refused.append(path)
+        log_line(f"error: {server} refused the agent token for {path.name} "
+                 f"({_describe(outcome)}); it stays in the spool: check the token "
+                 "(--token-file, NUMPARITY_TOKEN_FILE or token_file), then run "
+                 "`numparity-agent flush`")
+    elif outcome.retry:
+        result.kept.append(path)
+        log_line(f"kept {path.name} in the spool: {_describe(outcome)}")
+    else:
+        reason = (f"rejected by {server} (HTTP {outcome.status}): "
+                  f"{server_message(outcome.detail, limit=4000)}")
+        try:
+            target = _spool.move_aside(path, _spool.REJECTED, reason)
+        except OSError as exc:
+            result.spool_errors.append(f"cannot move {path} to rejected: {exc}")
+            result.kept.append(path)
+            log_line(f"error: server rejected {path.name} ({_describe(outcome)}) and it "
+                     f"cannot be moved to {_spool.REJECTED}/: {exc.strerror or exc}")
+            return
+        result.rejected.append(path)
+        log_line(f"error: server rejected {path.name} ({_describe(outcome)}); moved to "
+                 f"{target} with the reason beside it")
+
+
+def _clean_temporary_files(spool_dir: Path, result: FlushResult,
+                           log_line: Callable[[str], None]) -> None:
+    for tmp in _spool.stale_temporary_files(spool_dir):
+        if tmp.name == f".{known_manifests_file(spool_dir).name}.tmp":  # a cache: drop it
+            tmp.unlink(missing_ok=True)
+            continue
+        quarantine(tmp, "the temporary file of a write that did not finish", result, log_line)
+
+
+def flush_spool(
+    spool_dir: Path,
+    *,
+    server: str,
+    token: str | None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    log_line: Callable[[str], None] = log,
+    max_wait: float = DEFAULT_MAX_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+    verify: Verify = True,
+    backoff: Backoff | None = None,
+) -> FlushResult:
+    """Upload what is spooled, oldest first, and settle each file (the module's rules)."""
+    result = FlushResult()
+    _clean_temporary_files(spool_dir, result, log_line)
+    paths = _spool.spooled(spool_dir)
+    if not paths:
+        return result
+    backoff = backoff or Backoff(max_wait=max_wait, sleep=sleep)
+    known = KnownManifests(known_manifests_file(spool_dir), server)
+    with httpx.Client(timeout=timeout, verify=verify) as client:
+        for index, path in enumerate(paths):
+            try:
+                document = _spool.read_spooled(path)
+            except _spool.CorruptSpoolFile as exc:
+                quarantine(path, str(exc), result, log_line)
+                continue
+
+            def send(document: dict[str, Any] = document) -> UploadOutcome:
+                return upload_document(document, server=server, token=token, client=client,
+                                       known=known)
+
+            outcome = attempt_with_backoff(send, name=path.name, backoff=backoff,
+                                           log_line=log_line)
+            _settle(path, outcome, result, server, log_line)
+            if outcome.retry or outcome.refused:
+                rest = [p for p in paths[index + 1:] if p.exists()]
+                result.kept.extend(rest)
+                if outcome.retry and rest:
+                    log_line(f"stopped: {len(rest)} more document(s) stay in the spool "
+                             "for the next run")
+                break
+    return result
+
+
+def send_one(
+    path: Path, *, server: str, token: str | None, timeout: float = DEFAULT_TIMEOUT_S,
+    log_line: Callable[[str], None] = log, verify: Verify = True,
+) -> UploadOutcome:
+    """One attempt at one spooled file, settled (`_upload.send_spooled`)."""
+    result = FlushResult()
+    try:
+        document = _spool.read_spooled(path)
+    except _spool.CorruptSpoolFile as exc:
+        quarantine(path, str(exc), result, log_line)
+        return UploadOutcome(None, f"quarantined: {exc}", cause="quarantined")
+    known = KnownManifests(known_manifests_file(path.parent), server)
+    outcome = upload_document(document, server=server, token=token, timeout=timeout,
+                              known=known, verify=verify)
+    _settle(path, outcome, result, server, log_line)
+    return outcome
+
+
+def upload_unspooled(
+    document: dict[str, Any], *, server: str, token: str | None,
+    timeout: float = DEFAULT_TIMEOUT_S, log_line: Callable[[str], None] = log,
+    max_wait: float = DEFAULT_MAX_WAIT_S, sleep: Callable[[float], None] = time.sleep,
+    verify: Verify = True,
+) -> UploadOutcome:
+    """Upload a document the spool could not take, with the same backoff: the only copy."""
+    backoff = Backoff(max_wait=max_wait, sleep=sleep)
+    with httpx.Client(timeout=timeout, verify=verify) as client:
+        outcome = attempt_with_backoff(
+            lambda: upload_document(document, server=server, token=token, client=client),
+            name=f"run {document.get('run_id')}", backoff=backoff, log_line=log_line)
+    if outcome.ok:
+        log_line(f"uploaded run {document.get('run_id')} directly (HTTP {outcome.status})")
+    else:
+        log_line(f"error: run {document.get('run_id')} is lost: the spool could not take it "
+                 f"and the server did not ({_describe(outcome)})")
+    return outcome
