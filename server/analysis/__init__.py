@@ -11,6 +11,7 @@ from .compare import METRICS, VERDICTS, Comparison, compare
 from .environment import IDENTITY_KEYS, UNSET, environment_diff, flatten_environment
 from .fingerprint import Fingerprint, fingerprint_from_wire
 from .groups import Group, Member, group_members
+from .inputs import broken_inputs, most_common_inputs
 from .judge import Judgement, judge
 from .layers import compare_manifests, first_divergent_layer, first_nonfinite, largest_jump
 from .report import divergence_report
@@ -29,6 +30,7 @@ __all__ = [
     "Judgement",
     "Member",
     "Tolerance",
+    "broken_inputs",
     "compare",
     "compare_manifests",
     "decode_array",
@@ -44,6 +46,7 @@ __all__ = [
     "json_safe",
     "judge",
     "largest_jump",
+    "most_common_inputs",
     "rank_attributes",
     "separating_attributes",
     "ulp_distance",

@@ -87,12 +87,11 @@ def _comparable(results: list[LatestResult], version: int | None
                      if r.input_hash is not None or r.param_hash is not None)
     if not inputs:
         return same_version, excluded
-    (fleet_input, fleet_param), _ = inputs.most_common(1)[0]
+    # Of equally common inputs, the first node's (results come in node name order).
+    fleet = analysis.most_common_inputs(inputs)[0]
     comparable = []
     for result in same_version:
-        broken = [name for name, own, fleet in (("input_hash", result.input_hash, fleet_input),
-                                                ("param_hash", result.param_hash, fleet_param))
-                  if own is not None and fleet is not None and own != fleet]
+        broken = analysis.broken_inputs((result.input_hash, result.param_hash), fleet)
         if broken:
             excluded.append(Excluded(node=result.node, run_id=result.run_id,
                                      reason=f"{' and '.join(broken)} differ from the fleet's: "

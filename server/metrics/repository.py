@@ -9,11 +9,11 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select, true
 from sqlalchemy.orm import Session
 
+from numparity_server.analysis.inputs import Inputs
 from numparity_server.kit.db import lookup
 from numparity_server.models import Latest, Manifest, Node, Outcome
 
 Key = tuple[str, str, str]  # suite, workload, variant
-Inputs = tuple[str | None, str | None]  # input_hash, param_hash
 
 
 def latest_ok_answers(session: Session) -> Sequence[Any]:

@@ -19,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
+from numparity_server import analysis
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit import service as audit_service
 from numparity_server.metrics import repository
@@ -73,20 +74,14 @@ def _comparable(session: Session, key: Key, rows: Sequence[Any]) -> list[Any]:
             inputs[(row.input_hash, row.param_hash)] += int(row.nodes)
     if not inputs:
         return same_version
-    most = max(inputs.values())
-    tied = [found for found, nodes in inputs.items() if nodes == most]
+    tied = analysis.most_common_inputs(inputs)
     # /divergence keeps the first of equally common inputs in node name order.
+    fleet = tied[0]
     if len(tied) > 1:
-        tied[0] = repository.first_inputs_by_node_name(
-            session, key=key, workload_version=version, candidates=tied) or tied[0]
-    fleet_input, fleet_param = tied[0]
+        fleet = repository.first_inputs_by_node_name(
+            session, key=key, workload_version=version, candidates=tied) or fleet
     return [row for row in same_version
-            if not _differs(row.input_hash, fleet_input)
-            and not _differs(row.param_hash, fleet_param)]
-
-
-def _differs(own: str | None, fleet: str | None) -> bool:
-    return own is not None and fleet is not None and own != fleet
+            if not analysis.broken_inputs((row.input_hash, row.param_hash), fleet)]
 
 
 class FleetCache:
