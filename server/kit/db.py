@@ -95,19 +95,23 @@ def _sqlite_engine(url: URL, settings: Settings, *, pooled: bool) -> Engine:
 def writing(session: Session) -> Iterator[Session]:
     """A write transaction: committed when the block ends, rolled back on an exception.
 
-    What the session read before (the token check) is committed first, so the write
-    starts on a fresh snapshot. On SQLite the process's writers take turns on a lock.
+    On SQLite what the session read before (the token check) is committed first, so the
+    write starts with BEGIN IMMEDIATE on a fresh snapshot, and the process's writers take
+    turns on a lock. PostgreSQL (READ COMMITTED: every statement sees what is committed)
+    goes on in the transaction the read began: no COMMIT and BEGIN round trip.
     """
-    if session.in_transaction():
-        session.commit()
     bind = session.get_bind()
+    sqlite = bind.dialect.name == "sqlite"
     writer_lock: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-    if bind.dialect.name == "sqlite":
+    if sqlite:
+        if session.in_transaction():
+            session.commit()
         engine = bind if isinstance(bind, Engine) else bind.engine
         with _lock:
             writer_lock = _sqlite_writer_locks.setdefault(str(engine.url), threading.Lock())
     with writer_lock:
-        session.connection(execution_options={_WRITE: True})
+        if sqlite:
+            session.connection(execution_options={_WRITE: True})  # BEGIN IMMEDIATE
         try:
             yield session
             session.commit()
