@@ -40,25 +40,24 @@ def free_port() -> int:
 
 
 def wait_ready(base_url: str, process: subprocess.Popen, log_path: Path, *,
-               timeout: float = 60) -> None:
-    """Until ``/readyz`` answers 200; raises with the server's log if it exits or never
-    gets there."""
+               timeout: float = 60, path: str = "/readyz",
+               name: str = "numparity-server") -> None:
+    """Until ``path`` answers 200; raises with the process's log if it exits or never
+    gets there (``name`` says which process in the message)."""
     deadline = time.monotonic() + timeout
     last = "no answer"
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"numparity-server exited with {process.returncode}:\n"
-                               f"{_log(log_path)}")
+            raise RuntimeError(f"{name} exited with {process.returncode}:\n{_log(log_path)}")
         try:
-            response = httpx.get(f"{base_url}/readyz", timeout=2)
+            response = httpx.get(f"{base_url}{path}", timeout=2)
             if response.status_code == 200:
                 return
             last = f"{response.status_code} {response.text}"
         except httpx.TransportError as exc:
             last = repr(exc)
         time.sleep(0.1)
-    raise RuntimeError(f"numparity-server not ready after {timeout}s ({last}):\n"
-                       f"{_log(log_path)}")
+    raise RuntimeError(f"{name} not ready after {timeout}s ({last}):\n{_log(log_path)}")
 
 
 def stop_process(process: subprocess.Popen, timeout: float = 15) -> None:

@@ -34,7 +34,7 @@ from local_nginx import (
     render_for_loopback,
     upstream_servers,
 )
-from server_processes import free_port, server_command, start_server, stop_process
+from server_processes import free_port, server_command, start_server, stop_process, wait_ready
 
 from numparity_server.cli import _parser
 from numparity_server.kit.settings import Settings
@@ -446,29 +446,12 @@ def test_healthcheck_passes_only_when_ready(live_server: Any, tmp_path: Path) ->
            "NUMPARITY_MIGRATE_ON_START": "false"}
     process, base_url = start_server(log_path, env, "--log-level", "warning")
     try:
-        wait_healthz(base_url, process, log_path)
+        wait_ready(base_url, process, log_path, path="/healthz")
         unready = subprocess.run(healthcheck_argv(base_url), capture_output=True, timeout=30)
         assert unready.returncode != 0
         assert b"503" in unready.stderr
     finally:
         stop_process(process)
-
-
-def wait_healthz(base_url: str, process: subprocess.Popen, log_path: Path) -> None:
-    import time
-
-    import httpx
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert process.poll() is None, log_path.read_text()
-        try:
-            if httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"no /healthz: {log_path.read_text()}")
 
 
 # -- deploy/systemd/numparity-server.service ----------------------------------------------
@@ -493,4 +476,3 @@ def test_systemd_unit_parses_and_serves() -> None:
     assert words[0].startswith("/"), "systemd wants an absolute ExecStart"
     assert words[1] == "serve"
     assert unit["Install"]["WantedBy"] == "multi-user.target"
-

@@ -23,7 +23,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -310,7 +309,7 @@ def test_the_proxy_resends_uploads_to_the_other_replica(nginx: str, lab: Lab,
     proxy_url = f"http://127.0.0.1:{port}"
     try:
         lab.ready(server)
-        _wait_proxy(proxy_url, proxy, log_path)
+        wait_ready(proxy_url, proxy, log_path, timeout=30, path="/healthz", name="nginx")
 
         # A real agent through the proxy: ask-first, then the upload; whichever replica
         # nginx picks first, the run is stored.
@@ -352,16 +351,3 @@ def test_the_proxy_resends_uploads_to_the_other_replica(nginx: str, lab: Lab,
     finally:
         dying.close()
         stop_process(proxy)
-
-
-def _wait_proxy(url: str, proxy: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert proxy.poll() is None, f"nginx exited:\n{log_path.read_text()}"
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"nginx did not answer:\n{log_path.read_text()}")
