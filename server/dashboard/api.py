@@ -22,6 +22,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
 from numparity_server.audit import service as audit_service
+from numparity_server.auth.deps import require_reader
 from numparity_server.auth.service import authenticate
 from numparity_server.dashboard import service
 from numparity_server.deps import DbSession, PolicyDep, SettingsDep
@@ -55,20 +56,19 @@ WHY = {"unknown": "That token is unknown to this server.",
 
 
 def page_reader(request: Request, session: DbSession, settings: SettingsDep) -> None:
-    """Reads are open, or the cookie (or a bearer header) holds a reader token."""
-    if settings.open_reads:
-        return
-    authorization = request.headers.get("authorization")
+    """The API's read rule (``require_reader``), with the token from a bearer header or
+    the cookie, and the sign-in form instead of a 401."""
     token = request.cookies.get(COOKIE)
-    if not authorization and not token:
-        raise LoginRequired()
+    authorization = request.headers.get("authorization") or (f"Bearer {token}" if token
+                                                              else None)
     try:
-        authenticate(session=session, role="reader",
-                     authorization=authorization or f"Bearer {token}")
+        require_reader(session, settings, authorization)
     except Forbidden:
         raise LoginRequired("role") from None
     except Unauthorized as exc:
-        raise LoginRequired("revoked" if "revoked" in str(exc.detail) else "unknown") from None
+        why = ("" if authorization is None else
+               "revoked" if "revoked" in str(exc.detail) else "unknown")
+        raise LoginRequired(why) from None
 
 
 PageReader = Annotated[None, Depends(page_reader)]
