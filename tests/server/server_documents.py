@@ -11,6 +11,7 @@ import copy
 import hashlib
 import json
 import uuid
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import numpy as np
@@ -144,3 +145,23 @@ def bare(document: dict[str, Any]) -> dict[str, Any]:
         result["tensors"] = [{k: t[k] for k in ("name", "kind", "order", "hash")}
                              for t in result.get("tensors", [])]
     return document
+
+
+def at(hours_ago: float) -> str:
+    """A ``started_at`` ``hours_ago`` before now. The clock is read when a document is
+    made, never at import: a full CI run collects tests many minutes before running them."""
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    return (now - timedelta(hours=hours_ago)).isoformat().replace("+00:00", "Z")
+
+
+def audit_document(node: str, hours_ago: float, *, shift: float = 0.0, drill: bool = False,
+                   repeats_agree: bool = True, **kwargs: Any) -> dict[str, Any]:
+    """A default + strict run started ``hours_ago`` (strict takes 1.5x default's time)."""
+    doc = run_document(node, started_at=at(hours_ago), shift=shift,
+                       variants=("default", "strict"), **kwargs)
+    doc["drill"] = drill
+    for result in doc["results"]:
+        if result["status"] == "ok":
+            result["repeats_agree"] = repeats_agree
+            result["wall_s"] = 1.0 if result["variant"] == "default" else 1.5
+    return doc

@@ -7,58 +7,11 @@ import io
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from server_documents import run_document
+from server_documents import audit_document as document
 
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit import service
 from numparity_server.kit.db import get_engine, session_factory
-
-NOW = datetime.now(timezone.utc).replace(microsecond=0)
-
-
-def at(hours_ago: float) -> str:
-    return (NOW - timedelta(hours=hours_ago)).isoformat().replace("+00:00", "Z")
-
-
-def document(node, hours_ago, *, shift=0.0, drill=False, repeats_agree=True, **kwargs):
-    doc = run_document(node, started_at=at(hours_ago), shift=shift,
-                       variants=("default", "strict"), **kwargs)
-    doc["drill"] = drill
-    for result in doc["results"]:
-        if result["status"] == "ok":
-            result["repeats_agree"] = repeats_agree
-            result["wall_s"] = 1.0 if result["variant"] == "default" else 1.5
-    return doc
-
-
-@pytest.fixture
-def fleet(make_api, tmp_path):
-    policy = tmp_path / "policy.toml"
-    policy.write_text('window_days = 7\n[allowed]\n"env_vars.MKL_CBWR" = ["unset"]\n')
-    api = make_api(policy_file=policy)
-    mkl = {"MKL_CBWR": "COMPATIBLE"}
-    documents = [
-        *(document(f"peer-{i}", 2) for i in (1, 2, 3)),
-        # A corrupting node, drilled twice: suspect, marked as a drill.
-        document("drilled", 3, shift=1e-3, drill=True),
-        document("drilled", 2, shift=1e-3, drill=True),
-        # Disagreed once, then agreed again: watch; its strict answer changed.
-        document("glitchy", 3, shift=1e-3),
-        document("glitchy", 2),
-        # Repeats that disagree.
-        document("flaky", 2, env_vars=mkl, repeats_agree=False),
-        # An upgrade that changed the numbers: drift naming the attribute.
-        document("upgraded", 5),
-        document("upgraded", 2, env_vars=mkl, shift=2e-3),
-        # Different input bytes: broken inputs.
-        document("broken", 2, input_hash="in-" + "1" * 61),
-        # Older than the window: its disagreement no longer counts.
-        document("old", 24 * 10, shift=1e-3),
-        document("old", 2),
-    ]
-    for doc in documents:
-        assert api.post_run(doc).status_code == 201
-    return api
 
 
 def get_audit(api, **params):
@@ -139,11 +92,14 @@ def test_cost_of_determinism_per_environment(fleet):
 
 
 def test_stale_nodes(fleet):
+    # Every upload of the fixture arrived before `now` and (however slow the machine)
+    # well within the hour before it.
+    now = datetime.now(timezone.utc)
     engine = get_engine(fleet.settings)
     with session_factory(engine)() as session:
-        fresh = service.audit(session=session, policy=Policy(stale_after_hours=1))
+        fresh = service.audit(session=session, policy=Policy(stale_after_hours=1), now=now)
         later = service.audit(session=session, policy=Policy(stale_after_hours=1),
-                              now=NOW + timedelta(hours=3))
+                              now=now + timedelta(hours=3))
     assert fresh["stale"] == []
     assert len(later["stale"]) == 9 and later["stale"][0]["hours_since"] >= 2.9
     assert later["summary"]["stale"] == 9

@@ -13,7 +13,6 @@ from urllib.parse import parse_qs, urlsplit
 import numpy as np
 import pytest
 from server_documents import run_document
-from test_audit_api import fleet  # noqa: F401  (the audit's fleet, one of every finding)
 
 from numparity_server.auth import service as auth_service
 from numparity_server.kit.db import get_engine, session_factory
@@ -194,7 +193,7 @@ def test_the_node_page_puts_environment_and_answer_changes_on_one_timeline(api):
     assert 'href="/compare?run_a=before&amp;run_b=after"' in html
 
 
-def test_the_audit_page_shows_what_the_audit_says(fleet):  # noqa: F811
+def test_the_audit_page_shows_what_the_audit_says(fleet):
     api = fleet
     html = page(api, "/audit")
     report = api.client.get("/api/v1/audit", headers=api.reader).json()

@@ -22,7 +22,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
-from server_documents import run_document
+from server_documents import at, audit_document, run_document
 from server_processes import (
     run_cli,
     start_server,
@@ -30,8 +30,6 @@ from server_processes import (
     wait_ready,
 )
 from sqlalchemy import update
-from test_audit_api import NOW, at
-from test_audit_api import document as audit_document
 
 from numparity_server.app import create_app
 from numparity_server.auth import service as auth_service
@@ -145,7 +143,7 @@ def test_nodes_by_status_are_the_audits(make_api):
     # No upload for three days (the policy's default: stale after 48 h).
     with session_factory(get_engine(api.settings))() as session:
         session.execute(update(Node).where(Node.name == "gone")
-                        .values(last_seen=NOW - timedelta(days=3)))
+                        .values(last_seen=datetime.now(timezone.utc) - timedelta(days=3)))
         session.commit()
 
     summary = api.client.get("/api/v1/audit", headers=api.reader).json()["summary"]
@@ -224,14 +222,15 @@ def test_groups_are_the_divergence_groups_of_the_output(split_fleet):
 
 def test_age_of_each_nodes_newest_run(make_api):
     api = make_api(metrics_cache_seconds=0)
+    before = datetime.now(timezone.utc)
     assert api.post_run(run_document("fresh", started_at=at(1))).status_code == 201
     assert api.post_run(run_document("old", started_at=at(30))).status_code == 201
     # A run from the spool arriving late does not make the node look older.
     assert api.post_run(run_document("fresh", started_at=at(5))).status_code == 201
     expected = {"fresh": 3600, "old": 30 * 3600}
-    elapsed = (datetime.now(timezone.utc) - NOW).total_seconds()
     ages = {dict(labels)["node"]: value for labels, value in
             scrape(api).series("numparity_node_last_run_age_seconds").items()}
+    elapsed = (datetime.now(timezone.utc) - before).total_seconds()
     assert ages.keys() == expected.keys()
     for node, age in ages.items():
         assert expected[node] <= age <= expected[node] + elapsed + 1, node
@@ -271,7 +270,7 @@ _UPLOADER = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[1])
     from fastapi.testclient import TestClient
-    from server_documents import run_document
+    from server_documents import at, audit_document, run_document
     from numparity_server.app import create_app
     from numparity_server.kit.settings import Settings
 

@@ -268,7 +268,9 @@ def test_100000_tensors_is_a_cheap_422_naming_the_limit(api):
     (error,) = response.json()["detail"]
     assert error["loc"] == ["body", "results", 0, "tensors"]
     assert f"at most {MAX_TENSORS_PER_RESULT} items" in error["msg"]
-    assert elapsed < 10
+    # Not a speed target: a limit checked per item (or after parsing every tensor) takes
+    # minutes here; checked first it takes well under a second on any machine.
+    assert elapsed < 60
     assert_nothing_stored(api)
 
 
