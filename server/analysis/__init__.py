@@ -17,11 +17,13 @@ from .layers import compare_manifests, first_divergent_layer, first_nonfinite, l
 from .report import divergence_report
 from .tolerance import DEFAULT_TOLERANCES, Tolerance, default_tolerance
 from .ulp import ulp_distance
+from .verdicts import SEVERITY, ResultVerdict, result_verdict, worst_verdict
 
 __all__ = [
     "DEFAULT_TOLERANCES",
     "IDENTITY_KEYS",
     "METRICS",
+    "SEVERITY",
     "UNSET",
     "VERDICTS",
     "Comparison",
@@ -29,6 +31,7 @@ __all__ = [
     "Group",
     "Judgement",
     "Member",
+    "ResultVerdict",
     "Tolerance",
     "broken_inputs",
     "compare",
@@ -48,6 +51,8 @@ __all__ = [
     "largest_jump",
     "most_common_inputs",
     "rank_attributes",
+    "result_verdict",
     "separating_attributes",
     "ulp_distance",
+    "worst_verdict",
 ]
