@@ -16,7 +16,10 @@ def _number(value: Any, *, whole: bool = False) -> str:
 
 
 def _separation(item: dict[str, Any]) -> str:
-    """"MKL_CBWR (unset vs COMPATIBLE)"; long texts such as parallel_info are only named."""
+    """"MKL_CBWR (unset vs COMPATIBLE)"; of a long text such as torch.config the part that
+    differs ("line 3: …CUDA 12.1… vs line 3: …CUDA 12.4…"); several values only named."""
+    if "a_short" in item:
+        return f"{item['attribute']} ({item['a_short']} vs {item['b_short']})"
     sides = ["/".join(item["a"]), "/".join(item["b"])]
     if any("\n" in side or len(side) > 40 for side in sides):
         return f"{item['attribute']} (differs)"

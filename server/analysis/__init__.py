@@ -8,7 +8,13 @@ from ._arrays import decode_array, encode_array
 from ._json import json_safe
 from .attribution import rank_attributes, separating_attributes
 from .compare import METRICS, VERDICTS, Comparison, compare
-from .environment import IDENTITY_KEYS, UNSET, environment_diff, flatten_environment
+from .environment import (
+    IDENTITY_KEYS,
+    UNSET,
+    environment_diff,
+    flatten_environment,
+    short_difference,
+)
 from .fingerprint import Fingerprint, fingerprint_from_wire
 from .groups import Group, Member, group_members
 from .inputs import broken_inputs, most_common_inputs
@@ -53,6 +59,7 @@ __all__ = [
     "rank_attributes",
     "result_verdict",
     "separating_attributes",
+    "short_difference",
     "ulp_distance",
     "worst_verdict",
 ]

@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .environment import UNSET, flatten_environment
+from .environment import UNSET, flatten_environment, is_blob, short_difference
 from .groups import Group
 
 # env_key -> its flattened environment: every node of an environment shares its attributes.
@@ -45,8 +45,11 @@ def separating_attributes(a: Group, b: Group, *, flattened: Flattened | None = N
                           ) -> list[dict[str, Any]]:
     """Attributes whose values are disjoint between the two groups ("unset" if missing).
 
-    Sorted by fewest distinct values, then name. More than one means the fleet cannot
-    tell from its data which of them causes the split.
+    Every one of them separates the groups perfectly; they are ordered as a person reads
+    an explanation (``reading_order``): fewest distinct values, then versions, then other
+    short values, then blobs, then name. More than one means the fleet cannot tell from
+    its data which of them causes the split. For a long value (one on each side),
+    ``a_short``/``b_short`` show the part that differs (``a``/``b`` keep the whole values).
     """
     counts, flattened, names = _env_counts([a, b], flattened)
     found = []
@@ -54,9 +57,24 @@ def separating_attributes(a: Group, b: Group, *, flattened: Flattened | None = N
         values_a = _values(counts[a.id], flattened, name)
         values_b = _values(counts[b.id], flattened, name)
         if values_a.isdisjoint(values_b):
-            found.append({"attribute": name, "a": sorted(values_a), "b": sorted(values_b)})
-    found.sort(key=lambda item: (len(item["a"]) + len(item["b"]), item["attribute"]))
+            item: dict[str, Any] = {"attribute": name, "a": sorted(values_a),
+                                    "b": sorted(values_b)}
+            if len(values_a) == len(values_b) == 1 and any(map(is_blob, values_a | values_b)):
+                item["a_short"], item["b_short"] = short_difference(item["a"][0], item["b"][0])
+            found.append(item)
+    found.sort(key=lambda item: (len(item["a"]) + len(item["b"]),
+                                 *reading_order(item["attribute"],
+                                                any(map(is_blob, item["a"] + item["b"])))))
     return found
+
+
+def reading_order(name: str, blob: bool) -> tuple[int, str]:
+    """Of equally good explanations, the one a person reads first: a version (torch.version,
+    python.version, a driver's), then other short values, then blobs (torch.config)."""
+    if blob:
+        return 2, name
+    leaf = name.rsplit(".", 1)[-1]
+    return (0 if "version" in leaf or leaf in {"driver", "cuda", "cudnn", "nccl"} else 1), name
 
 
 def _entropy(counts: Counter[int]) -> float:
@@ -71,8 +89,9 @@ def rank_attributes(groups: Sequence[Group], *, flattened: Flattened | None = No
     ``conditional_entropy`` is H(group | attribute) in bits (0: the attribute's value
     determines the group); ``purity`` is the share of members in the majority group of
     their attribute value. Ranked by conditional entropy, then fewest distinct values
-    (a per-node value "predicts" perfectly but explains nothing), then name. Empty
-    when there is no split (fewer than two groups).
+    (a per-node value "predicts" perfectly but explains nothing), then versions before
+    other short values before blobs (``reading_order``), then name. Empty when there is
+    no split (fewer than two groups).
     """
     if len(groups) < 2:
         return []
@@ -81,7 +100,7 @@ def rank_attributes(groups: Sequence[Group], *, flattened: Flattened | None = No
     rows = [(group_id, flattened[env], n) for group_id, envs in counts.items()
             for env, n in envs.items()]
     total = sum(n for _group, _env, n in rows)
-    ranked = []
+    ranked: list[dict[str, Any]] = []
     for name in names:
         by_value: dict[str, Counter[int]] = {}
         for group_id, env, n in rows:
@@ -92,10 +111,12 @@ def rank_attributes(groups: Sequence[Group], *, flattened: Flattened | None = No
         purity = sum(max(c.values()) for c in by_value.values()) / total
         ranked.append({
             "attribute": name,
+            "blob": any(is_blob(value) for value in by_value),
             "distinct_values": len(by_value),
             # Rounded so that equal entropies reached by different sums rank as equal.
             "conditional_entropy": round(entropy, 12) + 0.0,
             "purity": purity,
         })
-    ranked.sort(key=lambda r: (r["conditional_entropy"], r["distinct_values"], r["attribute"]))
+    ranked.sort(key=lambda r: (r["conditional_entropy"], r["distinct_values"],
+                               *reading_order(r["attribute"], r["blob"])))
     return ranked

@@ -63,3 +63,48 @@ def environment_diff(a: Mapping[str, str], b: Mapping[str, str]) -> list[dict[st
         for name in sorted(a.keys() | b.keys())
         if a.get(name, UNSET) != b.get(name, UNSET)
     ]
+
+
+# A value longer than this (or of several lines) is a blob to a reader: torch's build
+# config, parallel_info, a CPU's flag list. It is shown as the part that differs.
+SHORT_VALUE = 40
+_CONTEXT = 12
+
+
+def is_blob(value: str) -> bool:
+    return "\n" in value or len(value) > SHORT_VALUE
+
+
+def short_difference(a: str, b: str) -> tuple[str, str]:
+    """Two values as a person compares them: short ones whole; of long or multi-line ones
+    the first line that differs (with its number), cut to the part that differs with a
+    little context on either side. The whole values stay where they came from."""
+    if not (is_blob(a) or is_blob(b)):
+        return a, b
+    lines_a, lines_b = a.split("\n"), b.split("\n")
+    where = ""
+    if len(lines_a) > 1 or len(lines_b) > 1:
+        index = next((i for i, (x, y) in enumerate(zip(lines_a, lines_b, strict=False)) if x != y),
+                     min(len(lines_a), len(lines_b)))
+        where = f"line {index + 1}: "
+        a = lines_a[index] if index < len(lines_a) else "(no line)"
+        b = lines_b[index] if index < len(lines_b) else "(no line)"
+    if not (is_blob(a) or is_blob(b)):
+        return where + a, where + b
+    return where + _cut(a, b), where + _cut(b, a)
+
+
+def _cut(value: str, other: str) -> str:
+    """``value`` around where it first differs from ``other``, with "…" for what is cut."""
+    start = next((i for i, (x, y) in enumerate(zip(value, other, strict=False)) if x != y),
+                 min(len(value), len(other)))
+    # The common tail, so the shown part ends where the values agree again.
+    tail = 0
+    while (tail < len(value) - start and tail < len(other) - start
+           and value[-1 - tail] == other[-1 - tail]):
+        tail += 1
+    lo = max(0, start - _CONTEXT)
+    hi = min(len(value), max(len(value) - tail, start) + _CONTEXT)
+    if hi - lo > 2 * SHORT_VALUE:
+        hi = lo + 2 * SHORT_VALUE
+    return ("…" if lo > 0 else "") + value[lo:hi] + ("…" if hi < len(value) else "")

@@ -1,6 +1,9 @@
 """Output of GET /compare: two runs, result by result and tensor by tensor (DESIGN §3.3).
 
 Run a is the reference ("expected"), run b the candidate: metrics measure b against a.
+A verdict is what ``torch.testing.assert_close(actual=b, expected=a, equal_nan=True)``
+says under the policy's tolerances: NaN against NaN counts as equal (the convention),
+an infinity only matches the same infinity.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ class EnvironmentDifference(BaseModel):
     attribute: str = Field(description="Dotted path in the flattened environment")
     a: str = Field(description='Value in run a ("unset" where absent)')
     b: str = Field(description='Value in run b ("unset" where absent)')
+    a_short: str = Field(description="a as a person compares it: a long or multi-line value "
+                                     "cut to the (first line) part that differs from b")
+    b_short: str = Field(description="b likewise")
 
 
 class ResultKey(BaseModel):
@@ -58,7 +64,9 @@ class TensorComparison(BaseModel):
     kind: str
     order: int = Field(description="Position in run a's manifest")
     dtype: str | None
-    verdict: str = Field(description="identical, equivalent, divergent or nonfinite")
+    verdict: str = Field(description="identical (same bits), equivalent (assert_close with "
+                                     "equal_nan=True passes), divergent (it fails on finite "
+                                     "values) or nonfinite (a NaN or Inf without its match)")
     basis: str = Field(description="The evidence that decided: hash, values, sample, sketch, "
                                    "stats")
     metrics: dict[str, float | None]
@@ -69,11 +77,24 @@ class OutputVerdict(BaseModel):
     verdict: str
 
 
+class ResultVerdictOut(BaseModel):
+    verdict: str = Field(description="The worst verdict of all the tensors compared")
+    tensor: str = Field(description="The tensor that decided it: the first, in run a's "
+                                    "execution order, of the most severe")
+    kind: str
+
+
 class PairSummary(BaseModel):
     tensors: int = Field(description="Tensors compared (present in both results)")
     verdicts: dict[str, int] = Field(description="Number of tensors per verdict")
+    result_verdict: ResultVerdictOut | None = Field(
+        description="The verdict of the whole result over every tensor compared (outputs, "
+                    "layers, gradients, losses, probes): what torch.testing.assert_close over "
+                    "all of them would say. None when no tensor is in both results")
     outputs: list[OutputVerdict]
-    output_verdict: str | None = Field(description="The worst verdict of the output tensors")
+    output_verdict: str | None = Field(
+        description="The worst verdict of the tensors of kind output; None for a workload "
+                    "without one (train, probes): read result_verdict")
 
 
 class FirstDivergentLayer(BaseModel):
@@ -160,7 +181,8 @@ COMPARE_EXAMPLE: dict[str, Any] = {
               "agent_version": "0.1.0", "started_at": "2026-11-21T10:05:00Z", "drill": False},
     "workload": None,
     "variant": None,
-    "environment": [{"attribute": "env_vars.MKL_CBWR", "a": "unset", "b": "COMPATIBLE"}],
+    "environment": [{"attribute": "env_vars.MKL_CBWR", "a": "unset", "b": "COMPATIBLE",
+                     "a_short": "unset", "b_short": "COMPATIBLE"}],
     "pairs": [
         {
             "suite": "standard", "workload": "cnn", "variant": "default", "device": "cpu",
@@ -174,6 +196,8 @@ COMPARE_EXAMPLE: dict[str, Any] = {
             "summary": {"tensors": 4,
                         "verdicts": {"identical": 1, "equivalent": 0, "divergent": 3,
                                      "nonfinite": 0},
+                        "result_verdict": {"verdict": "divergent", "tensor": "conv2",
+                                           "kind": "layer"},
                         "outputs": [{"name": "output", "verdict": "divergent"}],
                         "output_verdict": "divergent"},
             "first_divergent_layer": {"name": "conv2", "order": 1, "verdict": "divergent",

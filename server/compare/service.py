@@ -30,8 +30,6 @@ from numparity_server.compare.schemas import ResultKey as ResultKeyOut
 from numparity_server.divergence.service import load_fingerprints
 from numparity_server.kit.errors import NotFound
 
-_SEVERITY = {verdict: rank for rank, verdict in enumerate(analysis.VERDICTS)}
-
 
 def compare_runs(
     *, session: Session, policy: Policy, run_a: str, run_b: str,
@@ -108,7 +106,10 @@ def _environment_differences(a: RunRow, b: RunRow) -> list[EnvironmentDifference
         return []
     differences = analysis.environment_diff(analysis.flatten_environment(a.environment),
                                             analysis.flatten_environment(b.environment))
-    return [EnvironmentDifference(**difference) for difference in differences]
+    return [EnvironmentDifference(**difference, **dict(zip(
+                ("a_short", "b_short"),
+                analysis.short_difference(difference["a"], difference["b"]), strict=True)))
+            for difference in differences]
 
 
 def _side(result: ResultRow) -> ResultSide:
@@ -178,7 +179,9 @@ def _summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     counts = Counter(row["verdict"] for row in rows)
     outputs = [{"name": row["name"], "verdict": row["verdict"]}
                for row in rows if row["kind"] == "output"]
-    worst = max((o["verdict"] for o in outputs), key=_SEVERITY.__getitem__, default=None)
+    decided = analysis.result_verdict(rows)
     return {"tensors": len(rows),
             "verdicts": {verdict: counts[verdict] for verdict in analysis.VERDICTS},
-            "outputs": outputs, "output_verdict": worst}
+            "result_verdict": decided.to_dict() if decided is not None else None,
+            "outputs": outputs,
+            "output_verdict": analysis.worst_verdict(o["verdict"] for o in outputs)}

@@ -99,7 +99,8 @@ def test_shifted_run_diverges_at_conv2_with_metrics_of_b_against_a(api):
     report = compare_ok(api, run_a="ref", run_b="cand")
 
     assert report["environment"] == [
-        {"attribute": "env_vars.MKL_CBWR", "a": "unset", "b": "COMPATIBLE"}]
+        {"attribute": "env_vars.MKL_CBWR", "a": "unset", "b": "COMPATIBLE",
+         "a_short": "unset", "b_short": "COMPATIBLE"}]
     assert report["run_a"]["env_key"] != report["run_b"]["env_key"]
 
     pair = pair_of(report)
@@ -110,6 +111,9 @@ def test_shifted_run_diverges_at_conv2_with_metrics_of_b_against_a(api):
                                            "nonfinite": 0}
     assert pair["summary"]["outputs"] == [{"name": "output", "verdict": "divergent"}]
     assert pair["summary"]["output_verdict"] == "divergent"
+    # The whole result: the worst of every tensor, the first of them in order deciding.
+    assert pair["summary"]["result_verdict"] == {"verdict": "divergent", "tensor": "conv2",
+                                                 "kind": "layer"}
     assert pair["first_divergent_layer"]["name"] == "conv2"
     assert pair["first_divergent_layer"]["verdict"] == "divergent"
     assert pair["largest_jump"]["name"] == "conv2"
@@ -150,9 +154,46 @@ def test_nan_from_fc1_on_is_the_first_nonfinite(api):
     assert verdicts == {"conv1": "identical", "conv2": "identical", "fc1": "nonfinite",
                         "output": "nonfinite"}
     assert pair["summary"]["output_verdict"] == "nonfinite"
+    assert pair["summary"]["result_verdict"] == {"verdict": "nonfinite", "tensor": "fc1",
+                                                 "kind": "layer"}
     assert pair["first_divergent_layer"]["name"] == "fc1"
     # The NaN is in run b only: the other way round, a has none that b lacks.
     assert pair_of(compare_ok(api, run_a="nan", run_b="ref"))["first_nonfinite"] is None
+
+
+def without_outputs(document):
+    """A workload like train or probes: no tensor of kind output."""
+    for result in document["results"]:
+        for tensor in result.get("tensors", []):
+            tensor["kind"] = "probe"
+    return document
+
+
+def test_a_workload_without_outputs_still_gets_a_verdict_for_the_whole_result(api):
+    upload(api, without_outputs(run_document("stock", run_id="ref")),
+           without_outputs(run_document("other", run_id="cand", shift=1e-3)),
+           without_outputs(run_document("same", run_id="same")))
+    pair = pair_of(compare_ok(api, run_a="ref", run_b="cand"))
+    assert pair["summary"]["output_verdict"] is None
+    assert pair["summary"]["result_verdict"] == {"verdict": "divergent", "tensor": "conv2",
+                                                 "kind": "probe"}
+    identical = pair_of(compare_ok(api, run_a="ref", run_b="same"))
+    assert identical["summary"]["result_verdict"]["verdict"] == "identical"
+
+
+def test_a_long_environment_value_is_shown_as_the_line_that_differs(api):
+    config = "\n".join(f"  - option {i}: value {i}" for i in range(40))
+    reference, candidate = run_document("a", run_id="ref"), run_document("b", run_id="cand")
+    reference["environment"]["torch"]["config"] = config
+    candidate["environment"]["torch"]["config"] = config.replace("value 17", "value 17b")
+    candidate["environment"]["env_key"] = "e" * 64  # another environment
+    upload(api, reference, candidate)
+    (difference,) = compare_ok(api, run_a="ref", run_b="cand")["environment"]
+    assert difference["attribute"] == "torch.config"
+    assert (difference["a"], difference["b"]) == (reference["environment"]["torch"]["config"],
+                                                  candidate["environment"]["torch"]["config"])
+    assert difference["a_short"] == "line 18:   - option 17: value 17"
+    assert difference["b_short"] == "line 18:   - option 17: value 17b"
 
 
 def test_workload_and_variant_filters(api):

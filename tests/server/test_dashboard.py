@@ -119,6 +119,12 @@ def test_heatmap_colours_each_cell_by_its_verdict_against_the_most_common_answer
         assert pair["summary"]["output_verdict"] == heat.rows[node]["cnn/default"][0]
         compared = page(api, href)
         assert f'data-verdict="{pair["summary"]["output_verdict"]}"' in compared
+        decided = pair["summary"]["result_verdict"]
+        assert (f'class="verdict result-verdict" data-verdict="{decided["verdict"]}"'
+                in compared)
+        if decided["verdict"] != "identical":
+            assert f'decided by <code>{decided["tensor"]}</code>' in compared
+        assert "NaN against NaN counts as equal" in compared
 
 
 def test_the_comparison_page_charts_each_layers_error_and_marks_the_first_divergent_one(

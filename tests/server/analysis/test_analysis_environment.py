@@ -43,3 +43,17 @@ def test_flatten_renders_leaves_and_drops_identity():
 
 def test_cpu_node_has_empty_gpu_list():
     assert flatten_environment({"gpus": [], "env_vars": {}}) == {"gpus": "[]"}
+
+
+def test_short_difference_keeps_short_values_and_cuts_long_ones_to_what_differs():
+    from numparity_server.analysis import short_difference
+
+    assert short_difference("unset", "COMPATIBLE") == ("unset", "COMPATIBLE")
+    flags = "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36"
+    a, b = short_difference(flags + " avx2 sse4_2 end", flags + " avx512f sse4_2 end")
+    assert "avx2" in a and "avx512f" in b
+    assert a.startswith("…") and len(a) < len(flags)
+    a, b = short_difference("one\ntwo\nthree", "one\ntwo\n3")
+    assert (a, b) == ("line 3: three", "line 3: 3")
+    a, b = short_difference("one\ntwo", "one\ntwo\nthree")
+    assert (a, b) == ("line 3: (no line)", "line 3: three")

@@ -91,8 +91,8 @@ def test_mkl_cbwr_split_is_named(fleet):
     assert split == [{"attribute": "env_vars.MKL_CBWR", "a": ["unset"], "b": ["COMPATIBLE"]}]
 
     ranking = rank_attributes(groups)
-    assert ranking[0] == {"attribute": "env_vars.MKL_CBWR", "distinct_values": 2,
-                          "conditional_entropy": 0.0, "purity": 1.0}
+    assert ranking[0] == {"attribute": "env_vars.MKL_CBWR", "blob": False,
+                          "distinct_values": 2, "conditional_entropy": 0.0, "purity": 1.0}
     python_row = next(r for r in ranking if r["attribute"] == "python.version")
     assert python_row["conditional_entropy"] > 0.9  # python says nothing about the group
     names = {r["attribute"] for r in ranking}
@@ -215,3 +215,27 @@ def test_one_group_has_nothing_to_explain(fleet):
     empty = divergence_report(members=[], tensor="output", fingerprints={})
     assert empty == {"tensor": "output", "groups": [], "pairs": [], "attribution": [],
                      "members_without_tensor": []}
+
+
+def test_a_version_is_named_before_a_blob_that_changed_with_it():
+    """A torch upgrade changes torch.version and its 2 KB build config together: both
+    separate the groups, the version reads first and the blob as the line that differs."""
+    from numparity_server.analysis import Group
+
+    config = "\n".join(f"  - build option {i}" for i in range(60))
+
+    def env(version: str, build: str) -> dict:
+        return {"env_key": f"key-{version}", "torch": {"version": version, "config": build}}
+
+    old = Member(node="old", run_id="r1", env_key="key-2.12", environment=env("2.12.0", config))
+    new = Member(node="new", run_id="r2", env_key="key-2.13",
+                 environment=env("2.13.0", config.replace("option 7", "option 7 (cuda 12.8)")))
+    groups = [Group(1, "h1", (old,)), Group(2, "h2", (new,))]
+    found = separating_attributes(groups[0], groups[1])
+    assert [item["attribute"] for item in found] == ["torch.version", "torch.config"]
+    blob = found[1]
+    assert (blob["a_short"], blob["b_short"]) == (
+        "line 8:   - build option 7", "line 8:   - build option 7 (cuda 12.8)")
+    assert blob["a"] == [env("2.12.0", config)["torch"]["config"]]  # the whole value kept
+    ranked = rank_attributes(groups)
+    assert [row["attribute"] for row in ranked] == ["torch.version", "torch.config"]
