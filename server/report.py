@@ -26,15 +26,6 @@ def _separation(item: dict[str, Any]) -> str:
     return f"{item['attribute']} ({sides[0]} vs {sides[1]})"
 
 
-def _sketch_note(metrics: dict[str, Any]) -> str:
-    """The whole tensor's relative L2 error estimated from the sketches, when the values
-    were not all there to measure it."""
-    estimate, error = metrics.get("rel_l2_est"), metrics.get("rel_l2_err")
-    if metrics.get("rel_l2") is not None or not estimate:
-        return ""
-    return f"; rel L2 ≈ {_number(estimate)} ± {_number(error)} from the sketch"
-
-
 def format_divergence(payload: dict[str, Any]) -> str:
     """Render groups, verdicts and attribution as lines a person reads: each group
     against the largest (group 1); the API has every pair."""
@@ -55,13 +46,14 @@ def format_divergence(payload: dict[str, Any]) -> str:
         if pair["a"] != groups[0]["id"]:
             continue
         metrics = pair.get("metrics") or {}
-        lines.append(
-            f"  group {pair['a']} vs {pair['b']}: {pair['verdict']}"
-            f" (max abs {_number(metrics.get('max_abs'))},"
-            f" max rel {_number(metrics.get('max_rel'))},"
-            f" max ULP {_number(metrics.get('max_ulp'), whole=True)}; from {pair['basis']})"
-            + _sketch_note(metrics)
-        )
+        if pair.get("evidence"):  # not measured over the whole tensor: say what was seen
+            measured = f"{pair['evidence']}; from {pair['basis']}"
+        else:
+            measured = (f"max abs {_number(metrics.get('max_abs'))},"
+                        f" max rel {_number(metrics.get('max_rel'))},"
+                        f" max ULP {_number(metrics.get('max_ulp'), whole=True)};"
+                        f" from {pair['basis']}")
+        lines.append(f"  group {pair['a']} vs {pair['b']}: {pair['verdict']} ({measured})")
         layer = pair.get("first_divergent_layer")
         if layer:
             lines.append(f"    first divergent layer: {layer['name']}")

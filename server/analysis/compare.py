@@ -1,10 +1,24 @@
 """One verdict for two fingerprints of the same tensor (DESIGN §3.3).
 
 ``b`` is the reference, as ``expected`` is in ``torch.testing.assert_close``: relative
-errors divide by ``|b|`` and the tolerance grows with ``|b|``. Every metric is computed in
-float64 and is ``None`` where it has no meaning, never NaN. Two metrics can be infinite:
-``max_rel`` (a difference where the reference is 0) and ``sqnr_db`` (no noise at all), as
-can every error metric of float64 values whose difference overflows.
+errors divide by ``|b|`` and the tolerance grows with ``|b|``. With the whole values on
+both sides the verdict is assert_close's own: ``equivalent`` when
+``assert_close(actual=a, expected=b, equal_nan=True)`` passes under the tolerance
+(closeness computed as torch computes it, ``closeness.py``), ``nonfinite`` when it fails
+because a NaN or an infinity has no match (NaN against NaN is equal: the convention; an
+infinity matches only the same infinity), ``divergent`` when it fails on finite values.
+
+Metrics are measured, never guessed. The element-wise ones (max abs / rel / ULP,
+mismatch fraction, RMSE, cosine, SQNR, relative L2) come only from the whole values,
+exactly (max abs and max rel are the float64 rounding of the exact maxima of float
+inputs, RMSE and L2 are computed with power-of-two scaling so subnormals neither
+vanish nor huge values overflow); without the values they are ``None`` and
+``evidence`` says what the verdict rests on: the sample's maxima (a lower bound) and
+the sketch's estimate of the relative L2 error with its uncertainty
+(``rel_l2_est ± rel_l2_err``). Every metric is ``None`` where it has no meaning, never
+NaN. Two can be infinite: ``max_rel`` (a difference where the reference is 0) and
+``sqnr_db`` (no noise at all), as can every error metric of float64 values whose
+difference overflows.
 """
 
 from __future__ import annotations
@@ -19,6 +33,7 @@ import numpy as np
 
 from ._arrays import FLOAT_DTYPES
 from ._json import json_safe
+from .closeness import close_count, promoted_dtype
 from .fingerprint import Fingerprint
 from .tolerance import Tolerance, tolerance_for
 from .ulp import max_ulp_distance, rank_dtype
@@ -39,10 +54,12 @@ class Comparison:
     verdict: str
     basis: str
     metrics: dict[str, float | None] = field(default_factory=dict)
+    evidence: str = ""  # what the verdict rests on, in words, when not the whole values
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: infinite metrics become None."""
-        return {"verdict": self.verdict, "basis": self.basis, "metrics": json_safe(self.metrics)}
+        return {"verdict": self.verdict, "basis": self.basis,
+                "metrics": json_safe(self.metrics), "evidence": self.evidence}
 
 
 def _number(x: float | np.floating | None) -> float | None:
@@ -65,7 +82,8 @@ class _Elementwise:
 
 def no_evidence() -> Comparison:
     """The bits differ and there is nothing to measure by how much (a missing fingerprint)."""
-    return Comparison("divergent", "stats", _empty_metrics())
+    return Comparison("divergent", "stats", _empty_metrics(),
+                      "the bits differ; no fingerprint to measure by how much")
 
 
 # Elements per chunk. The element-wise metrics go through the arrays a chunk at a time,
@@ -98,8 +116,12 @@ class _Scan:
         # Exact for integers beyond 2**53, which float64 would round together.
         self.exact = a.dtype.kind in "iub" and b.dtype.kind in "iub"
         self.ulp_dtype = dtype_a if dtype_a == dtype_b and dtype_a in FLOAT_DTYPES else None
+        # The dtype isclose computes in: assert_close promotes two dtypes to one.
+        self.close_dtype = promoted_dtype(dtype_a, dtype_b)
         self.chunks = -(-a.size // _CHUNK)
+        # Per chunk, four scaled sums and their binary exponents (see _Worker._sums).
         self.sums = np.zeros((self.chunks, 4))
+        self.exponents = np.zeros((self.chunks, 4), dtype=np.int64)
 
     def run(self) -> _Tally:
         chunks = iter(range(self.chunks))  # shared: each next() is atomic under the GIL
@@ -112,10 +134,16 @@ class _Scan:
                 tally.merge(other.result())
         return tally
 
-    def total(self, column: int) -> float:
-        # Pairwise summation, IEEE to the end: an overflow gives inf and inf - inf a NaN,
-        # as one np.sum over the whole array would.
-        return float(np.sum(self.sums[:, column]))
+    def total(self, column: int) -> tuple[float, int]:
+        """The column's sum over the chunks as ``(mantissa, exponent)``: the sum is
+        ``mantissa * 2**exponent``. Chunks are brought to the largest exponent (a chunk
+        far below it only loses what cannot count next to the largest) and added by
+        pairwise summation, so a float64 subnormal tensor's squares do not underflow
+        and a huge one's do not overflow."""
+        exponents = self.exponents[:, column]
+        top = int(exponents.max()) if exponents.size else 0
+        terms = np.ldexp(self.sums[:, column], exponents - top)
+        return float(np.sum(terms)), top
 
 
 class _Tally:
@@ -145,7 +173,7 @@ class _Worker:
         self.scan = scan
         self.tally = _Tally()
         size = min(_CHUNK, scan.a.size)
-        self.a64, self.b64, self.work = (np.empty(size) for _ in range(3))
+        self.a64, self.b64, self.work, self.spare = (np.empty(size) for _ in range(4))
         self.flags = np.empty(size, dtype=bool)
         if scan.ulp_dtype is not None:
             ranks = rank_dtype(scan.ulp_dtype)
@@ -155,11 +183,11 @@ class _Worker:
         with np.errstate(all="ignore"):  # per thread; 0/0 and inf are handled below
             for index in chunks:
                 part = slice(index * _CHUNK, (index + 1) * _CHUNK)
-                self._chunk(self.scan.a[part], self.scan.b[part], self.scan.sums[index])
+                self._chunk(self.scan.a[part], self.scan.b[part], index)
         return self.tally
 
-    def _chunk(self, a: np.ndarray, b: np.ndarray, sums: np.ndarray) -> None:
-        if self._finite_pairs(a, b, sums, checked=False):
+    def _chunk(self, a: np.ndarray, b: np.ndarray, index: int) -> None:
+        if self._finite_pairs(a, b, index, checked=False):
             if self.scan.ulp_dtype is not None:
                 self._max_ulp(a, b)
             return
@@ -171,11 +199,11 @@ class _Worker:
         self.tally.unmatched += unmatched
         self.tally.mismatches += unmatched
         if finite.any():
-            self._finite_pairs(a[finite], b[finite], sums, checked=True)
+            self._finite_pairs(a[finite], b[finite], index, checked=True)
         if self.scan.ulp_dtype is not None:
             self._max_ulp(a, b, ~(np.isnan(a) | np.isnan(b)))
 
-    def _finite_pairs(self, a: np.ndarray, b: np.ndarray, sums: np.ndarray, *,
+    def _finite_pairs(self, a: np.ndarray, b: np.ndarray, index: int, *,
                       checked: bool) -> bool:
         """Every metric but the ULPs over pairs of finite numbers. Unless ``checked``, a NaN
         or infinity among them returns False before anything is counted."""
@@ -184,32 +212,48 @@ class _Worker:
         np.copyto(a64, a, casting="unsafe")
         np.copyto(b64, b, casting="unsafe")
         diff = np.subtract(a64, b64, out=work)
-        noise = _dot(diff, diff)
         # A NaN or an infinity on either side makes the sum non-finite. So does a float64
-        # difference or square that overflows: that chunk comes back checked, and its inf
-        # goes through the metrics as in a whole-array computation.
-        if not (checked or math.isfinite(noise)):
+        # difference that overflows, or a square of one: that chunk comes back checked.
+        if not (checked or math.isfinite(_dot(diff, diff))):
             return False
         tally.finite += n
-        sums[:] = noise, _dot(b64, b64), _dot(a64, a64), _dot(a64, b64)
         np.abs(diff, out=diff)
         max_abs = float(diff.max())
         tally.max_abs = max(tally.max_abs, max_abs)
-        abs_b = np.abs(b64, out=b64)
         if scan.exact:
             tally.mismatches += n - int(np.count_nonzero(np.equal(a, b, out=flags)))
-        elif not (max_abs <= scan.tolerance.atol and scan.tolerance.rtol >= 0):
-            # (Otherwise every pair is close: rounding is monotonic, so the float64
-            # atol + rtol * |b| below is never under atol.)
-            allowed = np.multiply(abs_b, scan.tolerance.rtol, out=a64)
-            np.add(allowed, scan.tolerance.atol, out=allowed)
-            close = np.less_equal(diff, allowed, out=flags)
-            tally.mismatches += n - int(np.count_nonzero(close))
+        elif not (max_abs < scan.tolerance.atol and scan.tolerance.rtol >= 0):
+            # (Otherwise every pair is close: |a - b| < atol, rounded to any dtype, is at
+            # most atol rounded to it, and isclose's allowed error is never below that.)
+            tally.mismatches += n - close_count(a, b, scan.close_dtype, scan.tolerance)
+        abs_b = np.abs(b64, out=self.spare[:n])
         # 0/0 (no difference where the reference is 0) gives a NaN that fmax skips: that
         # pair's relative error is 0, and no relative error is below 0.
-        rel = float(np.fmax.reduce(np.divide(diff, abs_b, out=a64)))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = float(np.fmax.reduce(np.divide(diff, abs_b, out=abs_b)))
         tally.max_rel = max(tally.max_rel, 0.0 if math.isnan(rel) else rel)
+        self._sums(diff, max_abs, a64, b64, index)
         return True
+
+    def _sums(self, diff: np.ndarray, max_abs: float, a64: np.ndarray, b64: np.ndarray,
+              index: int) -> None:
+        """The chunk's ||a-b||², ||b||², ||a||² and a·b, each over values scaled by a power
+        of two (exact) that brings the chunk's largest magnitude near 1, with the scale's
+        exponent beside it. Squares of float64 subnormals (or of 1e200) would underflow
+        (overflow) unscaled: the relative L2 error of two subnormal tensors came out 0."""
+        sums, exponents = self.scan.sums[index], self.scan.exponents[index]
+        scales = []
+        for values, largest in ((diff, max_abs), (a64, None), (b64, None)):
+            if largest is None:
+                largest = max(float(values.max()), -float(values.min()))
+            # frexp(inf) has exponent 0: an overflowed difference stays inf in its sum.
+            scale = math.frexp(largest)[1] if math.isfinite(largest) else 0
+            if scale:
+                np.ldexp(values, -scale, out=values)
+            scales.append(scale)
+        noise_e, a_e, b_e = scales
+        sums[:] = _dot(diff, diff), _dot(b64, b64), _dot(a64, a64), _dot(a64, b64)
+        exponents[:] = 2 * noise_e, 2 * b_e, 2 * a_e, a_e + b_e
 
     def _max_ulp(self, a: np.ndarray, b: np.ndarray,
                  comparable: np.ndarray | None = None) -> None:
@@ -232,19 +276,24 @@ def _elementwise(a: np.ndarray, b: np.ndarray, dtype_a: str, dtype_b: str,
     if tally.finite:
         metrics["max_abs"] = tally.max_abs
         metrics["max_rel"] = tally.max_rel
-        noise, signal = scan.total(0), scan.total(1)
-        metrics["rmse"] = math.sqrt(noise / tally.finite)
-        norm_a, norm_b = math.sqrt(scan.total(2)), math.sqrt(signal)
-        if norm_a > 0 and norm_b > 0:
-            metrics["cosine"] = _number(scan.total(3) / (norm_a * norm_b))
+        (noise, noise_e), (signal, signal_e) = scan.total(0), scan.total(1)
+        (norm_a2, a_e), (dot_ab, ab_e) = scan.total(2), scan.total(3)
+        metrics["rmse"] = _scaled_sqrt(noise / tally.finite, noise_e)
+        if norm_a2 > 0 and signal > 0:
+            # The exponents of a·b and of ||a||·||b|| cancel: a_e/2 + b_e/2 == ab_e.
+            metrics["cosine"] = _number(dot_ab / (math.sqrt(norm_a2) * math.sqrt(signal))
+                                        * 2.0 ** (ab_e - (a_e + signal_e) // 2))
         if noise == 0:
             metrics["sqnr_db"] = math.inf
             metrics["rel_l2"] = 0.0
-        elif signal > 0:
-            # signal / noise is 0 only when the noise overflowed float64 (-inf dB).
+        elif signal > 0 and math.isfinite(noise):
             ratio = signal / noise
-            metrics["sqnr_db"] = _number(10.0 * math.log10(ratio) if ratio else -math.inf)
-            metrics["rel_l2"] = _number(math.sqrt(noise / signal))
+            log2_ratio = math.log2(ratio) + (signal_e - noise_e)
+            metrics["sqnr_db"] = _number(10.0 * math.log10(2.0) * log2_ratio)
+            metrics["rel_l2"] = _scaled_sqrt(noise / signal, noise_e - signal_e)
+        elif signal > 0:  # the difference overflowed float64
+            metrics["sqnr_db"] = -math.inf
+            metrics["rel_l2"] = math.inf
     if scan.ulp_dtype is not None and tally.max_ulp >= 0:
         metrics["max_ulp"] = float(tally.max_ulp)
     return _Elementwise(
@@ -254,8 +303,19 @@ def _elementwise(a: np.ndarray, b: np.ndarray, dtype_a: str, dtype_b: str,
     )
 
 
+def _scaled_sqrt(mantissa: float, exponent: int) -> float:
+    """sqrt(mantissa * 2**exponent) without forming the product (it may not fit a float64
+    while its square root does); the exponent is even for every sum of squares."""
+    if not math.isfinite(mantissa):
+        return mantissa
+    half, odd = divmod(exponent, 2)
+    return math.ldexp(math.sqrt(mantissa * (2.0 if odd else 1.0)), half)
+
+
 def _sketch_estimate(a: Fingerprint, b: Fingerprint) -> tuple[float, float] | None:
-    """``||S(a) - S(b)|| / ||S(b)||`` and its standard error.
+    """``||S(a) - S(b)|| / ||S(b)||`` and its standard error; None where the sketches
+    cannot tell (missing, non-finite, a zero reference, or equal sketches: the bits
+    differ, so an estimate of exactly 0 ± 0 would claim what nothing measured).
 
     The estimate is off by about ``sqrt(1/k)`` of itself for an error unrelated to ``b``
     (``sqrt(2/k)`` is the relative error of a squared norm; both norms of the ratio carry
@@ -272,9 +332,9 @@ def _sketch_estimate(a: Fingerprint, b: Fingerprint) -> tuple[float, float] | No
     if not (np.isfinite(sa).all() and np.isfinite(sb).all()):
         return None
     norm_b = float(np.linalg.norm(sb))
-    if norm_b == 0:
-        return None
     error = sa - sb
+    if norm_b == 0 or not error.any():
+        return None
     across = error - (float(error @ sb) / norm_b**2) * sb
     estimate = float(np.linalg.norm(error)) / norm_b
     return estimate, float(np.linalg.norm(across)) / norm_b / math.sqrt(sa.size)
@@ -286,11 +346,30 @@ def _stat(fp: Fingerprint, name: str) -> float | None:
 
 
 def _nonfinite_counts_differ(a: Fingerprint, b: Fingerprint) -> bool:
-    for name in ("nan", "inf"):
+    """The stats count different NaNs or infinities: some non-finite value has no match.
+    Signed counts (agents from 0.2 on) also catch +Inf traded for -Inf."""
+    for name in ("nan", "inf", "pos_inf", "neg_inf"):
         count_a, count_b = _stat(a, name), _stat(b, name)
         if count_a is not None and count_b is not None and count_a != count_b:
             return True
     return False
+
+
+def _number_text(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def _sample_evidence(metrics: dict[str, float | None], size: int, count: int) -> str:
+    return (f"from a sample of {size} of {count} elements: max abs "
+            f"{_number_text(metrics['max_abs'])}, max rel {_number_text(metrics['max_rel'])}"
+            f", max ULP {_number_text(metrics['max_ulp'])} there (lower bounds)")
+
+
+def _sketch_evidence(estimate: tuple[float, float] | None) -> str:
+    if estimate is None:
+        return "no estimate from the sketch"
+    return (f"from the sketch: estimated relative L2 {estimate[0]:.3g} "
+            f"± {estimate[1]:.2g}")
 
 
 def _sketch_exceeds_tolerance(a: Fingerprint, b: Fingerprint, tolerance: Tolerance,
@@ -337,29 +416,35 @@ def compare(a: Fingerprint, b: Fingerprint, *, tolerance: Tolerance | None = Non
                    else "equivalent" if result.within else "divergent")
         return Comparison(verdict, "values", result.metrics)
 
+    # Without the whole values no element-wise metric is measured: they stay None and
+    # the evidence says what was seen.
     metrics = _empty_metrics()
     estimate = _sketch_estimate(a, b)
     if estimate is not None:
         metrics["rel_l2_est"], metrics["rel_l2_err"] = estimate
+    sketched = _sketch_evidence(estimate)
     nonfinite = _nonfinite_counts_differ(a, b)
+    counted = "; the stats count different NaN or Inf" if nonfinite else ""
 
     if a.sample is not None and b.sample is not None and a.sample.shape == b.sample.shape:
         result = _elementwise(a.sample, b.sample, a.dtype, b.dtype, tolerance)
-        for name in ("max_abs", "max_rel", "max_ulp"):
-            metrics[name] = result.metrics[name]
+        evidence = f"{_sample_evidence(result.metrics, a.sample.size, a.count)}; {sketched}"
         if nonfinite or result.nonfinite_mismatch:
-            return Comparison("nonfinite", "sample", metrics)
+            return Comparison("nonfinite", "sample", metrics, evidence + counted)
         if not result.within:
-            return Comparison("divergent", "sample", metrics)
+            return Comparison("divergent", "sample", metrics, evidence)
         if estimate is not None and _sketch_exceeds_tolerance(a, b, tolerance, estimate):
-            return Comparison("divergent", "sketch", metrics)
-        return Comparison("equivalent", "sample", metrics)
+            return Comparison("divergent", "sketch", metrics,
+                              f"{evidence}, beyond what the tolerance allows")
+        return Comparison("equivalent", "sample", metrics, evidence)
 
     if estimate is not None:
         if nonfinite:
-            return Comparison("nonfinite", "sketch", metrics)
+            return Comparison("nonfinite", "sketch", metrics, sketched + counted)
         exceeds = _sketch_exceeds_tolerance(a, b, tolerance, estimate)
-        return Comparison("divergent" if exceeds else "equivalent", "sketch", metrics)
+        return Comparison("divergent" if exceeds else "equivalent", "sketch", metrics,
+                          sketched)
 
     # Only the stats (or nothing): the bits differ and nothing shows by how much.
-    return Comparison("nonfinite" if nonfinite else "divergent", "stats", metrics)
+    return Comparison("nonfinite" if nonfinite else "divergent", "stats", metrics,
+                      "the bits differ; nothing measures by how much" + counted)

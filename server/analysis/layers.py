@@ -74,7 +74,7 @@ def compare_manifests(
         rows.append({
             "name": name, "kind": kind, "order": order, "dtype": dtype,
             "verdict": comparison.verdict, "basis": comparison.basis,
-            "metrics": json_safe(comparison.metrics),
+            "metrics": json_safe(comparison.metrics), "evidence": comparison.evidence,
         })
     return rows
 

@@ -52,6 +52,7 @@ def _pair(a: Group, b: Group, fingerprints: Mapping[str, Fingerprint],
         "verdict": comparison.verdict,
         "basis": comparison.basis,
         "metrics": comparison.metrics,
+        "evidence": comparison.evidence,
         "first_divergent_layer": first_divergent_layer(layers),
         "largest_jump": largest_jump(layers),
         # Where NaN or Inf first appear in b and not in a (layers first): the place to

@@ -69,7 +69,13 @@ class TensorComparison(BaseModel):
                                      "values) or nonfinite (a NaN or Inf without its match)")
     basis: str = Field(description="The evidence that decided: hash, values, sample, sketch, "
                                    "stats")
-    metrics: dict[str, float | None]
+    metrics: dict[str, float | None] = Field(
+        description="Measured over the whole tensor (basis values or hash) or null: "
+                    "never a sample's figure. rel_l2_est ± rel_l2_err is the sketch's "
+                    "estimate of the relative L2 error")
+    evidence: str = Field("", description="What a verdict not made from the whole values "
+                                          "rests on, in words (the sample's maxima as lower "
+                                          "bounds, the sketch's estimate)")
 
 
 class OutputVerdict(BaseModel):

@@ -10,6 +10,7 @@ bfloat16 values) for the ULPs, and ``torch.testing.assert_close`` for the verdic
 import importlib
 import json
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -231,14 +232,67 @@ def test_nan_chunk_and_all_nan_give_null_metrics(small_chunks):
     assert all(comparison.metrics[name] is None for name in (*EXACT[:2], *SUMS, "max_ulp"))
 
 
-def test_float64_overflow_gives_infinite_metrics_not_an_error(small_chunks):
+def test_a_difference_whose_square_overflows_float64_is_still_measured(small_chunks):
     b = np.linspace(1.0, 2.0, 3000)
     a = b.copy()
-    a[1500] = 1e300  # its difference squared overflows float64
+    a[1500] = 1e300  # its difference squared overflows float64 unless scaled
     comparison = compare(_fingerprint(a, "float64", "a"), _fingerprint(b, "float64", "b"))
     assert comparison.verdict == "divergent"
     assert comparison.metrics["max_abs"] == pytest.approx(1e300)
+    # The oracle: exact rational sums of squares.
+    noise = sum((Fraction(x) - Fraction(y)) ** 2 for x, y in zip(a, b, strict=True))
+    signal = sum(Fraction(y) ** 2 for y in b)
+    assert comparison.metrics["rmse"] == pytest.approx(
+        math.sqrt(noise / 3000 / 10**600) * 1e300, rel=1e-12)
+    assert comparison.metrics["sqnr_db"] == pytest.approx(
+        10 * (math.log10(signal / noise * 10**600) - 600), rel=1e-12)
+    json.dumps(comparison.to_dict(), allow_nan=False)
+
+
+def test_a_difference_that_overflows_float64_gives_infinite_metrics_not_an_error(small_chunks):
+    b = np.linspace(1.0, 2.0, 3000)
+    a = b.copy()
+    a[1500], b[1500] = 1.5e308, -1.5e308  # a - b is beyond float64
+    comparison = compare(_fingerprint(a, "float64", "a"), _fingerprint(b, "float64", "b"))
+    assert comparison.verdict == "divergent"
+    assert comparison.metrics["max_abs"] == math.inf
     assert comparison.metrics["rmse"] == math.inf
     assert comparison.metrics["sqnr_db"] == -math.inf
     assert comparison.to_dict()["metrics"]["sqnr_db"] is None
     json.dumps(comparison.to_dict(), allow_nan=False)
+
+
+def _exact_sums(a, b):
+    noise = sum((Fraction(float(x)) - Fraction(float(y))) ** 2 for x, y in zip(a, b, strict=True))
+    signal = sum(Fraction(float(y)) ** 2 for y in b)
+    norm_a = sum(Fraction(float(x)) ** 2 for x in a)
+    dot = sum(Fraction(float(x)) * Fraction(float(y)) for x, y in zip(a, b, strict=True))
+    return noise, signal, norm_a, dot
+
+
+def _sqrt(q: Fraction) -> float:
+    """sqrt of a positive rational of any size, to float64 precision."""
+    shift = (q.numerator.bit_length() - q.denominator.bit_length()) // 2 * 2
+    return math.sqrt(float(q / Fraction(2) ** shift)) * 2.0 ** (shift // 2)
+
+
+def _log10(q: Fraction) -> float:
+    return math.log10(q.numerator) - math.log10(q.denominator)
+
+
+@pytest.mark.parametrize("magnitude", [5e-324 * 2**20, 1e-310, 1.0, 1e300])
+def test_l2_rmse_sqnr_and_cosine_are_exact_at_any_magnitude(magnitude, small_chunks, rng):
+    """float64 subnormals (whose squares underflow) and huge values (whose squares
+    overflow) against exact rational arithmetic."""
+    b = rng.standard_normal(3000) * magnitude
+    a = b + rng.standard_normal(3000) * magnitude * 0.45
+    comparison = compare(_fingerprint(a, "float64", "a"), _fingerprint(b, "float64", "b"))
+    noise, signal, norm_a, dot = _exact_sums(a, b)
+    metrics = comparison.metrics
+    assert metrics["rel_l2"] == pytest.approx(_sqrt(noise / signal), rel=1e-12)
+    assert metrics["rmse"] == pytest.approx(_sqrt(noise / 3000), rel=1e-12)
+    assert metrics["sqnr_db"] == pytest.approx(10 * _log10(signal / noise), rel=1e-12)
+    assert metrics["cosine"] == pytest.approx(
+        float(dot / abs(dot)) / _sqrt(norm_a * signal / dot**2), rel=1e-12)
+    assert metrics["max_abs"] == float(max(abs(Fraction(x) - Fraction(y))
+                                           for x, y in zip(a, b, strict=True)))
