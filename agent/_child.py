@@ -1,9 +1,10 @@
 """The child process of one variant: `python -m numparity_agent._child SPEC OUT`.
 
 SPEC is a JSON file {"variant", "workloads", "device", "repeats", "node_env_vars",
-"fault_drill", "progress"} (fault_drill: flip one bit in each workload, DESIGN §2.6;
-progress: a file that gets one line per finished workload, for the parent's progress
-display; both optional);
+"fault_drill", "progress", "values_dir"} (fault_drill: flip one bit in each workload,
+DESIGN §2.6; progress: a file that gets one line per finished workload, for the parent's
+progress display; values_dir: where large tensors' values are kept, `_values`; all
+optional);
 OUT receives {"environment", "results"} (written atomically, so a crash leaves none).
 The environment is captured first, before the variant touches any knob, with the
 node's numeric environment variables (not the ones the variant added), so that it
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -24,8 +26,10 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     from numparity_agent import _variants, _workloads
     from numparity_agent._environment import capture_environment
     from numparity_agent._runner import _error_text, result_head, run_workload
+    from numparity_agent._values import ValuesStore
 
     environment = capture_environment(env_vars=spec.get("node_env_vars"))
+    store = ValuesStore(Path(spec["values_dir"])) if spec.get("values_dir") else None
     variant = _variants.get(spec["variant"])
     device_name = spec.get("device", "cpu")
     fault_drill = bool(spec.get("fault_drill", False))
@@ -72,6 +76,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                     device=device,
                     repeats=spec["repeats"],
                     fault_drill=fault_drill,
+                    keep_values=store.keep if store is not None else None,
                 )
             )
         _report_progress(spec.get("progress"), spec_name, results[-1]["status"])

@@ -19,7 +19,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from numparity_agent import _config, _flush, _spool, _upload, _variants, _workloads
+from numparity_agent import _config, _flush, _spool, _upload, _values, _variants, _workloads
 from numparity_agent._lock import LockBusy, spool_lock
 from numparity_agent._log import end_progress, hide, interactive, log, progress
 
@@ -323,15 +323,20 @@ def _run_locked(args: argparse.Namespace, context: _Context, *, workloads: list[
     if context.server:
         # What earlier runs left: its 3 is settled by the flush after this run.
         codes |= _flush_codes(context.flush(), retryable=False)
+    # Large tensors' values wait in the spool until the server asks for them (`_values`).
+    store = _values.ValuesStore(_values.values_dir(context.spool)) if context.server else None
     try:
         document = run_suite(
             workloads=workloads, variants=variants, device=get("device", "cpu"),
             repeats=repeats, node=get("node") or socket.gethostname(),
             labels=get("labels") or {}, timeout=timeout, drill=args.fault_drill,
             on_progress=_progress_display(),
+            values_dir=store.folder if store is not None else None,
         )
     finally:
         end_progress()
+    if store is not None:
+        store.prune()
     failed = [r for r in document["results"] if r["status"] == "failed"]
     if failed:
         log(f"{len(failed)} result(s) failed")

@@ -255,10 +255,6 @@ def _float64(t: torch.Tensor, raw: np.ndarray) -> np.ndarray:
     return t.reshape(-1).to(torch.float64).numpy()
 
 
-def _float_or_none(x: Any) -> float | None:
-    return None if x is None else float(x)
-
-
 # Float64 sums are numpy's pairwise sums of the whole array. numpy splits an array of
 # n > 128 elements at n2 = n // 2 rounded down to a multiple of 8 and adds the sums of
 # the halves, so summing the same halves block by block -- each small enough to stay in
@@ -299,13 +295,17 @@ def _stats(dtype: torch.dtype, x: np.ndarray) -> tuple[dict[str, Any], np.ndarra
     n_finite = int(np.count_nonzero(finite_mask))
     mask: np.ndarray | None = None
     if n_finite == n:
-        finite, nan, inf = x, 0, 0
+        finite, nan, inf, pos_inf = x, 0, 0, 0
     else:
         mask = finite_mask
         finite = x[mask]
         nan = int(np.count_nonzero(np.isnan(x)))
         inf = n - n_finite - nan
-    stats: dict[str, Any] = {"count": n, "nan": nan, "inf": inf}
+        pos_inf = int(np.count_nonzero(x == np.inf)) if inf else 0
+    # +Inf and -Inf apart: a +Inf traded for a -Inf outside the sample changes no other
+    # statistic.
+    stats: dict[str, Any] = {"count": n, "nan": nan, "inf": inf, "pos_inf": pos_inf,
+                             "neg_inf": inf - pos_inf}
     if not n_finite:
         stats.update(zero=0, subnormal=0, fp16_overflow=0, fp16_underflow=0)
         stats.update(min=None, max=None, mean=None, std=None, abs_max=None, l2=None)
@@ -372,7 +372,8 @@ def _stats(dtype: torch.dtype, x: np.ndarray) -> tuple[dict[str, Any], np.ndarra
 
 
 _STATS_ORDER = (
-    "count nan inf zero subnormal fp16_overflow fp16_underflow min max mean std abs_max l2"
+    "count nan inf pos_inf neg_inf zero subnormal fp16_overflow fp16_underflow min max mean "
+    "std abs_max l2"
 ).split()
 
 
@@ -385,12 +386,14 @@ def tensor_stats(tensor: torch.Tensor) -> dict[str, Any]:
     return _ordered(_stats(t.dtype, _float64(t, _flat_le(arr)))[0])
 
 
-def fingerprint(tensor: torch.Tensor) -> dict[str, Any]:
+def fingerprint(tensor: torch.Tensor,
+                keep_values: Callable[[str, np.ndarray], None] | None = None) -> dict[str, Any]:
     """The full §2.4 fingerprint of one tensor (without name, kind and order).
 
     One flat little-endian view of the elements (copied only when the tensor is not
     contiguous) feeds the hash, the sample and the values; one float64 conversion
-    feeds the stats and the sketch.
+    feeds the stats and the sketch. A tensor too large for `values` is handed to
+    `keep_values(hash, elements)` when given (kept until the server asks, `_values`).
     """
     t, arr = _numpy_elements(tensor)
     name = dtype_name(t.dtype)
@@ -420,4 +423,6 @@ def fingerprint(tensor: torch.Tensor) -> dict[str, Any]:
     }
     if numel <= VALUES_MAX:
         entry["values"] = encode_array(raw, name)
+    elif keep_values is not None:
+        keep_values(entry["hash"], raw)
     return entry

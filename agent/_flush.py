@@ -39,6 +39,7 @@ from numparity_agent._upload import (
     known_manifests_file,
     upload_document,
 )
+from numparity_agent._values import ValuesStore, values_dir
 
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 30.0
@@ -206,6 +207,7 @@ def flush_spool(
         return result
     backoff = backoff or Backoff(max_wait=max_wait, sleep=sleep)
     known = KnownManifests(known_manifests_file(spool_dir), server)
+    store = ValuesStore(values_dir(spool_dir))
     with httpx.Client(timeout=timeout, verify=verify) as client:
         for index, path in enumerate(paths):
             try:
@@ -216,7 +218,7 @@ def flush_spool(
 
             def send(document: dict[str, Any] = document) -> UploadOutcome:
                 return upload_document(document, server=server, token=token, client=client,
-                                       known=known)
+                                       known=known, values=store)
 
             outcome = attempt_with_backoff(send, name=path.name, backoff=backoff,
                                            log_line=log_line)

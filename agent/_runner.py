@@ -6,7 +6,7 @@ import contextlib
 import re
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -58,8 +58,10 @@ def run_workload(
     device: torch.device,
     repeats: int,
     fault_drill: bool = False,
+    keep_values: Callable[[str, np.ndarray], None] | None = None,
 ) -> dict[str, Any]:
-    """Build and run `workload` `repeats` times; fingerprint every tensor of the first.
+    """Build and run `workload` `repeats` times; fingerprint every tensor of the first
+    (handing large tensors' values to `keep_values`, see `_fingerprint.fingerprint`).
 
     Each repeat rebuilds the model and inputs (a workload that trains mutates them), so
     repeats also check that building is deterministic. `repeats_agree` compares the
@@ -101,7 +103,8 @@ def run_workload(
                 drill_field = drill.flipped if drill is not None else None
             if repeat == 0:
                 for order, (name, kind, value) in enumerate(recorder.tensors):
-                    entry = {"name": name, "kind": kind, "order": order, **fingerprint(value)}
+                    entry = {"name": name, "kind": kind, "order": order,
+                             **fingerprint(value, keep_values)}
                     tensors.append(entry)
                     hashes.append((name, entry["hash"]))
             else:  # later repeats only need the hashes

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from numparity_agent import _variants, _workloads
@@ -84,6 +85,7 @@ def run_variant(
     node_env_vars: dict[str, str],
     fault_drill: bool = False,
     on_progress: Callable[[int], None] | None = None,
+    values_dir: Path | None = None,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """(environment or None, results) of one variant's child process; with
     `fault_drill` the child flips one bit in each workload (DESIGN §2.6).
@@ -96,6 +98,7 @@ def run_variant(
         "repeats": repeats,
         "node_env_vars": node_env_vars,
         "fault_drill": fault_drill,
+        "values_dir": str(values_dir) if values_dir is not None else None,
     }
     env = _variants.get(variant).child_env(dict(os.environ))
     with tempfile.TemporaryDirectory(prefix="numparity-") as tmp:
@@ -187,8 +190,10 @@ def run_suite(
     log_line: Callable[[str], None] = log,
     drill: bool = False,
     on_progress: Progress | None = None,
+    values_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Run `workloads` under `variants` (all built-ins by default): the run document.
+    Large tensors' values are kept in `values_dir` when given (`_values`).
 
     With `drill` (`run --fault-drill`, DESIGN §2.6) the document is marked as a drill
     and, in the FAULT_DRILL_VARIANT only, every workload that records layers has one
@@ -227,6 +232,7 @@ def run_suite(
             node_env_vars=node_env_vars,
             fault_drill=drill and variant == _variants.FAULT_DRILL_VARIANT,
             on_progress=watch,
+            values_dir=values_dir,
         )
         environment = environment or child_env
         for result in child_results:

@@ -20,7 +20,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from numparity_agent._outcome import (
     tls_verify,
 )
 from numparity_agent._spool import default_spool_dir, spool_document, spooled
+from numparity_agent._values import UPLOAD_BUDGET, ValuesStore, raw_size
 
 __all__ = [
     "DEFAULT_TIMEOUT_S", "KnownManifests", "UploadOutcome", "Verify", "default_spool_dir",
@@ -81,16 +82,20 @@ def _tensor_hashes(document: dict[str, Any], only: set[int] | None = None) -> li
 
 
 def slim_document(
-    document: dict[str, Any], missing: set[str], known_manifests: dict[int, str] | None = None
+    document: dict[str, Any], missing: set[str], known_manifests: dict[int, str] | None = None,
+    values: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The document as it travels to a server that lacks only `missing` fingerprints.
 
     A result in `known_manifests` (index -> manifest hash the server has) carries only
     that hash. Elsewhere the first tensor of each hash in `missing` travels in full and
-    every other tensor as the bare reference {name, kind, order, hash}.
+    every other tensor as the bare reference {name, kind, order, hash}. `values` (hash
+    -> wire values) are the full values of large tensors the server asked for: those
+    tensors travel in full with them.
     """
     known_manifests = known_manifests or {}
-    to_send = set(missing)
+    values = values or {}
+    to_send = set(missing) | set(values)
     results = []
     for i, result in enumerate(document.get("results") or []):
         tensors = result.get("tensors")
@@ -106,7 +111,8 @@ def slim_document(
             digest = tensor.get("hash")
             if digest in to_send:
                 to_send.discard(digest)
-                slim.append(tensor)
+                slim.append({**tensor, "values": values[digest]} if digest in values
+                            else tensor)
             else:
                 slim.append({key: tensor[key] for key in BARE_KEYS if key in tensor})
         results.append({**result, "tensors": slim})
@@ -179,6 +185,7 @@ def known_manifests_file(spool_dir: Path) -> Path:
 class _Missing:
     fingerprints: set[str]
     manifests: set[str]
+    values: list[str] = field(default_factory=list)  # in the order they were offered
 
 
 def _ask_missing(
@@ -188,6 +195,7 @@ def _ask_missing(
     *,
     hashes: Sequence[str] = (),
     manifests: Sequence[str] = (),
+    values: Sequence[str] = (),
 ) -> _Missing | UploadOutcome | None:
     """What the server lacks of these; None when it cannot tell us (an older server, or an
     error in this one question: send everything); an UploadOutcome when the upload cannot
@@ -195,8 +203,10 @@ def _ask_missing(
     full document would not help it) or refuses the token."""
     url = base + MISSING_PATH
     try:
-        response = client.post(url, json={"hashes": list(hashes), "manifests": list(manifests)},
-                               headers=headers)
+        question: dict[str, list[str]] = {"hashes": list(hashes), "manifests": list(manifests)}
+        if values:
+            question["values"] = list(values)
+        response = client.post(url, json=question, headers=headers)
     except httpx.HTTPError as exc:
         return no_answer(url, exc)
     if response.status_code != 200:
@@ -208,12 +218,16 @@ def _ask_missing(
         missing = answer["missing"]
         # A server that predates manifest references does not answer for them: it has none.
         missing_manifests = answer.get("missing_manifests", manifests)
+        # A server that predates full values never asks for them.
+        missing_values = answer.get("missing_values", [])
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    if not isinstance(missing, list) or not isinstance(missing_manifests, list):
+    if not all(isinstance(x, list) for x in (missing, missing_manifests, missing_values)):
         return None
+    offered = set(values)
     return _Missing({h for h in missing if isinstance(h, str)},
-                    {h for h in missing_manifests if isinstance(h, str)})
+                    {h for h in missing_manifests if isinstance(h, str)},
+                    [h for h in missing_values if isinstance(h, str) and h in offered])
 
 
 def upload_bytes(
@@ -235,6 +249,7 @@ def upload_document(
     gzipped_full: bytes | None = None,
     known: KnownManifests | None = None,
     verify: Verify = True,
+    values: ValuesStore | None = None,
 ) -> UploadOutcome:
     """Upload a run document, sending only what the server lacks (DESIGN §3.2).
 
@@ -245,12 +260,13 @@ def upload_document(
     once by asking, then with the full document; a server without the question
     (404/405) gets the full document. `gzipped_full` is the full document already
     gzip-compressed, when the caller has it. `verify` is for the client made here (a
-    given `client` has its own).
+    given `client` has its own). `values` holds large tensors' full values: the server is
+    told which it holds, and those it asks for travel with their tensors (`_values`).
     """
     if client is None:
         with httpx.Client(timeout=timeout, verify=verify) as own:
             return upload_document(document, server=server, token=token, client=own,
-                                   gzipped_full=gzipped_full, known=known)
+                                   gzipped_full=gzipped_full, known=known, values=values)
     manifests = _manifests(document)
     if known is not None and manifests and all(m in known for m in manifests.values()):
         outcome, text = _post(
@@ -261,7 +277,7 @@ def upload_document(
             return outcome
         known.forget()  # the server forgot some: ask from now on
     outcome = _upload_asking(document, manifests, server=server, token=token, client=client,
-                             gzipped_full=gzipped_full)
+                             gzipped_full=gzipped_full, values=values)
     if outcome.ok and known is not None:
         known.remember(sorted(set(manifests.values())))
     return outcome
@@ -275,6 +291,7 @@ def _upload_asking(
     token: str | None,
     client: httpx.Client,
     gzipped_full: bytes | None,
+    values: ValuesStore | None = None,
 ) -> UploadOutcome:
     base = server.rstrip("/")
     headers = _headers(token)
@@ -285,13 +302,21 @@ def _upload_asking(
     auth = {k: v for k, v in headers.items() if k == "Authorization"}
     if not manifests:
         return _post(client, base + RUNS_PATH, full(), headers)[0]
-    answer = _ask_missing(client, base, auth, manifests=sorted(set(manifests.values())))
+    large = _large_tensors(document)
+    offered = values.held(large) if values is not None else []
+    answer = _ask_missing(client, base, auth, manifests=sorted(set(manifests.values())),
+                          values=offered)
     if isinstance(answer, UploadOutcome):
         return answer
     if answer is None:  # a server that cannot tell: send everything
         return _post(client, base + RUNS_PATH, full(), headers)[0]
+    sent_values = _values_to_send(answer.values, large, values)
     known_manifests = {i: digest for i, digest in manifests.items()
                        if digest not in answer.manifests}
+    # A result with values to send travels with its tensors, not as its manifest.
+    for i, result in enumerate(document.get("results") or []):
+        if i in known_manifests and set(_tensor_hashes({"results": [result]})) & set(sent_values):
+            del known_manifests[i]
     hashes = _tensor_hashes(document, only=set(manifests) - set(known_manifests))
     missing: set[str] = set()
     if hashes:
@@ -299,16 +324,47 @@ def _upload_asking(
         if isinstance(answer, UploadOutcome):
             return answer
         missing = set(hashes) if answer is None else answer.fingerprints
-    if not known_manifests and missing.issuperset(hashes):
+    if not known_manifests and not sent_values and missing.issuperset(hashes):
         return _post(client, base + RUNS_PATH, full(), headers)[0]
-    outcome, text = _post(client, base + RUNS_PATH,
-                          _gzip(_dumps(slim_document(document, missing, known_manifests))),
-                          headers)
+    outcome, text = _post(
+        client, base + RUNS_PATH,
+        _gzip(_dumps(slim_document(document, missing, known_manifests, sent_values))), headers)
     referenced = (set(hashes) - missing) | set(known_manifests.values())
     if outcome.status == 422 and _names_a_bare_hash(text, referenced):
         # Retention dropped what we referenced between the question and the upload.
         outcome = _post(client, base + RUNS_PATH, full(), headers)[0]
     return outcome
+
+
+def _large_tensors(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Hash -> entry of every tensor that travels without its values (too large)."""
+    found: dict[str, dict[str, Any]] = {}
+    for result in document.get("results") or []:
+        for tensor in result.get("tensors") or []:
+            if (isinstance(tensor, dict) and "values" not in tensor and "dtype" in tensor
+                    and isinstance(tensor.get("hash"), str)):
+                found.setdefault(tensor["hash"], tensor)
+    return found
+
+
+def _values_to_send(wanted: Sequence[str], large: dict[str, dict[str, Any]],
+                    store: ValuesStore | None) -> dict[str, dict[str, str]]:
+    """The wire values of the wanted hashes, in the server's order, up to UPLOAD_BUDGET
+    raw bytes (always at least one); the server asks for the rest next time."""
+    sent: dict[str, dict[str, str]] = {}
+    budget = UPLOAD_BUDGET
+    for digest in wanted:
+        entry = large.get(digest)
+        if store is None or entry is None:
+            continue
+        size = raw_size(entry)
+        if sent and size > budget:
+            break
+        wire = store.wire(digest, str(entry["dtype"]))
+        if wire is not None:
+            sent[digest] = wire
+            budget -= size
+    return sent
 
 
 def _names_a_bare_hash(text: str, bare: set[str]) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -140,8 +141,14 @@ def to_analysis(row: Fingerprint) -> analysis.Fingerprint:
         hash=row.hash, dtype=row.dtype, shape=shape, stats=stats,
         sketch=_decode(row.sketch_dtype, row.sketch),
         sample=_decode(row.sample_dtype, row.sample),
-        values=_decode(row.values_dtype, row.values, shape),
+        values=_decode(row.values_dtype, _values_bytes(row), shape),
     )
+
+
+def _values_bytes(row: Fingerprint) -> bytes | None:
+    if row.values is not None and row.values_codec == "zlib":
+        return zlib.decompress(row.values)
+    return row.values
 
 
 def _decode(dtype: str | None, raw: bytes | None, shape: tuple[int, ...] | None = None

@@ -41,6 +41,9 @@ class Fingerprint(Base):
     count: Mapped[int | None] = mapped_column(BigInteger)
     nan: Mapped[int | None] = mapped_column(BigInteger)
     inf: Mapped[int | None] = mapped_column(BigInteger)
+    # +Inf and -Inf apart (agents from 0.2 on; None from older ones).
+    pos_inf: Mapped[int | None] = mapped_column(BigInteger)
+    neg_inf: Mapped[int | None] = mapped_column(BigInteger)
     zero: Mapped[int | None] = mapped_column(BigInteger)
     subnormal: Mapped[int | None] = mapped_column(BigInteger)
     fp16_overflow: Mapped[int | None] = mapped_column(BigInteger)
@@ -57,8 +60,11 @@ class Fingerprint(Base):
     sample_dtype: Mapped[str | None] = mapped_column(String(32))
     values: Mapped[bytes | None] = mapped_column(LargeBinary)
     values_dtype: Mapped[str | None] = mapped_column(String(32))
+    # None: ``values`` are the raw bytes; "zlib": compressed (the full values of a large
+    # tensor, sent on the server's request, DESIGN "no blind spots").
+    values_codec: Mapped[str | None] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
-STAT_FIELDS = ("count", "nan", "inf", "zero", "subnormal", "fp16_overflow", "fp16_underflow",
-               "min", "max", "mean", "std", "abs_max", "l2")
+STAT_FIELDS = ("count", "nan", "inf", "pos_inf", "neg_inf", "zero", "subnormal",
+               "fp16_overflow", "fp16_underflow", "min", "max", "mean", "std", "abs_max", "l2")

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, func, insert, select
+from sqlalchemy import case, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import chunked, dialect_insert, insert_ignoring_conflicts
@@ -98,6 +98,27 @@ def _existing(session: Session, column: Any, hashes: Iterable[str]) -> set[str]:
 
 def insert_fingerprints(session: Session, rows: Sequence[dict[str, Any]]) -> None:
     insert_ignoring_conflicts(session, Fingerprint.__table__, rows, keys=["hash"])
+
+
+def fingerprints_with_values(session: Session, hashes: Iterable[str]) -> set[str]:
+    """Of these hashes, the fingerprints stored with their values."""
+    wanted = sorted(set(hashes))
+    found: set[str] = set()
+    for part in chunked(wanted):
+        found.update(session.scalars(select(Fingerprint.hash).where(
+            Fingerprint.hash.in_(part), Fingerprint.values.is_not(None))))
+    return found
+
+
+def fill_values(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    """Set the values of stored fingerprints that have none (a hash's values are the same
+    bytes whoever sends them: the first write wins, later ones change nothing)."""
+    for row in rows:
+        session.execute(
+            update(Fingerprint)
+            .where(Fingerprint.hash == row["hash"], Fingerprint.values.is_(None))
+            .values(values=row["values"], values_dtype=row["values_dtype"],
+                    values_codec=row["values_codec"]))
 
 
 def insert_manifests(session: Session, rows: Sequence[dict[str, Any]]) -> None:

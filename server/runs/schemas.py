@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import hashlib
 import math
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
@@ -53,6 +54,10 @@ INT64_MAX = 2**63 - 1
 LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 LabelValue = Annotated[str, StringConstraints(max_length=1024)] | int | float | bool | None
 Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+# Tensors up to this many elements always travel with their values (the agent's
+# VALUES_MAX); the values of a larger one travel only when the server asked for them,
+# and are checked against the hash.
+VALUES_ALWAYS_MAX = 4096
 
 
 class _Wire(BaseModel):
@@ -103,6 +108,8 @@ class TensorStats(_Wire):
     count: Count
     nan: Count
     inf: Count
+    pos_inf: Count | None = None  # absent from agents before 0.2
+    neg_inf: Count | None = None
     zero: Count
     subnormal: Count
     fp16_overflow: Count
@@ -161,7 +168,23 @@ class TensorEntry(_Wire):
             if n != numel:
                 raise ValueError(f"{what} values: data holds {n} {self.values.dtype} elements, "
                                  f"shape {self.shape} needs {numel}")
+            if numel > VALUES_ALWAYS_MAX:
+                self._check_full_values(what)
         return self
+
+    def _check_full_values(self, what: str) -> None:
+        """The full values of a large tensor (sent on request) must be the bytes its hash
+        names: same dtype, and the agent's sha256 over ``dtype;dims;bytes``. A node that
+        sends other bytes under a hash would poison every comparison with that hash."""
+        assert self.values is not None and self.shape is not None
+        if self.values.dtype != self.dtype:
+            raise ValueError(f"{what} values: dtype {self.values.dtype!r}, but the tensor is "
+                             f"{self.dtype!r}")
+        digest = hashlib.sha256(f"{self.dtype};{','.join(map(str, self.shape))};".encode())
+        digest.update(self.values.raw)
+        if digest.hexdigest() != self.hash:
+            raise ValueError(f"{what} values: their sha256 is not the tensor's hash "
+                             f"{self.hash} (values of other bytes)")
 
 
 _FULL_FIELDS = ("dtype", "shape", "stats", "sketch", "sample", "values")
@@ -279,11 +302,19 @@ class MissingIn(BaseModel):
                                                                     max_length=100_000)
     manifests: list[Annotated[str, Field(pattern=SHA256_HEX)]] = Field(default_factory=list,
                                                                        max_length=10_000)
+    values: list[Annotated[str, Field(pattern=SHA256_HEX)]] = Field(
+        default_factory=list, max_length=100_000,
+        description="Hashes of large tensors whose full values the agent holds and can send")
 
 
 class MissingOut(BaseModel):
     missing: list[str]
     missing_manifests: list[str] = Field(default_factory=list)
+    missing_values: list[str] = Field(
+        default_factory=list,
+        description="Of the hashes in `values`, those whose full values the server wants: "
+                    "it does not hold them. The upload then carries each of these tensors "
+                    "as a full fingerprint with its `values`")
 
 
 class RunListItem(BaseModel):

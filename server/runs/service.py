@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from numparity_server.models import STAT_FIELDS, Run, utcnow
 from numparity_server.runs import repository
 from numparity_server.runs.schemas import (
     SUPPORTED_SCHEMAS,
+    VALUES_ALWAYS_MAX,
     MissingOut,
     ResultDoc,
     ResultSummary,
@@ -263,6 +265,12 @@ def _store_fingerprints(session: Session, run: RunDocument, *, now: Any) -> None
         session,
         [fingerprint_row(full[h], now=now) for h in sorted(full) if h not in known],
     )
+    # The full values of a known large tensor, sent because the server asked for them:
+    # filled into its row once (the schema checked them against the hash).
+    repository.fill_values(session, [
+        {"hash": h, **_values_columns(full[h])} for h in sorted(full)
+        if h in known and full[h].values is not None
+    ])
 
 
 def fingerprint_row(tensor: TensorEntry, *, now: Any) -> dict[str, Any]:
@@ -270,11 +278,24 @@ def fingerprint_row(tensor: TensorEntry, *, now: Any) -> dict[str, Any]:
     row: dict[str, Any] = {"hash": tensor.hash, "dtype": tensor.dtype, "shape": tensor.shape,
                            "created_at": now}
     row.update({field: stats.get(field) for field in STAT_FIELDS})
-    for name in ("sketch", "sample", "values"):
+    for name in ("sketch", "sample"):
         array = getattr(tensor, name)
         row[name] = array.raw if array is not None else None
         row[f"{name}_dtype"] = array.dtype if array is not None else None
+    row.update(_values_columns(tensor))
     return row
+
+
+def _values_columns(tensor: TensorEntry) -> dict[str, Any]:
+    """The ``values`` columns: a large tensor's values compressed (zlib at its fastest
+    level: float data shrinks by a tenth to a half, and the server reads them rarely)."""
+    if tensor.values is None:
+        return {"values": None, "values_dtype": None, "values_codec": None}
+    raw = tensor.values.raw
+    if len(raw) <= VALUES_ALWAYS_MAX * 8:
+        return {"values": raw, "values_dtype": tensor.values.dtype, "values_codec": None}
+    return {"values": zlib.compress(raw, 1), "values_dtype": tensor.values.dtype,
+            "values_codec": "zlib"}
 
 
 def _outcome_row(result: ResultDoc, digest: str | None) -> dict[str, Any]:
@@ -320,13 +341,21 @@ def promoted_columns(environment: dict[str, Any]) -> dict[str, str | None]:
 
 
 def missing_fingerprints(*, session: Session, hashes: Sequence[str],
-                         manifests: Sequence[str] = ()) -> MissingOut:
+                         manifests: Sequence[str] = (), values: Sequence[str] = ()
+                         ) -> MissingOut:
+    """What the server lacks of what an agent is about to send. ``values``: hashes of
+    large tensors whose full values the agent holds; the server wants every one it does
+    not hold yet (no blind spots: any two differing answers are then compared on their
+    full values), so a hash's values travel once, from the first node that has them."""
     wanted = list(dict.fromkeys(hashes))
     known = repository.existing_fingerprints(session, wanted)
     wanted_manifests = list(dict.fromkeys(manifests))
     known_manifests = repository.existing_manifests(session, wanted_manifests)
+    offered = list(dict.fromkeys(values))
+    held = repository.fingerprints_with_values(session, offered)
     return MissingOut(missing=[h for h in wanted if h not in known],
-                      missing_manifests=[m for m in wanted_manifests if m not in known_manifests])
+                      missing_manifests=[m for m in wanted_manifests if m not in known_manifests],
+                      missing_values=[h for h in offered if h not in held])
 
 
 def run_summary(*, session: Session, run_id: str) -> RunSummary:

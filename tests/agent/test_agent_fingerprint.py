@@ -44,6 +44,8 @@ def oracle_stats(t: torch.Tensor) -> dict:
         "count": x.size,
         "nan": int(np.isnan(x).sum()),
         "inf": int(np.isinf(x).sum()),
+        "pos_inf": int((x == np.inf).sum()),
+        "neg_inf": int((x == -np.inf).sum()),
         "zero": int((x == 0).sum()),
         "subnormal": int(((finite != 0) & (np.abs(finite) < tiny)).sum()),
         "fp16_overflow": int((np.abs(finite) > 65504).sum()),
@@ -79,6 +81,9 @@ def test_subnormal_counts_follow_the_tensors_dtype():
 def test_all_nonfinite_gives_null_float_stats():
     stats = tensor_stats(torch.tensor([float("nan"), float("inf")]))
     assert stats["nan"] == 1 and stats["inf"] == 1
+    assert (stats["pos_inf"], stats["neg_inf"]) == (1, 0)
+    flipped = tensor_stats(torch.tensor([float("nan"), float("-inf")]))
+    assert (flipped["inf"], flipped["pos_inf"], flipped["neg_inf"]) == (1, 0, 1)
     assert stats["min"] is None and stats["l2"] is None and stats["mean"] is None
 
 

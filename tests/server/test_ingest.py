@@ -145,7 +145,7 @@ def test_known_hashes_travel_bare(api):
     missing = api.client.post("/api/v1/fingerprints/missing", json={"hashes": hashes},
                               headers=api.agent)
     assert missing.status_code == 200
-    assert missing.json() == {"missing": ["f" * 64], "missing_manifests": []}
+    assert missing.json() == {"missing": ["f" * 64], "missing_manifests": [], "missing_values": []}
     response = api.post_run(bare(second))
     assert response.status_code == 201, response.text
     assert count(api, Fingerprint) == 4 and count(api, Manifest) == 1
