@@ -8,6 +8,7 @@ from ._arrays import decode_array, encode_array
 from ._json import json_safe
 from .attribution import rank_attributes, separating_attributes
 from .compare import METRICS, VERDICTS, Comparison, compare
+from .consensus import Support, broken_inputs, fleet_inputs, tally, usual
 from .environment import (
     IDENTITY_KEYS,
     UNSET,
@@ -17,7 +18,6 @@ from .environment import (
 )
 from .fingerprint import Fingerprint, fingerprint_from_wire
 from .groups import Group, Member, group_members
-from .inputs import broken_inputs, most_common_inputs
 from .judge import Judgement, judge
 from .layers import compare_manifests, first_divergent_layer, first_nonfinite, largest_jump
 from .report import divergence_report
@@ -37,9 +37,11 @@ __all__ = [
     "Group",
     "Judgement",
     "Member",
+    "Support",
     "ResultVerdict",
     "Tolerance",
     "broken_inputs",
+    "fleet_inputs",
     "compare",
     "compare_manifests",
     "decode_array",
@@ -55,11 +57,12 @@ __all__ = [
     "json_safe",
     "judge",
     "largest_jump",
-    "most_common_inputs",
     "rank_attributes",
     "result_verdict",
     "separating_attributes",
     "short_difference",
+    "tally",
     "ulp_distance",
+    "usual",
     "worst_verdict",
 ]

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .consensus import Support, judges, tally, usual
+
 # (suite, workload, workload_version, device): what makes two strict results comparable.
 Key = tuple[str, str, "int | None", str]
 
@@ -35,27 +37,29 @@ class Majority:
     nodes: int  # nodes of the environment with a result for the key
 
 
-def usual_answers(counts: Iterable[tuple[int, Key, str, int]]
+def usual_answers(rows: Iterable[tuple[int, Key, str, Support]]
                   ) -> dict[tuple[int, Key], Majority]:
-    """``(environment, key, manifest, nodes)`` rows → the most common answer of each
-    (environment, key), ties to the larger manifest hash (any stable choice)."""
-    by_env: dict[tuple[int, Key], dict[str, int]] = defaultdict(dict)
-    for environment, key, manifest, nodes in counts:
-        by_env[(environment, key)][manifest] = nodes
-    usual = {}
-    for env_key, manifests in by_env.items():
-        manifest, holders = max(manifests.items(), key=lambda item: (item[1], item[0]))
-        usual[env_key] = Majority(manifest, holders, sum(manifests.values()))
-    return usual
+    """``(environment, key, manifest, support)`` rows → the usual answer of each
+    (environment, key), by the consensus rule (``consensus.usual``)."""
+    by_env: dict[tuple[int, Key], list[tuple[str, Support]]] = defaultdict(list)
+    for environment, key, manifest, support in rows:
+        by_env[(environment, key)].append((manifest, support))
+    found = {}
+    for env_key, holders in by_env.items():
+        answers = tally(holders)
+        chosen = usual(answers)
+        assert chosen is not None
+        found[env_key] = Majority(chosen, answers[chosen].nodes,
+                                  sum(support.nodes for support in answers.values()))
+    return found
 
 
 def majorities(usual: Mapping[tuple[int, Key], Majority], *, min_peers: int
                ) -> dict[tuple[int, Key], Majority]:
-    """The usual answers that judge their environment: more than half of its nodes give
-    it and a node there has at least ``min_peers`` peers. A split without a strict
-    majority judges nobody."""
+    """The usual answers that judge their environment (``consensus.judges``: more than
+    half of its nodes give it and a node there has at least ``min_peers`` peers)."""
     return {env_key: found for env_key, found in usual.items()
-            if found.nodes - 1 >= min_peers and 2 * found.holders > found.nodes}
+            if judges(found.holders, found.nodes, min_peers=min_peers)}
 
 
 @dataclass(frozen=True)

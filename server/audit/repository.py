@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Integer, cast, func, select, true
 from sqlalchemy.orm import Session
 
-from numparity_server.kit.db import chunked
+from numparity_server.kit.db import chunked, codepoint_order
 from numparity_server.models import Environment, Latest, Node, Outcome, Result, Run
 
 STRICT = "strict"
@@ -35,10 +35,12 @@ def environments(session: Session) -> Sequence[Any]:
 
 def latest_by_outcome(session: Session) -> Sequence[Any]:
     """The fleet's latest results in a few hundred rows: (environment_id, outcome_id,
-    nodes, summed wall_s, results with a wall_s)."""
+    nodes, summed wall_s, results with a wall_s, first node name)."""
     return session.execute(
         select(Latest.environment_id, Latest.outcome_id, func.count(),
-               func.sum(Latest.wall_s), func.count(Latest.wall_s))
+               func.sum(Latest.wall_s), func.count(Latest.wall_s),
+               func.min(codepoint_order(session, Node.name)))
+        .join(Node, Node.id == Latest.node_id)
         .group_by(Latest.environment_id, Latest.outcome_id)
     ).all()
 

@@ -23,6 +23,13 @@ from numparity_server.analysis.audit import (
     strict_changes,
     usual_answers,
 )
+from numparity_server.analysis.consensus import (
+    Inputs,
+    Support,
+    broken_inputs,
+    fleet_inputs,
+    tally,
+)
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit import repository
 from numparity_server.nodes import repository as nodes_repository
@@ -40,6 +47,11 @@ class _Held:
     outcome: Any  # the outcome row
     nodes: int
     wall_s: float | None  # mean over the results that have one
+    first_node: str  # the first of the nodes by name (consensus's tie-break)
+
+    @property
+    def support(self) -> Support:
+        return Support(self.nodes, self.first_node)
 
 
 def audit(*, session: Session, policy: Policy, now: datetime | None = None) -> dict[str, Any]:
@@ -54,8 +66,8 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None) -> d
     aggregate = repository.latest_by_outcome(session)
     outcomes = repository.outcomes(session, [row[1] for row in aggregate])
     held = [_Held(env_id, outcomes[outcome_id], int(count),
-                  float(wall_sum) / timed if timed else None)
-            for env_id, outcome_id, count, wall_sum, timed in aggregate]
+                  float(wall_sum) / timed if timed else None, first_node)
+            for env_id, outcome_id, count, wall_sum, timed, first_node in aggregate]
 
     node_env = {node.name: node.environment_id for node in nodes
                 if node.environment_id is not None}
@@ -166,11 +178,8 @@ def _usual_answers(held: Sequence[_Held]
     """The latest ok strict results, and the usual answer of each (environment, key)."""
     strict = [h for h in held if h.outcome.variant == repository.STRICT
               and h.outcome.status == "ok" and h.outcome.manifest_hash]
-    counts: Counter[tuple[int, Key, str]] = Counter()
-    for h in strict:
-        counts[(h.environment, _key(h.outcome), h.outcome.manifest_hash)] += h.nodes
     return strict, usual_answers(
-        (env, key, manifest, n) for (env, key, manifest), n in counts.items())
+        (h.environment, _key(h.outcome), h.outcome.manifest_hash, h.support) for h in strict)
 
 
 @dataclass(frozen=True)
@@ -260,27 +269,26 @@ def _nondeterministic(session: Session, held: Sequence[_Held], history: Sequence
 def _broken_inputs(session: Session, held: Sequence[_Held]) -> list[dict[str, Any]]:
     """Latest results whose input or parameter bytes differ from the fleet's (DESIGN §2.1:
     those bytes are the same everywhere by construction; a difference is a bug)."""
-    counts: dict[tuple[Any, ...], Counter[tuple[str | None, str | None]]] = defaultdict(Counter)
+    holders: dict[tuple[Any, ...], list[tuple[Inputs, Support]]] = defaultdict(list)
     by_hashes: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     for h in held:
         o = h.outcome
         if o.status != "ok":
             continue
         key = (o.suite, o.workload, o.workload_version, o.variant)
-        counts[key][(o.input_hash, o.param_hash)] += h.nodes
+        holders[key].append(((o.input_hash, o.param_hash), h.support))
         by_hashes[key + (o.input_hash, o.param_hash)].append(o.id)
     minority: dict[int, dict[str, Any]] = {}
-    for key, hashes in counts.items():
-        if len(hashes) < 2:
+    for key, found in holders.items():
+        hashes = tally(found)
+        fleet = fleet_inputs(hashes)
+        if fleet is None:
             continue
-        (fleet_input, fleet_param), _ = max(hashes.items(),
-                                            key=lambda item: (item[1], str(item[0])))
+        fleet_input, fleet_param = fleet
         for input_hash, param_hash in hashes:
-            if (input_hash, param_hash) == (fleet_input, fleet_param):
+            differing = broken_inputs((input_hash, param_hash), fleet)
+            if not differing:
                 continue
-            differing = [name for name, own, fleet in (("input_hash", input_hash, fleet_input),
-                                                       ("param_hash", param_hash, fleet_param))
-                         if own != fleet]
             for outcome_id in by_hashes[key + (input_hash, param_hash)]:
                 minority[outcome_id] = {
                     "suite": key[0], "workload": key[1], "workload_version": key[2],

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from numparity_server.kit.db import chunked
+from numparity_server.kit.db import chunked, codepoint_order
 from numparity_server.models import Latest, Manifest, Node, Outcome, Result, Run
 
 
@@ -34,7 +34,7 @@ def answer_counts(session: Session, *, suite: str) -> list[tuple[str, str, str, 
     however many nodes)."""
     rows = session.execute(
         select(Outcome.workload, Outcome.variant, Outcome.device, Outcome.manifest_hash,
-               func.count(), func.min(Node.name))
+               func.count(), func.min(codepoint_order(session, Node.name)))
         .select_from(Latest)
         .join(Outcome, Outcome.id == Latest.outcome_id)
         .join(Node, Node.id == Latest.node_id)

@@ -12,6 +12,7 @@ from urllib.parse import quote, urlencode
 from sqlalchemy.orm import Session
 
 from numparity_server import analysis
+from numparity_server.analysis import consensus
 from numparity_server.analysis.policy import Policy
 from numparity_server.compare.schemas import CompareOut, ResultPair
 from numparity_server.compare.service import compare_runs
@@ -87,8 +88,8 @@ def overview(*, session: Session, policy: Policy, suite: str, limit: int,
              offset: int) -> Overview:
     """A page of the nodes x (workload, variant) heatmap.
 
-    For each (workload, variant) and device type, the baseline is the answer most nodes
-    give (their result's manifest; ties go to the first node name): its nodes are
+    For each (workload, variant) and device type, the baseline is the usual answer
+    (their result's manifest; ``consensus.usual``): its nodes are
     identical to it, and every other answer is compared once, its first node's run
     against the baseline's first node's, the way GET /compare does; each cell links to
     the comparison of its own run with the baseline's. The answers are counted over the
@@ -98,8 +99,13 @@ def overview(*, session: Session, policy: Policy, suite: str, limit: int,
     for workload, variant, device, digest, count, first in repository.answer_counts(
             session, suite=suite):
         answers[(workload, variant, device)].append(_Answer(digest, count, first))
-    baselines = {key: min(found, key=lambda a: (-a.nodes, a.first_node))
-                 for key, found in answers.items()}
+    baselines: dict[tuple[str, str, str], _Answer] = {}
+    for key, held in answers.items():
+        by_manifest = {a.manifest_hash: a for a in held}
+        chosen = consensus.usual({a.manifest_hash: consensus.Support(a.nodes, a.first_node)
+                                  for a in held})
+        assert chosen is not None
+        baselines[key] = by_manifest[chosen]
     names, total = repository.node_names(session, suite=suite, limit=limit, offset=offset)
     cells = repository.latest_cells(session, suite=suite, nodes=names)
 

@@ -9,7 +9,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from numparity_server.kit.db import chunked, lookup
+from numparity_server.analysis.consensus import Support
+from numparity_server.kit.db import chunked, codepoint_order, lookup
 from numparity_server.models import (
     Environment,
     Fingerprint,
@@ -70,19 +71,21 @@ def latest_ok_results(
 
 
 def outcome_counts(session: Session, *, suite: str, workload: str, variant: str
-                   ) -> list[tuple[Any, int, list[dict[str, Any]]]]:
-    """The key's latest ok results by outcome: (outcome, nodes, manifest entries)."""
+                   ) -> list[tuple[Any, Support, list[dict[str, Any]]]]:
+    """The key's latest ok results by outcome: (outcome, its support, manifest entries)."""
     rows = session.execute(
-        select(Outcome.workload_version, Outcome.device, Outcome.manifest_hash, func.count())
+        select(Outcome.workload_version, Outcome.device, Outcome.manifest_hash, func.count(),
+               func.min(codepoint_order(session, Node.name)))
         .select_from(Latest)
         .join(Outcome, Outcome.id == Latest.outcome_id)
+        .join(Node, Node.id == Latest.node_id)
         .where(Latest.suite == suite, Latest.workload == workload, Latest.variant == variant,
                Outcome.status == "ok", Outcome.manifest_hash.is_not(None))
         .group_by(Outcome.workload_version, Outcome.device, Outcome.manifest_hash)
     ).all()
     entries = lookup(session, Manifest.hash, Manifest.entries,
                       {row.manifest_hash for row in rows})
-    return [(row, int(row[3]), entries[row.manifest_hash]) for row in rows]
+    return [(row, Support(int(row[3]), row[4]), entries[row.manifest_hash]) for row in rows]
 
 
 def fingerprints(session: Session, hashes: Iterable[str]) -> Sequence[Fingerprint]:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import zlib
-from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from numparity_server import analysis
+from numparity_server.analysis import consensus
 from numparity_server.analysis.policy import Policy
 from numparity_server.divergence import repository
 from numparity_server.divergence.repository import LatestResult
@@ -84,15 +84,11 @@ def _comparable(results: list[LatestResult], version: int | None
                                             f"not {version}"))
         else:
             same_version.append(result)
-    inputs = Counter((r.input_hash, r.param_hash) for r in same_version
-                     if r.input_hash is not None or r.param_hash is not None)
-    if not inputs:
-        return same_version, excluded
-    # Of equally common inputs, the first node's (results come in node name order).
-    fleet = analysis.most_common_inputs(inputs)[0]
+    fleet = consensus.fleet_inputs(consensus.tally(
+        ((r.input_hash, r.param_hash), consensus.Support(1, r.node)) for r in same_version))
     comparable = []
     for result in same_version:
-        broken = analysis.broken_inputs((result.input_hash, result.param_hash), fleet)
+        broken = consensus.broken_inputs((result.input_hash, result.param_hash), fleet)
         if broken:
             excluded.append(Excluded(node=result.node, run_id=result.run_id,
                                      reason=f"{' and '.join(broken)} differ from the fleet's: "
@@ -112,9 +108,10 @@ def _member(result: LatestResult) -> analysis.Member:
 
 def _consensus_hash(session: Session, suite: str, workload: str, variant: str, tensor: str,
                     version: int | None, device: str | None = None) -> str | None:
-    """The most common hash of ``tensor`` among the latest ok results of another variant."""
-    hashes: Counter[str] = Counter()
-    for outcome, nodes, entries in repository.outcome_counts(
+    """The usual hash of ``tensor`` (``consensus.usual``) among the latest ok results of
+    another variant."""
+    holders = []
+    for outcome, support, entries in repository.outcome_counts(
             session, suite=suite, workload=workload, variant=variant):
         if version is not None and outcome.workload_version != version:
             continue
@@ -122,8 +119,8 @@ def _consensus_hash(session: Session, suite: str, workload: str, variant: str, t
             continue
         digest = next((e["hash"] for e in entries if e["name"] == tensor), None)
         if digest is not None:
-            hashes[digest] += nodes
-    return max(hashes.items(), key=lambda item: (item[1], item[0]))[0] if hashes else None
+            holders.append((digest, support))
+    return consensus.usual(consensus.tally(holders))
 
 
 def load_fingerprints(session: Session, hashes: Iterable[str]

@@ -184,3 +184,12 @@ def dialect_insert(session: Session | str, table: Any) -> Any:
     if name == "sqlite":
         return sqlite.insert(table)
     raise RuntimeError(f"unsupported database backend {name!r}")  # pragma: no cover
+
+
+def codepoint_order(session: Session, column: Any) -> Any:
+    """``column`` compared in code point order, as Python compares strings (PostgreSQL's
+    default collation follows the locale; SQLite's BINARY already is code point order),
+    so a "first node name" from a query is the one the analysis would pick."""
+    if session.get_bind().dialect.name == "postgresql":
+        return column.collate("C")
+    return column

@@ -6,11 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, true
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from numparity_server.analysis.inputs import Inputs
-from numparity_server.kit.db import lookup
+from numparity_server.kit.db import codepoint_order, lookup
 from numparity_server.models import Latest, Manifest, Node, Outcome
 
 Key = tuple[str, str, str]  # suite, workload, variant
@@ -18,45 +17,22 @@ Key = tuple[str, str, str]  # suite, workload, variant
 
 def latest_ok_answers(session: Session) -> Sequence[Any]:
     """The fleet's latest ok results by outcome, a few hundred rows: (suite, workload,
-    variant, workload_version, input_hash, param_hash, manifest_hash, nodes)."""
+    variant, workload_version, input_hash, param_hash, manifest_hash, nodes, first_node)."""
     per_outcome = (
         select(Latest.suite, Latest.workload, Latest.variant, Latest.outcome_id,
-               func.count().label("nodes"))
+               func.count().label("nodes"),
+               func.min(codepoint_order(session, Node.name)).label("first_node"))
+        .join(Node, Node.id == Latest.node_id)
         .group_by(Latest.suite, Latest.workload, Latest.variant, Latest.outcome_id)
         .subquery()
     )
     return session.execute(
         select(per_outcome.c.suite, per_outcome.c.workload, per_outcome.c.variant,
                Outcome.workload_version, Outcome.input_hash, Outcome.param_hash,
-               Outcome.manifest_hash, per_outcome.c.nodes)
+               Outcome.manifest_hash, per_outcome.c.nodes, per_outcome.c.first_node)
         .join(Outcome, Outcome.id == per_outcome.c.outcome_id)
         .where(Outcome.status == "ok", Outcome.manifest_hash.is_not(None))
     ).all()
-
-
-def first_inputs_by_node_name(session: Session, *, key: Key, workload_version: int | None,
-                              candidates: Iterable[Inputs]) -> Inputs | None:
-    """Of the key's latest ok results holding one of ``candidates`` (input and parameter
-    hashes), those of the first node by name, in the database's collation as /divergence
-    orders its nodes."""
-    suite, workload, variant = key
-    held = [and_(Outcome.input_hash.is_not_distinct_from(input_hash),
-                 Outcome.param_hash.is_not_distinct_from(param_hash))
-            for input_hash, param_hash in candidates]
-    version = (Outcome.workload_version == workload_version if workload_version is not None
-               else true())
-    row = session.execute(
-        select(Outcome.input_hash, Outcome.param_hash)
-        .select_from(Latest)
-        .join(Outcome, Outcome.id == Latest.outcome_id)
-        .join(Node, Node.id == Latest.node_id)
-        .where(Latest.suite == suite, Latest.workload == workload, Latest.variant == variant,
-               Outcome.status == "ok", Outcome.manifest_hash.is_not(None), version,
-               or_(*held))
-        .order_by(Node.name)
-        .limit(1)
-    ).first()
-    return (row.input_hash, row.param_hash) if row is not None else None
 
 
 def manifest_entries(session: Session, hashes: Iterable[str]) -> dict[str, list[Any]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -19,12 +19,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
-from numparity_server import analysis
+from numparity_server.analysis import consensus
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit import service as audit_service
 from numparity_server.metrics import repository
 from numparity_server.metrics.ingest import process_metrics
-from numparity_server.metrics.repository import Inputs, Key
+from numparity_server.metrics.repository import Key
 
 STATUSES = audit_service.STATUSES
 # The tensor /divergence groups by unless asked for another.
@@ -54,7 +54,7 @@ def output_groups(session: Session) -> dict[Key, int]:
     by_key: dict[Key, list[Any]] = defaultdict(list)
     for row in repository.latest_ok_answers(session):
         by_key[(row.suite, row.workload, row.variant)].append(row)
-    comparable = {key: _comparable(session, key, rows) for key, rows in by_key.items()}
+    comparable = {key: _comparable(rows) for key, rows in by_key.items()}
     entries = repository.manifest_entries(
         session, {row.manifest_hash for rows in comparable.values() for row in rows})
     outputs = {digest: next((e["hash"] for e in tensors if e["name"] == GROUPED_TENSOR), None)
@@ -63,25 +63,16 @@ def output_groups(session: Session) -> dict[Key, int]:
             for key, rows in sorted(comparable.items())}
 
 
-def _comparable(session: Session, key: Key, rows: Sequence[Any]) -> list[Any]:
+def _comparable(rows: Sequence[Any]) -> list[Any]:
     """The rows /divergence compares (its service's ``_comparable``, on rows counting nodes)."""
     versions = [row.workload_version for row in rows if row.workload_version is not None]
     version = max(versions) if versions else None
     same_version = [row for row in rows if version is None or row.workload_version == version]
-    inputs: Counter[Inputs] = Counter()
-    for row in same_version:
-        if row.input_hash is not None or row.param_hash is not None:
-            inputs[(row.input_hash, row.param_hash)] += int(row.nodes)
-    if not inputs:
-        return same_version
-    tied = analysis.most_common_inputs(inputs)
-    # /divergence keeps the first of equally common inputs in node name order.
-    fleet = tied[0]
-    if len(tied) > 1:
-        fleet = repository.first_inputs_by_node_name(
-            session, key=key, workload_version=version, candidates=tied) or fleet
+    fleet = consensus.fleet_inputs(consensus.tally(
+        ((row.input_hash, row.param_hash), consensus.Support(int(row.nodes), row.first_node))
+        for row in same_version))
     return [row for row in same_version
-            if not analysis.broken_inputs((row.input_hash, row.param_hash), fleet)]
+            if not consensus.broken_inputs((row.input_hash, row.param_hash), fleet)]
 
 
 class FleetCache:

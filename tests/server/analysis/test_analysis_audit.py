@@ -9,18 +9,23 @@ from numparity_server.analysis.audit import (
     majorities,
     usual_answers,
 )
+from numparity_server.analysis.consensus import Support
 
 CNN = ("standard", "cnn", 1, "cpu")
 MLP = ("standard", "mlp", 1, "cpu")
 
 
 def test_the_usual_answer_and_when_it_judges():
-    usual = usual_answers([(1, CNN, "a", 4), (1, CNN, "b", 1),  # 4 of 5: judges
-                           (2, CNN, "a", 2), (2, CNN, "b", 2),  # a tie: no majority
-                           (3, CNN, "a", 3),                    # 2 peers only
-                           (4, CNN, "c", 3), (4, CNN, "d", 1)])  # 3 peers, 3 of 4
+    rows = [(1, CNN, "a", 4), (1, CNN, "b", 1),  # 4 of 5: judges
+            (2, CNN, "a", 2), (2, CNN, "b", 2),  # a tie: no majority
+            (3, CNN, "a", 3),                    # 2 peers only
+            (4, CNN, "c", 3), (4, CNN, "d", 1)]  # 3 peers, 3 of 4
+    first = {"a": "n2", "b": "n1", "c": "n5", "d": "n0"}
+    usual = usual_answers((env, key, answer, Support(nodes, first[answer]))
+                          for env, key, answer, nodes in rows)
     assert usual[(1, CNN)] == Majority("a", 4, 5)
-    assert usual[(2, CNN)].nodes == 4  # a usual answer exists even for a tie ...
+    # A usual answer exists even for a tie (the answer of the first node by name) ...
+    assert usual[(2, CNN)] == Majority("b", 2, 4)
     judged = majorities(usual, min_peers=3)
     assert set(judged) == {(1, CNN), (4, CNN)}  # ... but does not judge
     assert set(majorities(usual, min_peers=2)) == {(1, CNN), (3, CNN), (4, CNN)}

@@ -1,0 +1,95 @@
+"""The fleet's usual answer: one rule for every feature that needs it.
+
+A set of results is summarised as answers (a manifest hash, a tensor hash, the pair of
+input and parameter hashes) with their ``Support``: how many nodes give the answer and
+the first of them by name. The usual answer is the one most nodes give; of a tie, the
+one whose first node name sorts first (in code point order, as Python compares
+strings; the database queries order names the same way, ``kit.db.codepoint_order``),
+then the answer's own text. /divergence, /compare's broken inputs, the audit, /metrics,
+the fleet page and the demo report all call this module, so they name the same answer.
+
+The input and parameter bytes are the same on every node by construction (DESIGN
+§2.1): a result on other bytes than the fleet's is a bug on that node (broken inputs),
+not a divergence. A hash a result does not report (None: an agent that could not
+compute it) differs from nothing: such a result is neither broken nor evidence of what
+the fleet's bytes are.
+
+A usual answer judges a node (the audit's suspects) only as a majority with a quorum:
+more than half of the nodes give it, and a node has at least ``min_peers`` peers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+Answer = TypeVar("Answer", bound=Hashable)
+Inputs = tuple[str | None, str | None]  # (input_hash, param_hash)
+
+
+@dataclass(frozen=True)
+class Support:
+    """How many nodes give an answer, and the first of them by name."""
+
+    nodes: int
+    first_node: str
+
+    def __add__(self, other: Support) -> Support:
+        return Support(self.nodes + other.nodes, min(self.first_node, other.first_node))
+
+
+def tally(holders: Iterable[tuple[Answer, Support]]) -> dict[Answer, Support]:
+    """Support per answer, adding up the parts (rows per environment, per outcome …)."""
+    found: dict[Answer, Support] = {}
+    for answer, support in holders:
+        found[answer] = found[answer] + support if answer in found else support
+    return found
+
+
+def usual(answers: Mapping[Answer, Support]) -> Answer | None:
+    """The answer most nodes give; ties to the first node name, then the answer's text."""
+    if not answers:
+        return None
+    return min(answers, key=lambda a: (-answers[a].nodes, answers[a].first_node, str(a)))
+
+
+@dataclass(frozen=True)
+class Majority:
+    answer: str
+    holders: int  # nodes giving it
+    nodes: int  # nodes with any answer
+
+
+def majority(answers: Mapping[str, Support], *, min_peers: int) -> Majority | None:
+    """The usual answer when it judges: more than half of the nodes give it and each node
+    has at least ``min_peers`` peers. A split without a strict majority judges nobody."""
+    found = usual(answers)
+    if found is None:
+        return None
+    holders = answers[found].nodes
+    total = sum(support.nodes for support in answers.values())
+    return Majority(found, holders, total) if judges(holders, total, min_peers=min_peers) \
+        else None
+
+
+def judges(holders: int, nodes: int, *, min_peers: int) -> bool:
+    """A usual answer held by ``holders`` of ``nodes`` is a majority with a quorum."""
+    return nodes - 1 >= min_peers and 2 * holders > nodes
+
+
+def fleet_inputs(answers: Mapping[Inputs, Support]) -> Inputs | None:
+    """The fleet's (input_hash, param_hash): the usual pair among results that report at
+    least one of them."""
+    return usual({inputs: support for inputs, support in answers.items()
+                  if inputs != (None, None)})
+
+
+def broken_inputs(own: Inputs, fleet: Inputs | None) -> list[str]:
+    """The names of the hashes in which ``own`` differs from the fleet's; a hash either
+    side does not report (None) differs from nothing."""
+    if fleet is None:
+        return []
+    return [name for name, mine, theirs in (("input_hash", own[0], fleet[0]),
+                                             ("param_hash", own[1], fleet[1]))
+            if mine is not None and theirs is not None and mine != theirs]

@@ -1,0 +1,46 @@
+"""The consensus rule with plain values: usual answer, tie-break, inputs, quorum."""
+
+from __future__ import annotations
+
+from numparity_server.analysis.consensus import (
+    Support,
+    broken_inputs,
+    fleet_inputs,
+    judges,
+    majority,
+    tally,
+    usual,
+)
+
+
+def test_most_nodes_then_the_first_node_name_then_the_answer():
+    assert usual({"x": Support(3, "n9"), "y": Support(2, "n0")}) == "x"
+    assert usual({"x": Support(2, "n9"), "y": Support(2, "n0")}) == "y"
+    # Code point order, as Python compares strings: "Z" sorts before "a".
+    assert usual({"x": Support(2, "alpha"), "y": Support(2, "Zulu")}) == "y"
+    assert usual({"b": Support(2, "n1"), "a": Support(2, "n1")}) == "a"
+    assert usual({}) is None
+
+
+def test_tally_adds_the_parts_of_one_answer():
+    answers = tally([("x", Support(2, "n5")), ("y", Support(3, "n1")), ("x", Support(2, "n0"))])
+    assert answers == {"x": Support(4, "n0"), "y": Support(3, "n1")}
+    assert usual(answers) == "x"
+
+
+def test_a_missing_hash_differs_from_nothing():
+    fleet = fleet_inputs({("a", "p"): Support(3, "n1"), ("b", "p"): Support(1, "n0"),
+                          (None, None): Support(5, "m0")})
+    assert fleet == ("a", "p")  # results that report neither hash do not vote
+    assert broken_inputs(("b", "p"), fleet) == ["input_hash"]
+    assert broken_inputs(("b", "q"), fleet) == ["input_hash", "param_hash"]
+    assert broken_inputs((None, "p"), fleet) == []
+    assert broken_inputs(("b", "p"), None) == []
+    assert fleet_inputs({(None, None): Support(2, "n")}) is None
+
+
+def test_a_majority_judges_only_with_a_quorum():
+    assert majority({"a": Support(4, "n"), "b": Support(1, "m")}, min_peers=3).answer == "a"
+    assert majority({"a": Support(2, "n"), "b": Support(2, "m")}, min_peers=1) is None
+    assert majority({"a": Support(3, "n")}, min_peers=3) is None  # two peers only
+    assert judges(3, 4, min_peers=3) and not judges(2, 4, min_peers=1)
