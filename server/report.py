@@ -31,7 +31,8 @@ def format_divergence(payload: dict[str, Any]) -> str:
     against the largest (group 1); the API has every pair."""
     key = payload["key"]
     lines = [
-        f"== {key['workload']} / {key['variant']} — tensor {key['tensor']!r} "
+        f"== {key['workload']} / {key['variant']} — "
+        f"{'tensor ' + repr(key['tensor']) if key['tensor'] else 'whole result'} "
         f"(suite {key['suite']}, version {key['workload_version']})"
     ]
     groups = payload["groups"]
@@ -53,7 +54,9 @@ def format_divergence(payload: dict[str, Any]) -> str:
                         f" max rel {_number(metrics.get('max_rel'))},"
                         f" max ULP {_number(metrics.get('max_ulp'), whole=True)};"
                         f" from {pair['basis']}")
-        lines.append(f"  group {pair['a']} vs {pair['b']}: {pair['verdict']} ({measured})")
+        decided = f", decided by {pair['decided_by']}" if pair.get("decided_by") else ""
+        lines.append(f"  group {pair['a']} vs {pair['b']}: {pair['verdict']}{decided} "
+                     f"({measured})")
         layer = pair.get("first_divergent_layer")
         if layer:
             lines.append(f"    first divergent layer: {layer['name']}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,15 +56,26 @@ class Group:
         }
 
 
-def group_members(members: Sequence[Member], tensor: str) -> tuple[list[Group], list[str]]:
-    """Groups by the hash of ``tensor``, largest first, ties by first node name; ids 1..n.
+def manifest_digest(tensors: Sequence[tuple[str, str, str]]) -> str:
+    """The manifest hash of a result's (name, kind, hash) in order: sha256 of their compact
+    JSON, as the agent and the server compute it."""
+    canonical = json.dumps([list(t) for t in tensors], separators=(",", ":"),
+                           ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def group_members(members: Sequence[Member], tensor: str | None
+                  ) -> tuple[list[Group], list[str]]:
+    """Groups by the hash of ``tensor`` (None: of the whole result, its manifest), largest
+    first, ties by first node name; ids 1..n.
 
     Also returns the (sorted) nodes whose manifest lacks ``tensor``.
     """
     by_hash: dict[str, list[Member]] = {}
     without: list[str] = []
     for member in members:
-        digest = member.tensor_hash(tensor)
+        digest = (manifest_digest(member.tensors) if tensor is None
+                  else member.tensor_hash(tensor))
         if digest is None:
             without.append(member.node)
         else:

@@ -16,6 +16,7 @@ from .groups import Group, Member, group_members
 from .judge import JUDGE_TOL_PER_RTOL, judge
 from .layers import LAYER, compare_manifests, first_divergent_layer, first_nonfinite, largest_jump
 from .tolerance import Tolerance, default_tolerance
+from .verdicts import result_verdict
 
 ToleranceFor = Callable[[str], Tolerance]
 
@@ -39,20 +40,32 @@ def _compare_groups(candidate: Group, reference: Group, fingerprints: Mapping[st
 
 def _pair(a: Group, b: Group, fingerprints: Mapping[str, Fingerprint],
           tolerance: Tolerance | None, tolerance_for: ToleranceFor | None,
-          flattened: Flattened) -> dict[str, Any]:
+          flattened: Flattened, tensor: str | None) -> dict[str, Any]:
     # The larger group (a) is the reference: metrics measure b against a.
-    comparison = _compare_groups(b, a, fingerprints, tolerance, tolerance_for)
     candidate, reference = b.representative.tensors, a.representative.tensors
+    decided: dict[str, Any] = {}
+    if tensor is not None:
+        comparison = _compare_groups(b, a, fingerprints, tolerance, tolerance_for)
+        decided = {"verdict": comparison.verdict, "basis": comparison.basis,
+                   "metrics": comparison.metrics, "evidence": comparison.evidence}
+    else:
+        # The whole result: the worst verdict of all its tensors, and which decided.
+        rows = compare_manifests(candidate, reference, fingerprints,
+                                 tolerance=tolerance, tolerance_for=tolerance_for)
+        verdict = result_verdict(rows)
+        row = next((r for r in rows if verdict and r["name"] == verdict.tensor), None)
+        decided = {"verdict": verdict.verdict if verdict else "divergent",
+                   "basis": row["basis"] if row else "stats",
+                   "metrics": row["metrics"] if row else {},
+                   "evidence": row["evidence"] if row else "no tensor in common",
+                   "decided_by": verdict.tensor if verdict else None}
     layers = compare_manifests(candidate, reference, fingerprints, kinds=(LAYER,),
                                tolerance=tolerance, tolerance_for=tolerance_for)
     separating = separating_attributes(a, b, flattened=flattened)
     return {
         "a": a.id,
         "b": b.id,
-        "verdict": comparison.verdict,
-        "basis": comparison.basis,
-        "metrics": comparison.metrics,
-        "evidence": comparison.evidence,
+        **decided,
         "first_divergent_layer": first_divergent_layer(layers),
         "largest_jump": largest_jump(layers),
         # Where NaN or Inf first appear in b and not in a (layers first): the place to
@@ -98,7 +111,7 @@ def _rms(fingerprint: Fingerprint) -> float:
 def divergence_report(
     *,
     members: Sequence[Member],
-    tensor: str,
+    tensor: str | None,
     fingerprints: Mapping[str, Fingerprint],
     tolerance: Tolerance | None = None,
     tolerance_for: ToleranceFor | None = None,
@@ -106,6 +119,10 @@ def divergence_report(
     baseline: Fingerprint | None = None,
 ) -> dict[str, Any]:
     """Groups, the pairwise comparisons and the attribution for one comparison key.
+
+    With ``tensor`` None the groups are by the whole result (its manifest) and each pair
+    is judged by the result verdict (the worst of its tensors, ``decided_by`` naming
+    which); with a tensor, by that tensor alone.
 
     ``fingerprints`` holds at least every hash in the groups' representatives'
     manifests. With ``reference`` (the ``fp64-reference`` fingerprint of ``tensor``) each
@@ -118,13 +135,13 @@ def divergence_report(
     group_rows = []
     for group in groups:
         row = group.to_dict()
-        if reference is not None:
+        if reference is not None and tensor is not None:
             row["fp64"] = _fp64_judgement(group, fingerprints, reference, baseline, tolerance,
                                           tolerance_for)
         group_rows.append(row)
     flattened = flatten_members(groups)
     pairs = [
-        _pair(a, b, fingerprints, tolerance, tolerance_for, flattened)
+        _pair(a, b, fingerprints, tolerance, tolerance_for, flattened, tensor)
         for index, a in enumerate(groups)
         for b in groups[index + 1:]
     ]

@@ -20,12 +20,15 @@ def get_divergence(
     _principal: ReaderAuth,
     workload: Annotated[str, Query(min_length=1)],
     variant: Annotated[str, Query(min_length=1)],
-    tensor: str = "output",
+    tensor: Annotated[str | None, Query(
+        min_length=1, description="Group by this tensor's bits; without it, by the whole "
+                                  "result, each pair judged by its result verdict")] = None,
     suite: str = "standard",
     workload_version: int | None = None,
 ) -> DivergenceOut:
     """Groups of the fleet's latest results of one key, the comparisons between groups,
-    the fp64 verdicts and the environment attributes that explain the split."""
+    the fp64 verdicts (with a tensor) and the environment attributes that explain the
+    split. 404 naming the tensors there are when no result has `tensor`."""
     return service.divergence(session=session, suite=suite, workload=workload, variant=variant,
                               tensor=tensor, workload_version=workload_version,
                               policy=policy)

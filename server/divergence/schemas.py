@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class DivergenceKey(BaseModel):
@@ -12,7 +12,7 @@ class DivergenceKey(BaseModel):
     workload: str
     workload_version: int | None
     variant: str
-    tensor: str
+    tensor: str | None
 
 
 class Excluded(BaseModel):
@@ -60,7 +60,7 @@ class DivergenceOut(BaseModel):
     model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [EXAMPLE]})
 
     key: DivergenceKey
-    tensor: str
+    tensor: str | None = Field(description="The tensor grouped by; null: the whole result")
     groups: list[dict[str, Any]]
     pairs: list[dict[str, Any]]
     attribution: list[dict[str, Any]]

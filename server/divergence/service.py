@@ -22,9 +22,11 @@ BASELINE_VARIANT = "strict"
 
 
 def divergence(
-    *, session: Session, suite: str, workload: str, variant: str, tensor: str,
+    *, session: Session, suite: str, workload: str, variant: str, tensor: str | None = None,
     workload_version: int | None = None, policy: Policy | None = None,
 ) -> DivergenceOut:
+    """Groups by ``tensor``, or by the whole result when None (never a default tensor a
+    workload may lack); NotFound naming the tensors there are when none has ``tensor``."""
     latest = repository.latest_ok_results(session, suite=suite, workload=workload,
                                           variant=variant)
     if not latest:
@@ -37,18 +39,22 @@ def divergence(
                        f"{variant!r}")
     members = [_member(result) for result in comparable]
     groups, _ = analysis.group_members(members, tensor)
+    if not groups:
+        names = dict.fromkeys(name for m in members for name, _kind, _hash in m.tensors)
+        raise NotFound(f"no result of {workload!r} under {variant!r} has a tensor {tensor!r}; "
+                       f"its tensors: {', '.join(names) or 'none'}")
     wanted = {group.hash for group in groups}
     for group in groups:
         wanted.update(digest for _name, _kind, digest in group.representative.tensors)
 
     reference = baseline = None
-    if variant != FP64_VARIANT:
+    if variant != FP64_VARIANT and tensor is not None:
         reference_hash = _consensus_hash(session, suite, workload, FP64_VARIANT, tensor, version)
         baseline_hash = _consensus_hash(session, suite, workload, BASELINE_VARIANT, tensor,
                                         version, device="cpu")
         wanted.update(h for h in (reference_hash, baseline_hash) if h)
     loaded = load_fingerprints(session, wanted)
-    if variant != FP64_VARIANT:
+    if variant != FP64_VARIANT and tensor is not None:
         reference = loaded.get(reference_hash) if reference_hash else None
         baseline = loaded.get(baseline_hash) if baseline_hash else None
 

@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from numparity_server.kit.db import codepoint_order, lookup
-from numparity_server.models import Latest, Manifest, Node, Outcome
+from numparity_server.kit.db import codepoint_order
+from numparity_server.models import Latest, Node, Outcome
 
 Key = tuple[str, str, str]  # suite, workload, variant
 
@@ -33,10 +33,6 @@ def latest_ok_answers(session: Session) -> Sequence[Any]:
         .join(Outcome, Outcome.id == per_outcome.c.outcome_id)
         .where(Outcome.status == "ok", Outcome.manifest_hash.is_not(None))
     ).all()
-
-
-def manifest_entries(session: Session, hashes: Iterable[str]) -> dict[str, list[Any]]:
-    return lookup(session, Manifest.hash, Manifest.entries, hashes)
 
 
 def node_last_runs(session: Session) -> Sequence[Any]:

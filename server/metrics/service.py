@@ -27,14 +27,12 @@ from numparity_server.metrics.ingest import process_metrics
 from numparity_server.metrics.repository import Key
 
 STATUSES = audit_service.STATUSES
-# The tensor /divergence groups by unless asked for another.
-GROUPED_TENSOR = "output"
 
 
 @dataclass(frozen=True)
 class FleetSnapshot:
     summary: dict[str, int]  # the audit's summary: nodes, environments, nodes per status
-    groups: dict[Key, int]  # distinct answers of the output tensor per key
+    groups: dict[Key, int]  # distinct whole results per key (/divergence's groups)
     last_runs: list[tuple[str, datetime]]  # each node's newest run
 
 
@@ -44,23 +42,18 @@ def fleet_snapshot(*, session: Session, policy: Policy) -> FleetSnapshot:
                  for row in repository.node_last_runs(session)]
     return FleetSnapshot(summary={name: int(summary[name]) for name in
                                   ("nodes", "environments", *STATUSES)},
-                         groups=output_groups(session), last_runs=last_runs)
+                         groups=result_groups(session), last_runs=last_runs)
 
 
-def output_groups(session: Session) -> dict[Key, int]:
-    """Per key, the number of groups ``GET /divergence`` reports for the output tensor:
-    distinct hashes among the nodes' latest ok results of the newest workload version,
-    leaving out results on other input or parameter bytes than the fleet's."""
+def result_groups(session: Session) -> dict[Key, int]:
+    """Per key, the number of groups ``GET /divergence`` reports without a tensor: distinct
+    whole results (manifests) among the nodes' latest ok results of the newest workload
+    version, leaving out results on other input or parameter bytes than the fleet's."""
     by_key: dict[Key, list[Any]] = defaultdict(list)
     for row in repository.latest_ok_answers(session):
         by_key[(row.suite, row.workload, row.variant)].append(row)
-    comparable = {key: _comparable(rows) for key, rows in by_key.items()}
-    entries = repository.manifest_entries(
-        session, {row.manifest_hash for rows in comparable.values() for row in rows})
-    outputs = {digest: next((e["hash"] for e in tensors if e["name"] == GROUPED_TENSOR), None)
-               for digest, tensors in entries.items()}
-    return {key: len({outputs[row.manifest_hash] for row in rows} - {None})
-            for key, rows in sorted(comparable.items())}
+    return {key: len({row.manifest_hash for row in _comparable(rows)})
+            for key, rows in sorted(by_key.items())}
 
 
 def _comparable(rows: Sequence[Any]) -> list[Any]:
@@ -103,9 +96,9 @@ def fleet_metrics(snapshot: FleetSnapshot, now: datetime | None = None) -> list[
         nodes.add_metric([status], snapshot.summary[status])
     groups = GaugeMetricFamily(
         "numparity_groups",
-        "Distinct answers of the output tensor among the nodes' latest results of a "
-        "workload and variant (the groups of GET /api/v1/divergence); 1 is a fleet that "
-        "agrees bit for bit.", labels=["suite", "workload", "variant"])
+        "Distinct answers (whole results: every tensor) among the nodes' latest results "
+        "of a workload and variant (the groups of GET /api/v1/divergence without a "
+        "tensor); 1 is a fleet that agrees bit for bit.", labels=["suite", "workload", "variant"])
     for (suite, workload, variant), count in snapshot.groups.items():
         groups.add_metric([suite, workload, variant], count)
     ages = GaugeMetricFamily(

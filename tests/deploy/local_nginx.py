@@ -70,8 +70,12 @@ def render_for_loopback(workdir: Path, *, listen_port: int,
 
 def nginx_command(nginx: str, conf: Path, *args: str) -> list[str]:
     workdir = conf.parent
+    # Run as root (CI), nginx's workers would be "nobody", who cannot write the request
+    # bodies it buffers to disk (over client_body_buffer_size) into the test's 0700
+    # folder: they stay root.
+    user = " user root;" if os.geteuid() == 0 else ""
     return [nginx, "-p", str(workdir), "-e", "stderr", "-c", str(conf),
-            "-g", f"pid {workdir / 'nginx.pid'}; daemon off;", *args]
+            "-g", f"pid {workdir / 'nginx.pid'}; daemon off;{user}", *args]
 
 
 def check_config(nginx: str, conf: Path) -> subprocess.CompletedProcess:

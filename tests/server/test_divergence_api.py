@@ -24,7 +24,7 @@ def get_divergence(api, **params):
 
 
 def test_two_groups_and_the_attribute_that_splits_them(fleet):
-    response = get_divergence(fleet, workload="cnn", variant="default")
+    response = get_divergence(fleet, workload="cnn", variant="default", tensor="output")
     assert response.status_code == 200, response.text
     report = response.json()
     assert report["key"] == {"suite": "standard", "workload": "cnn", "workload_version": 1,
@@ -73,7 +73,7 @@ def test_groups_are_judged_against_the_fp64_reference(api):
                      run_document("stock-2", variants=variants),
                      run_document("drifted", shift=0.5, variants=variants)):
         assert api.post_run(document).status_code == 201
-    report = get_divergence(api, workload="cnn", variant="default").json()
+    report = get_divergence(api, workload="cnn", variant="default", tensor="output").json()
     stock, drifted = report["groups"]
     # Here the "fp64" answer equals the stock float32 one: the stock group is exact and
     # acceptable, the drifted group (10x the error allowed) is not.
@@ -88,7 +88,8 @@ def test_the_policy_tolerances_decide_the_verdict(make_api, tmp_path):
     for document in (run_document("stock-1"), run_document("stock-2"),
                      run_document("mkl", shift=1e-3, env_vars={"MKL_CBWR": "COMPATIBLE"})):
         assert strict.post_run(document).status_code == 201
-    verdicts = [get_divergence(api, workload="cnn", variant="default").json()["pairs"][0]
+    verdicts = [get_divergence(api, workload="cnn", variant="default",
+                               tensor="output").json()["pairs"][0]
                 for api in (strict, loose)]
     assert [pair["verdict"] for pair in verdicts] == ["divergent", "equivalent"]
     # The same bits differ either way: the first layer that is not identical is the same.
@@ -99,7 +100,8 @@ def test_where_nan_first_appears(api):
     for document in (run_document("stock-1"), run_document("stock-2"),
                      run_document("fp16-overflow", nan_from="fc1")):
         assert api.post_run(document).status_code == 201
-    (pair,) = get_divergence(api, workload="cnn", variant="default").json()["pairs"]
+    (pair,) = get_divergence(api, workload="cnn", variant="default",
+                             tensor="output").json()["pairs"]
     assert pair["verdict"] == "nonfinite"
     assert pair["first_nonfinite"]["name"] == "fc1"
     assert pair["first_nonfinite"]["nan"] >= 1 and pair["first_nonfinite"]["reference_nan"] == 0
@@ -111,3 +113,34 @@ def test_the_openapi_example_is_a_valid_answer(api):
     schema = api.client.get("/openapi.json").json()["components"]["schemas"]["DivergenceOut"]
     assert schema["examples"] == [EXAMPLE]
     DivergenceOut.model_validate(EXAMPLE)
+
+
+def test_without_a_tensor_results_are_grouped_whole_and_judged_by_their_worst_tensor(api):
+    """probes and train have no tensor named output: no default tensor is assumed."""
+    for document in (run_document("n-1", run_id="r1"), run_document("n-2", run_id="r2"),
+                     run_document("n-3", run_id="r3", nan_from="fc1")):
+        for result in document["results"]:
+            for tensor in result.get("tensors", []):
+                tensor["kind"] = "probe"
+        assert api.post_run(document).status_code == 201
+    response = api.client.get("/api/v1/divergence", headers=api.reader,
+                              params={"workload": "cnn", "variant": "default"})
+    assert response.status_code == 200, response.text
+    report = response.json()
+    assert report["tensor"] is None and report["key"]["tensor"] is None
+    assert [g["nodes"] for g in report["groups"]] == [["n-1", "n-2"], ["n-3"]]
+    (pair,) = report["pairs"]
+    assert (pair["verdict"], pair["decided_by"]) == ("nonfinite", "fc1")
+    # The same as /compare's result verdict for the two runs.
+    compared = api.client.get("/api/v1/compare", headers=api.reader,
+                              params={"run_a": "r1", "run_b": "r3"}).json()
+    assert compared["pairs"][0]["summary"]["result_verdict"]["verdict"] == pair["verdict"]
+
+
+def test_a_tensor_no_result_has_is_404_naming_the_tensors_there_are(api):
+    assert api.post_run(run_document("n-1")).status_code == 201
+    response = api.client.get("/api/v1/divergence", headers=api.reader,
+                              params={"workload": "cnn", "variant": "default",
+                                      "tensor": "logits"})
+    assert response.status_code == 404
+    assert "'logits'" in response.text and "conv1, conv2, fc1, output" in response.text

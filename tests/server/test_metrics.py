@@ -198,7 +198,7 @@ def split_fleet(api):
     return api
 
 
-def test_groups_are_the_divergence_groups_of_the_output(split_fleet):
+def test_groups_are_the_divergence_groups_of_whole_results(split_fleet):
     found = scrape(split_fleet)
     groups = {(labels["suite"], labels["workload"], labels["variant"]): value
               for labels, value in ((dict(pairs), value) for pairs, value in
