@@ -87,8 +87,9 @@ def short_difference(a: str, b: str) -> tuple[str, str]:
         index = next((i for i, (x, y) in enumerate(zip(lines_a, lines_b, strict=False)) if x != y),
                      min(len(lines_a), len(lines_b)))
         where = f"line {index + 1}: "
-        a = lines_a[index] if index < len(lines_a) else "(no line)"
-        b = lines_b[index] if index < len(lines_b) else "(no line)"
+        # Indentation says nothing about what differs.
+        a = lines_a[index].strip() if index < len(lines_a) else "(no line)"
+        b = lines_b[index].strip() if index < len(lines_b) else "(no line)"
     if not (is_blob(a) or is_blob(b)):
         return where + a, where + b
     return where + _cut(a, b), where + _cut(b, a)

@@ -192,8 +192,8 @@ def test_a_long_environment_value_is_shown_as_the_line_that_differs(api):
     assert difference["attribute"] == "torch.config"
     assert (difference["a"], difference["b"]) == (reference["environment"]["torch"]["config"],
                                                   candidate["environment"]["torch"]["config"])
-    assert difference["a_short"] == "line 18:   - option 17: value 17"
-    assert difference["b_short"] == "line 18:   - option 17: value 17b"
+    assert difference["a_short"] == "line 18: - option 17: value 17"
+    assert difference["b_short"] == "line 18: - option 17: value 17b"
 
 
 def test_workload_and_variant_filters(api):

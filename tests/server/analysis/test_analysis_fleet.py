@@ -235,7 +235,7 @@ def test_a_version_is_named_before_a_blob_that_changed_with_it():
     assert [item["attribute"] for item in found] == ["torch.version", "torch.config"]
     blob = found[1]
     assert (blob["a_short"], blob["b_short"]) == (
-        "line 8:   - build option 7", "line 8:   - build option 7 (cuda 12.8)")
+        "line 8: - build option 7", "line 8: - build option 7 (cuda 12.8)")
     assert blob["a"] == [env("2.12.0", config)["torch"]["config"]]  # the whole value kept
     ranked = rank_attributes(groups)
     assert [row["attribute"] for row in ranked] == ["torch.version", "torch.config"]
