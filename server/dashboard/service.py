@@ -11,7 +11,6 @@ from urllib.parse import quote, urlencode
 
 from sqlalchemy.orm import Session
 
-from numparity_server import analysis
 from numparity_server.analysis import consensus
 from numparity_server.analysis.policy import Policy
 from numparity_server.compare.schemas import CompareOut, ResultPair
@@ -23,7 +22,6 @@ from numparity_server.kit.errors import NotFound
 # Variants in the order the agent runs them (DESIGN §2.3); others follow alphabetically.
 VARIANT_ORDER = ("default", "strict", "fp64-reference", "tf32", "fp16-autocast",
                  "bf16-autocast")
-_SEVERITY = {verdict: rank for rank, verdict in enumerate(analysis.VERDICTS)}
 
 
 def variant_sort_key(variant: str) -> tuple[int, str]:
@@ -42,17 +40,15 @@ def compare_url(run_a: str, run_b: str, workload: str | None = None,
 
 
 def pair_verdict(pair: ResultPair) -> str:
-    """What a heatmap cell shows for a compared pair: the worst verdict of the output
-    tensors, or of all tensors when the workload has no tensor of kind output (probes);
-    broken inputs win, as they make any comparison meaningless."""
+    """What a heatmap cell shows for a compared pair: the result verdict (the worst of all
+    its tensors, as /compare and /divergence judge a whole result); broken inputs win,
+    as they make any comparison meaningless."""
     if pair.inputs.broken:
         return "broken"
     if not pair.compared or pair.summary is None:
         return pair.b.status
-    if pair.summary.output_verdict is not None:
-        return pair.summary.output_verdict
-    present = [v for v, count in pair.summary.verdicts.items() if count]
-    return max(present, key=_SEVERITY.__getitem__, default="identical")
+    decided = pair.summary.result_verdict
+    return decided.verdict if decided is not None else "identical"
 
 
 # ---- fleet overview ---------------------------------------------------------------------

@@ -116,7 +116,7 @@ def test_heatmap_colours_each_cell_by_its_verdict_against_the_most_common_answer
         api_report = api.client.get("/api/v1/compare", params={k: v[0] for k, v in query.items()},
                                     headers=api.reader).json()
         (pair,) = api_report["pairs"]
-        assert pair["summary"]["output_verdict"] == heat.rows[node]["cnn/default"][0]
+        assert pair["summary"]["result_verdict"]["verdict"] == heat.rows[node]["cnn/default"][0]
         compared = page(api, href)
         assert f'data-verdict="{pair["summary"]["output_verdict"]}"' in compared
         decided = pair["summary"]["result_verdict"]
