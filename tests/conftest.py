@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from server_processes import (
+from helpers.processes import (
     server_command,
     start_server,
     stop_process,

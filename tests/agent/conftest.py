@@ -1,7 +1,7 @@
 import json
 
 import pytest
-from agent_helpers import run_agent
+from helpers.agent import run_agent
 
 
 @pytest.fixture(scope="session")

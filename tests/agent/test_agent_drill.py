@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from agent_helpers import run_agent
+from helpers.agent import run_agent
 from torch import nn
 
 from numparity_agent import _variants, _workloads

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from agent_helpers import A100, clean_env, run_agent
+from helpers.agent import A100, clean_env, run_agent
 
 from numparity_agent._environment import capture_environment, compute_env_key
 

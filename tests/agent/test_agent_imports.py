@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from agent_helpers import clean_env
+from helpers.agent import clean_env
 
 CHECK = """
 import sys

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_helpers import clean_env
-from test_agent_operations_helpers import (
+from helpers.agent import clean_env
+from helpers.agent_operations import (
     AGENT,
     TIMESTAMPED,
     Answer,

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from agent_helpers import clean_env
-from server_processes import free_port, run_cli, stop_process
-from test_agent_operations_helpers import (
+from helpers.agent import clean_env
+from helpers.agent_operations import (
     AGENT,
     Answer,
     agent,
@@ -29,6 +28,7 @@ from test_agent_operations_helpers import (
     scripted_server,
     valid_document,
 )
+from helpers.processes import free_port, run_cli, stop_process
 
 from numparity_agent import _cli
 from numparity_agent._upload import spool_document, spooled

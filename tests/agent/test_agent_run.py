@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from agent_helpers import clean_env, run_agent
+from helpers.agent import clean_env, run_agent
 
 from numparity_agent._cli import main
 

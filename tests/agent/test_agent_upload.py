@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
-from agent_helpers import HERE
+from helpers.agent import HERE
 
 from numparity_agent._cli import main
 from numparity_agent._upload import spool_document, spooled

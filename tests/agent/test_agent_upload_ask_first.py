@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 import torch
-from test_agent_upload_ask_first_helpers import Recorder, agent_document, flush_with
+from helpers.agent_upload import Recorder, agent_document, flush_with
 
 from numparity_agent._fingerprint import fingerprint
 from numparity_agent._upload import (

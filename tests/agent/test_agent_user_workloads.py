@@ -5,7 +5,7 @@ import re
 import textwrap
 from pathlib import Path
 
-from agent_helpers import clean_env, run_agent
+from helpers.agent import clean_env, run_agent
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

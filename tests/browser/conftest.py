@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 import pytest
-from browser_helpers import (
+from helpers.browser import (
     ConsoleRecorder,
     Dashboard,
     assert_no_console_errors,
@@ -38,7 +38,7 @@ from browser_helpers import (
     login,
     missing_requirement,
 )
-from server_processes import (
+from helpers.processes import (
     run_cli,
     server_command,
     start_server,

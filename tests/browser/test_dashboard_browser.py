@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
 import pytest
-from browser_helpers import (
+from helpers.browser import (
     Dashboard,
     assert_no_console_errors,
     login,

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import yaml
-from local_nginx import (
+from helpers.nginx import (
     NGINX_CONF,
     NO_NGINX,
     check_config,
@@ -34,7 +34,7 @@ from local_nginx import (
     render_for_loopback,
     upstream_servers,
 )
-from server_processes import free_port, server_command, start_server, stop_process, wait_ready
+from helpers.processes import free_port, server_command, start_server, stop_process, wait_ready
 
 from numparity_server.cli import _parser
 from numparity_server.kit.settings import Settings

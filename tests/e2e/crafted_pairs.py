@@ -9,7 +9,7 @@ with ``torch.isclose`` itself, element by element), single outliers and uniform 
 A special element of a large tensor sits where the fingerprint's sample does not look.
 
 The test builds both sides in its own process with ``pairs()`` and asks
-``torch.testing.assert_close`` what the verdict must be (``tests/torch_oracle.py``,
+``torch.testing.assert_close`` what the verdict must be (``tests/helpers/torch_oracle.py``,
 which the agent's child imports too: the test puts tests/ on its PYTHONPATH).
 """
 
@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from helpers.torch_oracle import DTYPES, default_tolerance, edge, steps
 from torch import nn
-from torch_oracle import DTYPES, default_tolerance, edge, steps
 
 from numparity_agent._fingerprint import SAMPLE_M, VALUES_MAX, sample_positions
 from numparity_agent._workloads._base import Built, Recorder, Workload

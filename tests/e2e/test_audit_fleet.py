@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from e2e_helpers import upload_with_agent
+from helpers.e2e import upload_with_agent
 
 from numparity_server.demo import SimulatedNode, node_environment
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_helpers import upload_with_agent
+from helpers.e2e import upload_with_agent
 
 from numparity_server.demo import SimulatedNode, node_environment
 

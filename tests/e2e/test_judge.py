@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from torch_oracle import expected_verdict
+from helpers.torch_oracle import expected_verdict
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -13,7 +13,6 @@ ports sharing one PostgreSQL, migrated once by the CLI, with real agents against
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -30,7 +29,8 @@ from typing import Any
 
 import httpx
 import pytest
-from server_processes import free_port, run_cli, start_server, stop_process, wait_ready
+from helpers import nginx as nginx_helpers
+from helpers.processes import free_port, run_cli, start_server, stop_process, wait_ready
 
 from numparity_agent._upload import spooled
 
@@ -220,16 +220,6 @@ def test_agents_against_two_replicas_of_one_database(lab: Lab, tmp_path: Path) -
 # -- deploy/nginx.conf in front of the replicas (when nginx is installed) -----------------
 
 
-def _local_nginx() -> Any:
-    """tests/deploy/local_nginx.py (not on this folder's import path)."""
-    path = Path(__file__).resolve().parents[1] / "deploy" / "local_nginx.py"
-    spec = importlib.util.spec_from_file_location("local_nginx", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 class DyingReplica:
     """A replica that reads each request whole, then closes the connection without an
     answer: a server that dies after the request was sent. Counts what it was sent."""
@@ -279,7 +269,7 @@ class DyingReplica:
 @pytest.fixture
 def nginx() -> str:
     """The nginx binary; skips (before the database is set up) without one."""
-    found = _local_nginx().find_nginx()
+    found = nginx_helpers.find_nginx()
     if found is None:
         pytest.skip("nginx is not installed (`apt-get install nginx`, or "
                     "NUMPARITY_NGINX=/path/to/nginx): the proxy is not run")
@@ -288,11 +278,10 @@ def nginx() -> str:
 
 def test_the_proxy_resends_uploads_to_the_other_replica(nginx: str, lab: Lab,
                                                          tmp_path: Path) -> None:
-    local_nginx = _local_nginx()
     server = lab.start("server-2")
     dying = DyingReplica()
     port = free_port()
-    conf = local_nginx.render_for_loopback(
+    conf = nginx_helpers.render_for_loopback(
         tmp_path, listen_port=port,
         replicas={"server-1": dying.port, "server-2": int(server.base_url.rsplit(":", 1)[1])})
     # Keep the dying replica in the rotation, so that requests keep reaching it (the
@@ -300,11 +289,11 @@ def test_the_proxy_resends_uploads_to_the_other_replica(nginx: str, lab: Lab,
     text = conf.read_text()
     assert text.count("max_fails=1") == 2, text
     conf.write_text(text.replace("max_fails=1", "max_fails=0"))
-    checked = local_nginx.check_config(nginx, conf)
+    checked = nginx_helpers.check_config(nginx, conf)
     assert checked.returncode == 0, checked.stderr
     log_path = tmp_path / "nginx.log"
     with log_path.open("wb") as log:
-        proxy = subprocess.Popen(local_nginx.nginx_command(nginx, conf), stdout=log,
+        proxy = subprocess.Popen(nginx_helpers.nginx_command(nginx, conf), stdout=log,
                                  stderr=subprocess.STDOUT)
     proxy_url = f"http://127.0.0.1:{port}"
     try:

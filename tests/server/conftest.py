@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from server_documents import audit_document
+from helpers.documents import audit_document
 
 from numparity_server.app import create_app
 from numparity_server.auth import service as auth_service

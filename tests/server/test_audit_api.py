@@ -7,7 +7,7 @@ import io
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from server_documents import audit_document as document
+from helpers.documents import audit_document as document
 
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit import service

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from server_documents import run_document
+from helpers.documents import run_document
 
 from numparity_server.auth import service
 from numparity_server.kit.db import get_engine, session_factory

@@ -6,7 +6,7 @@ import base64
 
 import numpy as np
 import pytest
-from server_documents import run_document
+from helpers.documents import run_document
 from sqlalchemy import event
 
 from numparity_server.compare.schemas import COMPARE_EXAMPLE, CompareOut

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from helpers.documents import run_document
 from prometheus_client.parser import text_string_to_metric_families
-from server_documents import run_document
 
 OTHER_INPUTS = "in-" + "1" * 61
 

@@ -12,7 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import pytest
-from server_documents import run_document
+from helpers.documents import run_document
 
 from numparity_server.auth import service as auth_service
 from numparity_server.kit.db import get_engine, session_factory

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 
-from server_documents import bare, run_document
+from helpers.documents import bare, run_document
 from sqlalchemy import func, select
 
 from numparity_server.kit.db import get_engine, session_factory

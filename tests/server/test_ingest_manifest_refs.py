@@ -8,7 +8,7 @@ import hashlib
 import json
 import uuid
 
-from server_documents import run_document
+from helpers.documents import run_document
 
 
 def manifest_of(result: dict) -> str:

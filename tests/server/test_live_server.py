@@ -6,7 +6,7 @@ import gzip
 import json
 
 import httpx
-from server_documents import run_document
+from helpers.documents import run_document
 
 
 def test_live_server_is_ready_and_ingests(live_server):

@@ -20,15 +20,15 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from prometheus_client import CONTENT_TYPE_LATEST
-from prometheus_client.parser import text_string_to_metric_families
-from server_documents import at, audit_document, run_document
-from server_processes import (
+from helpers.documents import at, audit_document, run_document
+from helpers.processes import (
     run_cli,
     start_server,
     stop_process,
     wait_ready,
 )
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
 from numparity_server.app import create_app
@@ -270,7 +270,7 @@ _UPLOADER = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[1])
     from fastapi.testclient import TestClient
-    from server_documents import at, audit_document, run_document
+    from helpers.documents import at, audit_document, run_document
     from numparity_server.app import create_app
     from numparity_server.kit.settings import Settings
 

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from server_documents import run_document
+from helpers.documents import run_document
 from sqlalchemy import func, select
 
 from numparity_server.auth import service as auth_service

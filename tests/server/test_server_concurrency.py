@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
-from server_documents import run_document
-from server_processes import (
+from helpers.documents import run_document
+from helpers.processes import (
     run_cli,
     start_server,
     stop_process,

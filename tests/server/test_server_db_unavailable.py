@@ -7,7 +7,7 @@ import os
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
-from server_documents import run_document
+from helpers.documents import run_document
 
 from numparity_server.app import create_app
 from numparity_server.kit.settings import Settings

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from server_documents import environment, run_document
+from helpers.documents import environment, run_document
 
 
 @pytest.fixture

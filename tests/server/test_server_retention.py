@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from server_documents import cnn_tensors, run_document
+from helpers.documents import cnn_tensors, run_document
 from sqlalchemy import func, select, update
 
 from numparity_server.cli import main

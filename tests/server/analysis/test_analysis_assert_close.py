@@ -15,7 +15,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from torch_oracle import DTYPES, default_tolerance, edge, expected_verdict, steps
+from helpers.torch_oracle import DTYPES, default_tolerance, edge, expected_verdict, steps
 
 from numparity_server.analysis import Tolerance, compare
 

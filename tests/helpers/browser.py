@@ -1,7 +1,7 @@
 """Helpers of the browser tests: where Chromium is, console recording, screenshots.
 
-Imported by ``tests/browser/conftest.py`` and the tests (as ``browser_helpers``, like
-``e2e_helpers``); it never imports Playwright at module level, so the folder is skipped,
+Imported by ``tests/browser/conftest.py`` and the tests (as ``helpers.browser``, like
+``helpers.e2e``); it never imports Playwright at module level, so the folder is skipped,
 not broken, where Playwright is missing.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 CHROMIUM_ENV = "NUMPARITY_CHROMIUM"
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
 SCREENSHOTS_ENV = "NUMPARITY_SCREENSHOTS"
-DEFAULT_SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
+DEFAULT_SCREENSHOTS = Path(__file__).resolve().parents[1] / "browser" / "screenshots"
 # CI (.ci/run) installs Chromium and Playwright and sets this: there a missing browser
 # fails the tests instead of skipping them.
 REQUIRED_ENV = "NUMPARITY_BROWSER_TESTS"

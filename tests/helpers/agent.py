@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1] / "agent"
 
 # torch.cuda.get_device_properties of GPUs that are not there (tests fake the edge).
 A100 = SimpleNamespace(

@@ -21,8 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from agent_helpers import clean_env
-
+from helpers.agent import clean_env
 from numparity_agent._upload import MISSING_PATH, RUNS_PATH
 
 AGENT = str(Path(sys.executable).with_name("numparity-agent"))
