@@ -38,7 +38,7 @@ from numparity_server.kit.db import dispose_engine, get_engine, session_factory
 from numparity_server.kit.settings import Settings
 from numparity_server.models import Node
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 OUTCOMES = ("created", "replayed", "rejected", "error")
 STATUSES = ("ok", "suspect", "watch", "nondeterministic", "stale")
@@ -297,7 +297,7 @@ def test_multiprocess_mode_sums_every_process(tmp_path):
     metrics_dir.mkdir()
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
            "NUMPARITY_OPEN_READS": "1"}
-    here = str(Path(__file__).parent)
+    here = str(Path(__file__).resolve().parents[2])  # tests/, where helpers/ is
 
     def run(count: int, name: str, then: str) -> str:
         done = subprocess.run([sys.executable, "-c", _UPLOADER, here, url, token, str(count),
