@@ -45,7 +45,6 @@ import secrets
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -62,6 +61,7 @@ import httpx
 
 from numparity_agent._document import utc_now
 from numparity_agent._upload import send_spooled, spool_document, spooled
+from numparity_server.kit.net import free_port
 
 PG_BIN_ENV = "NUMPARITY_PG_BIN"
 TEMPLATE_WORKLOADS = ("cnn", "probes")
@@ -95,11 +95,6 @@ def find_postgres_bin() -> Path:
         "no PostgreSQL binaries (initdb, pg_ctl, postgres) in "
         f"${PG_BIN_ENV}, /usr/lib/postgresql/*/bin or on the PATH")
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PostgresInstance:

@@ -58,6 +58,7 @@ from numparity_agent._environment import compute_env_key
 from numparity_agent._fingerprint import fingerprint
 from numparity_agent._upload import manifest_hash
 from numparity_server.kit.db import create_engine_for, is_sqlite, session_factory
+from numparity_server.kit.settings import Settings
 from numparity_server.models import utcnow
 from numparity_server.runs import service as runs_service
 
@@ -352,7 +353,7 @@ def _stamp(moment: datetime) -> str:
 
 def loading_engine(url: str) -> Engine:
     """The server's engine for ``url``, without waiting for the disk at each commit."""
-    engine = create_engine_for(url)
+    engine = create_engine_for(Settings(database_url=url))
     sqlite = is_sqlite(url)
 
     @event.listens_for(engine, "connect")

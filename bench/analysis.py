@@ -63,6 +63,7 @@ from numparity_server.dashboard import service as dashboard_service
 from numparity_server.divergence import service as divergence_service
 from numparity_server.kit.db import create_engine_for, session_factory
 from numparity_server.kit.policy import load_policy
+from numparity_server.kit.settings import Settings
 from numparity_server.metrics import service as metrics_service
 
 AUDIT_TARGET_MS = 1000.0
@@ -219,7 +220,7 @@ def profile(url: str, policy_file: Path, endpoints: list[Endpoint]) -> str:
     """The service functions behind ``endpoints``, in-process: the warm time with the
     repositories' share, then cProfile's top 15 by cumulative time (the whole call tree,
     then numparity's own functions)."""
-    engine = create_engine_for(url)
+    engine = create_engine_for(Settings(database_url=url))
     sessions = session_factory(engine)
     policy = load_policy(policy_file)
     out = io.StringIO()
@@ -289,7 +290,7 @@ def vacuum_analyze(url: str) -> None:
 
 
 def reader_token(url: str) -> str:
-    engine = create_engine_for(url, pooled=False)
+    engine = create_engine_for(Settings(database_url=url), pooled=False)
     try:
         with session_factory(engine)() as session:
             return create_token(session=session, role="reader", label="bench-analysis").token

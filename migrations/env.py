@@ -11,6 +11,7 @@ from alembic import context
 from sqlalchemy import Connection
 
 from numparity_server.kit.db import create_engine_for
+from numparity_server.kit.settings import Settings
 from numparity_server.models import Base
 
 config = context.config
@@ -49,7 +50,10 @@ def run_migrations_online() -> None:
     if connection is not None:
         _run(connection)
         return
-    engine = create_engine_for(config.get_main_option("sqlalchemy.url") or "", pooled=False)
+    # The URL is the one `kit.migrate` put in the Alembic config; the rest of the settings
+    # (SQLite's busy timeout) from NUMPARITY_* as everywhere else.
+    settings = Settings(database_url=config.get_main_option("sqlalchemy.url") or "")
+    engine = create_engine_for(settings, pooled=False)
     try:
         with engine.connect() as connection:
             sqlite = connection.dialect.name == "sqlite"

@@ -20,15 +20,15 @@ from numparity_server.kit import migrate
 from numparity_server.kit.db import get_engine, session_factory
 from numparity_server.kit.handlers import install_error_handlers
 from numparity_server.kit.policy import load_policy
-from numparity_server.kit.settings import Settings, get_settings
+from numparity_server.kit.settings import Settings
 from numparity_server.metrics.api import router as metrics_router
 from numparity_server.nodes.api import router as nodes_router
 from numparity_server.runs.api import OPENAPI_MODELS
 from numparity_server.runs.api import router as runs_router
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    settings = settings or get_settings()
+def create_app(settings: Settings) -> FastAPI:
+    """The application, configured by ``settings`` and nothing else."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -58,6 +58,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     dashboard.install(app)
     _document_models(app)
     return app
+
+
+def create_app_from_environment() -> FastAPI:
+    """uvicorn's factory for ``serve --workers N``: each worker process reads the settings
+    the parent exported (``kit.settings.worker_environment``)."""
+    return create_app(Settings())
 
 
 def _document_models(app: FastAPI) -> None:

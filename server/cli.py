@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -101,9 +102,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     head, demo_args = _split_demo(list(sys.argv[1:] if argv is None else argv))
     args = _parser().parse_args(head)
     database_url = getattr(args, "database_url", None)
-    if database_url:
-        # Also for uvicorn's workers and the demo, which read the environment.
-        os.environ["NUMPARITY_DATABASE_URL"] = database_url
     settings = Settings(database_url=database_url) if database_url else Settings()
     try:
         if args.command == "migrate":
@@ -148,9 +146,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     if args.policy:
-        # uvicorn's workers build their app from the environment.
-        os.environ["NUMPARITY_POLICY_FILE"] = args.policy
-        settings = settings.model_copy(update={"policy_file": args.policy})
+        settings = settings.model_copy(update={"policy_file": Path(args.policy)})
     from numparity_server.analysis.policy import PolicyError
     from numparity_server.kit.policy import load_policy
 
@@ -163,8 +159,19 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         _migrate(settings, "head")
     import uvicorn
 
+    if args.workers == 1:
+        from numparity_server.app import create_app
+
+        uvicorn.run(create_app(settings), host=args.host, port=args.port,
+                    log_level=args.log_level)
+        return EXIT_OK
+    from numparity_server.kit.settings import worker_environment
+
+    # The only settings that travel through the environment: uvicorn's worker processes
+    # build their app from an import string (app.create_app_from_environment).
+    os.environ.update(worker_environment(settings))
     metrics_dir = None
-    if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # prometheus_client's multiprocess mode: each worker writes its counters to files
         # there and a scrape of any worker sums them all. Set before the workers start:
         # prometheus_client reads it when a worker first imports it.
@@ -173,8 +180,9 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         metrics_dir = tempfile.mkdtemp(prefix="numparity-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
-        uvicorn.run("numparity_server.app:create_app", factory=True, host=args.host,
-                    port=args.port, workers=args.workers, log_level=args.log_level)
+        uvicorn.run("numparity_server.app:create_app_from_environment", factory=True,
+                    host=args.host, port=args.port, workers=args.workers,
+                    log_level=args.log_level)
     finally:
         if metrics_dir is not None:
             import shutil
@@ -248,7 +256,7 @@ def _migrated_engine(settings: Settings) -> Engine | None:
         print(f"error: database {_safe_url(settings)} does not exist: run "
               "`numparity-server migrate`", file=sys.stderr)
         return None
-    engine = create_engine_for(settings.database_url, settings=settings, pooled=False)
+    engine = create_engine_for(settings, pooled=False)
     with engine.connect() as connection:
         revision = current_revision(connection)
     if revision != head_revision():
@@ -261,7 +269,6 @@ def _migrated_engine(settings: Settings) -> Engine | None:
 
 def _missing_sqlite_file(url: str) -> bool:
     """A SQLite file that is not there (connecting would create it as a side effect)."""
-    from pathlib import Path
 
     from sqlalchemy import make_url
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +26,11 @@ from pathlib import Path
 
 import httpx
 
+from numparity_server.auth.service import create_token
+from numparity_server.kit import migrate
+from numparity_server.kit.db import create_engine_for, session_factory
+from numparity_server.kit.net import free_port
+from numparity_server.kit.settings import Settings
 from numparity_server.report import format_audit, format_divergence
 
 # Variables that change numerics on a CPU (DESIGN §2.5): cleared for every simulated node
@@ -63,11 +66,6 @@ VIEWS = (("cnn", "default", "output"), ("cnn", "strict", "output"),
          ("probes", "default", "sum_long"))
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def node_environment(node: SimulatedNode) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(NUMERIC_ENV_PREFIXES)}
@@ -96,27 +94,28 @@ def run_agent(
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
 
 
-def _cli(*argv: str) -> str:
-    """Run a numparity-server subcommand in-process and return what it printed."""
-    from numparity_server.cli import main
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    if code:
-        raise RuntimeError(f"numparity-server {' '.join(argv)} exited {code}: {err.getvalue()}")
-    return out.getvalue().strip()
+def prepare_database(settings: Settings) -> tuple[str, str]:
+    """Migrate the demo's database and make its tokens: (agent token, reader token)."""
+    migrate.upgrade(settings.database_url)
+    engine = create_engine_for(settings, pooled=False)
+    try:
+        with session_factory(engine)() as session:
+            agent = create_token(session=session, role="agent", label="demo fleet")
+            reader = create_token(session=session, role="reader", label="demo reader")
+    finally:
+        engine.dispose()
+    return agent.token, reader.token
 
 
 @contextlib.contextmanager
-def embedded_server(database_url: str, port: int) -> Iterator[str]:
+def embedded_server(settings: Settings, port: int) -> Iterator[str]:
     """A real uvicorn serving the app in a thread of this process."""
     import uvicorn
 
     from numparity_server.app import create_app
-    from numparity_server.kit.settings import Settings
 
-    app = create_app(Settings(database_url=database_url))
+    app = create_app(settings)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="numparity-server", daemon=True)
@@ -145,18 +144,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         workdir.mkdir(parents=True, exist_ok=True)
         database_url = f"sqlite:///{workdir / 'numparity.db'}"
-        os.environ["NUMPARITY_DATABASE_URL"] = database_url
-        _cli("--database-url", database_url, "migrate")
-        agent_token = _cli(
-            "--database-url", database_url, "token", "create", "--role", "agent",
-            "--label", "demo fleet",
-        )  # fmt: skip
-        reader_token = _cli(
-            "--database-url", database_url, "token", "create", "--role", "reader",
-            "--label", "demo reader",
-        )  # fmt: skip
+        # The demo's own database; the other settings as the shell sets them.
+        settings = Settings(database_url=database_url)
+        agent_token, reader_token = prepare_database(settings)
 
-        base_url = stack.enter_context(embedded_server(database_url, args.port or free_port()))
+        base_url = stack.enter_context(embedded_server(settings, args.port or free_port()))
         print(f"numparity demo: server on {base_url}, database {database_url}", flush=True)
 
         failed = 0

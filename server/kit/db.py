@@ -42,12 +42,10 @@ def is_sqlite(url: str | URL) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
-def create_engine_for(
-    url: str | URL, *, settings: Settings | None = None, pooled: bool = True
-) -> Engine:
-    """A new engine for ``url`` (``pooled=False``: one connection per use, for CLI/migrations)."""
-    settings = settings or Settings(database_url=str(url))
-    parsed = normalize_url(url)
+def create_engine_for(settings: Settings, *, pooled: bool = True) -> Engine:
+    """A new engine for ``settings.database_url`` (``pooled=False``: one connection per use,
+    for the CLI and migrations)."""
+    parsed = normalize_url(settings.database_url)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(parsed, settings, pooled=pooled)
     if not pooled:
@@ -126,7 +124,7 @@ def get_engine(settings: Settings) -> Engine:
     with _lock:
         engine = _engines.get(key)
         if engine is None:
-            engine = create_engine_for(settings.database_url, settings=settings)
+            engine = create_engine_for(settings)
             _engines[key] = engine
         return engine
 

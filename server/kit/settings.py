@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 
 from pydantic import Field
@@ -39,7 +38,15 @@ class Settings(BaseSettings):
     metrics_cache_seconds: float = Field(default=15.0, ge=0)
 
 
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    """The process-wide settings; tests call ``get_settings.cache_clear()`` or pass their own."""
-    return Settings()
+def worker_environment(settings: Settings) -> dict[str, str]:
+    """``settings`` as ``NUMPARITY_*`` variables, for server processes started by name.
+
+    uvicorn's worker processes (``serve --workers N``) build their app from an import
+    string, so ``settings`` cannot be handed to them; this is the one place they get it.
+    """
+    environment = {}
+    for name, value in settings.model_dump(mode="json").items():
+        if value is not None:
+            environment[f"NUMPARITY_{name.upper()}"] = str(value).lower() \
+                if isinstance(value, bool) else str(value)
+    return environment

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+
+from numparity_server.kit.net import free_port
 
 
 def server_command() -> list[str]:
@@ -32,11 +33,6 @@ def run_cli(*args: str, database_url: str, timeout: float = 120) -> subprocess.C
     assert done.returncode == 0, f"numparity-server {' '.join(args)} failed:\n{done.stderr}"
     return done
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_ready(base_url: str, process: subprocess.Popen, log_path: Path, *,

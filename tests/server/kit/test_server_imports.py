@@ -11,7 +11,8 @@ import numparity_server
 for module in pkgutil.walk_packages(numparity_server.__path__, "numparity_server."):
     importlib.import_module(module.name)
 from numparity_server.app import create_app
-create_app()
+from numparity_server.kit.settings import Settings
+create_app(Settings())
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "numparity_agent"))
 print(" ".join(loaded))
 """

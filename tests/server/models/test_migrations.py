@@ -8,6 +8,7 @@ from sqlalchemy import inspect
 
 from numparity_server.kit import migrate
 from numparity_server.kit.db import create_engine_for
+from numparity_server.kit.settings import Settings
 from numparity_server.models import Base
 
 TABLES = {"nodes", "environments", "runs", "results", "manifests", "fingerprints", "latest",
@@ -15,7 +16,7 @@ TABLES = {"nodes", "environments", "runs", "results", "manifests", "fingerprints
 
 
 def test_upgrade_to_head_and_back_down(database_url):
-    engine = create_engine_for(database_url, pooled=False)
+    engine = create_engine_for(Settings(database_url=database_url), pooled=False)
     try:
         migrate.upgrade(database_url)
         with engine.connect() as connection:
@@ -31,7 +32,7 @@ def test_upgrade_to_head_and_back_down(database_url):
 
 
 def test_models_and_migrations_describe_the_same_schema(migrated_database_url):
-    engine = create_engine_for(migrated_database_url, pooled=False)
+    engine = create_engine_for(Settings(database_url=migrated_database_url), pooled=False)
     try:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
@@ -41,7 +42,7 @@ def test_models_and_migrations_describe_the_same_schema(migrated_database_url):
 
 
 def test_every_lookup_column_is_indexed(migrated_database_url):
-    engine = create_engine_for(migrated_database_url, pooled=False)
+    engine = create_engine_for(Settings(database_url=migrated_database_url), pooled=False)
     try:
         inspector = inspect(engine)
         def indexed(table: str) -> set[tuple[str, ...]]:
@@ -64,7 +65,7 @@ def test_0002_fills_latest_from_the_results_it_points_at(database_url):
     """A database with runs at 0001 keeps its answers: latest's new copies are filled."""
     from sqlalchemy import text
 
-    engine = create_engine_for(database_url, pooled=False)
+    engine = create_engine_for(Settings(database_url=database_url), pooled=False)
     try:
         migrate.upgrade(database_url, "0001")
         now = "2026-11-21 10:00:00+00:00"
@@ -100,7 +101,7 @@ def test_0002_fills_latest_from_the_results_it_points_at(database_url):
 def test_0004_gives_nodes_their_newest_environment_and_marks_changes(database_url):
     from sqlalchemy import text
 
-    engine = create_engine_for(database_url, pooled=False)
+    engine = create_engine_for(Settings(database_url=database_url), pooled=False)
     try:
         migrate.upgrade(database_url, "0003")
         with engine.begin() as connection:
