@@ -64,7 +64,7 @@ def newest_run_ids(session: Session, node_ids: Sequence[int]) -> dict[int, str]:
         for node_id, started_at, run_id in session.execute(
             select(Latest.node_id, Latest.started_at, Run.run_id)
             .join(Result, Result.id == Latest.result_id)
-            .join(Run, Run.id == Result.run_id)
+            .join(Run, Run.id == Result.run_pk)
             .where(Latest.node_id.in_(part))
         ):
             if node_id not in newest or (started_at, run_id) > newest[node_id]:
@@ -89,7 +89,7 @@ def run_ids_holding(session: Session, pairs: Iterable[tuple[int, int]]
     runs: dict[int, str] = {}
     for part in chunked(sorted(set(firsts.values()))):
         runs.update((result_id, run_id) for result_id, run_id in session.execute(
-            select(Result.id, Run.run_id).join(Run, Run.id == Result.run_id)
+            select(Result.id, Run.run_id).join(Run, Run.id == Result.run_pk)
             .where(Result.id.in_(part))
         ))
     return {pair: runs[result_id] for pair, result_id in firsts.items()}
@@ -104,7 +104,7 @@ def latest_holding(session: Session, outcome_ids: Iterable[int]) -> Sequence[Any
             select(Node.name, Latest.environment_id, Latest.outcome_id, Run.run_id)
             .join(Node, Node.id == Latest.node_id)
             .join(Result, Result.id == Latest.result_id)
-            .join(Run, Run.id == Result.run_id)
+            .join(Run, Run.id == Result.run_pk)
             .where(Latest.outcome_id.in_(part))
         ).all())
     rows.sort(key=lambda row: row.name)
@@ -126,7 +126,7 @@ def nodes_with_unusual_answers(session: Session, *, usual_manifests: Sequence[st
     return set(session.scalars(
         select(Node.name).distinct()
         .select_from(Result)
-        .join(Run, Run.id == Result.run_id)
+        .join(Run, Run.id == Result.run_pk)
         .join(Node, Node.id == Run.node_id)
         .where(Result.outcome_id.in_(unusual.scalar_subquery()), Run.started_at >= since)
     ))
@@ -145,7 +145,7 @@ def strict_history(session: Session, *, nodes: Iterable[str], since: datetime
                    func.max(Run.run_id).label("run_id"))
             .select_from(Run)
             .join(Node, Node.id == Run.node_id)
-            .join(Result, Result.run_id == Run.id)
+            .join(Result, Result.run_pk == Run.id)
             .join(Outcome, Outcome.id == Result.outcome_id)
             .where(Node.name.in_(part), Outcome.variant == STRICT, Outcome.status == "ok",
                    Run.started_at >= since)

@@ -316,7 +316,7 @@ def _drift(session: Session, nodes: Sequence[Any], environments: Mapping[int, An
     results: dict[int, dict[tuple[str, str, str, str], str | None]] = defaultdict(dict)
     for row in nodes_repository.results_of(session, sorted(run_ids)):
         if row.status == "ok":
-            results[row.run_id][(row.suite, row.workload, row.variant, row.device)] = \
+            results[row.run_pk][(row.suite, row.workload, row.variant, row.device)] = \
                 row.manifest_hash
     flattened: dict[int, dict[str, str]] = {}
 

@@ -72,12 +72,12 @@ def results_of_runs(
     """The results of these runs (optionally of one workload and/or variant), each run's
     in the order of its document."""
     query = (
-        select(Result.run_id.label("run_pk"), Outcome.suite, Outcome.workload, Outcome.variant,
+        select(Result.run_pk, Outcome.suite, Outcome.workload, Outcome.variant,
                Outcome.device, Outcome.workload_version, Outcome.status, Outcome.reason,
                Outcome.error, Outcome.input_hash, Outcome.param_hash, Outcome.manifest_hash,
                Outcome.repeats_agree)
         .join(Outcome, Outcome.id == Result.outcome_id)
-        .where(Result.run_id.in_(sorted(set(run_pks))))
+        .where(Result.run_pk.in_(sorted(set(run_pks))))
         .order_by(Result.id)
     )
     if workload is not None:

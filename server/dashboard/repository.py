@@ -68,7 +68,7 @@ def latest_cells(session: Session, *, suite: str, nodes: Collection[str]) -> lis
             .select_from(Latest)
             .join(Outcome, Outcome.id == Latest.outcome_id)
             .join(Result, Result.id == Latest.result_id)
-            .join(Run, Run.id == Result.run_id)
+            .join(Run, Run.id == Result.run_pk)
             .join(Node, Node.id == Latest.node_id)
             .where(Latest.suite == suite, Node.name.in_(part))
         ).all()

@@ -51,7 +51,7 @@ def latest_ok_results(
         .select_from(Latest)
         .join(Outcome, Outcome.id == Latest.outcome_id)
         .join(Result, Result.id == Latest.result_id)
-        .join(Run, Run.id == Result.run_id)
+        .join(Run, Run.id == Result.run_pk)
         .join(Node, Node.id == Latest.node_id)
         .join(Environment, Environment.id == Latest.environment_id)
         .where(Latest.suite == suite, Latest.workload == workload, Latest.variant == variant,

@@ -73,7 +73,8 @@ class Result(Base):
     __tablename__ = "results"
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
-    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    # The integer key of the run (runs.id); runs.run_id is the agent's UUID of it.
+    run_pk: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     outcome_id: Mapped[int] = mapped_column(ForeignKey("outcomes.id"), index=True)
     wall_s: Mapped[float | None] = mapped_column(Float)
 

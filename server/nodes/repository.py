@@ -57,10 +57,10 @@ def results_of(session: Session, run_ids: Sequence[int]) -> Sequence[Any]:
     rows: list[Any] = []
     for part in chunked(run_ids):
         rows.extend(session.execute(
-            select(Result.run_id, Outcome.suite, Outcome.workload, Outcome.variant,
+            select(Result.run_pk, Outcome.suite, Outcome.workload, Outcome.variant,
                    Outcome.device, Outcome.status, Outcome.manifest_hash)
             .join(Outcome, Outcome.id == Result.outcome_id)
-            .where(Result.run_id.in_(part))
+            .where(Result.run_pk.in_(part))
         ).all())
     return rows
 

@@ -52,7 +52,7 @@ def node_timeline(*, session: Session, name: str, limit: int, offset: int) -> No
     runs = repository.timeline_runs(session, node.id, limit=limit + 1, offset=offset)
     results: dict[int, dict[ResultKey, Any]] = defaultdict(dict)
     for row in repository.results_of(session, [run.id for run in runs]):
-        results[row.run_id][(row.suite, row.workload, row.variant, row.device)] = row
+        results[row.run_pk][(row.suite, row.workload, row.variant, row.device)] = row
 
     pairs = [(run, runs[i + 1] if i + 1 < len(runs) else None)
              for i, run in enumerate(runs[:limit])]

@@ -17,7 +17,7 @@ def _holds_latest() -> ColumnElement[bool]:
     has no foreign key to results, so this is what keeps its rows pointing somewhere).
     One pass over latest, hashed by the database (latest.result_id has no index)."""
     return Run.id.in_(
-        select(Result.run_id).join(Latest, Latest.result_id == Result.id).scalar_subquery()
+        select(Result.run_pk).join(Latest, Latest.result_id == Result.id).scalar_subquery()
     )
 
 
@@ -35,7 +35,7 @@ def count_expired(session: Session, cutoff: datetime) -> tuple[int, int]:
     """(runs, results) that retention would drop."""
     runs = session.scalar(select(func.count()).select_from(Run).where(_expired(cutoff))) or 0
     results = session.scalar(
-        select(func.count()).select_from(Result).join(Run, Run.id == Result.run_id)
+        select(func.count()).select_from(Result).join(Run, Run.id == Result.run_pk)
         .where(_expired(cutoff))
     ) or 0
     return runs, results
@@ -43,7 +43,7 @@ def count_expired(session: Session, cutoff: datetime) -> tuple[int, int]:
 
 def delete_runs(session: Session, run_ids: Sequence[int]) -> int:
     """Drop these runs and their results; the number of results dropped."""
-    results = session.execute(delete(Result).where(Result.run_id.in_(run_ids)))
+    results = session.execute(delete(Result).where(Result.run_pk.in_(run_ids)))
     session.execute(delete(Run).where(Run.id.in_(run_ids)))
     return int(getattr(results, "rowcount", 0) or 0)
 
@@ -85,7 +85,7 @@ def delete_manifests(session: Session, hashes: Sequence[str]) -> int:
 def manifests_dropped_with(session: Session, cutoff: datetime) -> set[str]:
     """Manifests whose every reference is a result of an expired run (for a dry run)."""
     surviving = (
-        select(Result.id).join(Run, Run.id == Result.run_id)
+        select(Result.id).join(Run, Run.id == Result.run_pk)
         .join(Outcome, Outcome.id == Result.outcome_id)
         .where(Outcome.manifest_hash == Manifest.hash, ~_expired(cutoff))
     )

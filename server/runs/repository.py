@@ -28,7 +28,7 @@ def find_run(session: Session, run_id: str) -> Run | None:
 
 
 def count_results(session: Session, run_pk: int) -> int:
-    query = select(func.count()).select_from(Result).where(Result.run_id == run_pk)
+    query = select(func.count()).select_from(Result).where(Result.run_pk == run_pk)
     return session.scalar(query) or 0
 
 
@@ -160,9 +160,9 @@ def insert_results(session: Session, rows: Sequence[dict[str, Any]]) -> list[int
         return []
     table = Result.__table__
     session.execute(insert(table), list(rows))
-    run_pk = rows[0]["run_id"]
+    run_pk = rows[0]["run_pk"]
     return [int(pk) for pk in session.scalars(
-        select(table.c.id).where(table.c.run_id == run_pk).order_by(table.c.id))]
+        select(table.c.id).where(table.c.run_pk == run_pk).order_by(table.c.id))]
 
 
 def upsert_latest(session: Session, rows: Sequence[dict[str, Any]]) -> None:
@@ -197,7 +197,7 @@ def run_summary_rows(
     run, node_name, env_key = row
     results = session.execute(
         select(Outcome, Result.wall_s).join(Outcome, Outcome.id == Result.outcome_id)
-        .where(Result.run_id == run.id).order_by(Result.id)
+        .where(Result.run_pk == run.id).order_by(Result.id)
     ).all()
     return run, node_name, env_key, [(outcome, wall_s) for outcome, wall_s in results]
 

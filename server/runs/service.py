@@ -171,7 +171,7 @@ def _store(session: Session, run: RunDocument, sha256: str,
                 for result, digest in zip(run.results, result_manifest, strict=True)]
     outcome_ids = repository.ensure_outcomes(session, outcomes)
     result_ids = repository.insert_results(session, [
-        {"run_id": run_pk, "outcome_id": outcome_ids[outcome["hash"]], "wall_s": result.wall_s}
+        {"run_pk": run_pk, "outcome_id": outcome_ids[outcome["hash"]], "wall_s": result.wall_s}
         for outcome, result in zip(outcomes, run.results, strict=True)
     ])
 

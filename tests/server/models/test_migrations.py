@@ -51,7 +51,7 @@ def test_every_lookup_column_is_indexed(migrated_database_url):
             return found
         assert ("suite", "workload", "variant") in indexed("outcomes")
         assert ("hash",) in indexed("outcomes")
-        assert ("run_id",) in indexed("results") and ("outcome_id",) in indexed("results")
+        assert ("run_pk",) in indexed("results") and ("outcome_id",) in indexed("results")
         assert ("suite", "workload", "variant") in indexed("latest")
         assert ("node_id", "suite", "workload", "variant") in indexed("latest")
         assert ("manifest_hash",) in indexed("outcomes")

@@ -169,7 +169,7 @@ def test_latest_keeps_the_newest_run(api):
     assert api.post_run(older).status_code == 201  # a spooled run uploaded late
     with session_factory(get_engine(api.settings))() as session:
         run_ids = session.scalars(
-            select(Run.run_id).join(Result, Result.run_id == Run.id)
+            select(Run.run_id).join(Result, Result.run_pk == Run.id)
             .join(Latest, Latest.result_id == Result.id)
         ).all()
     assert set(run_ids) == {newer["run_id"]}
