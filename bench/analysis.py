@@ -62,7 +62,7 @@ from numparity_server.auth.service import create_token
 from numparity_server.dashboard import service as dashboard_service
 from numparity_server.divergence import service as divergence_service
 from numparity_server.kit.db import create_engine_for, session_factory
-from numparity_server.kit.policy import load_policy
+from numparity_server.kit.policy_file import load_policy
 from numparity_server.kit.settings import Settings
 from numparity_server.metrics import service as metrics_service
 

@@ -19,7 +19,7 @@ from numparity_server.health.api import router as health_router
 from numparity_server.kit import migrate
 from numparity_server.kit.db import get_engine, session_factory
 from numparity_server.kit.handlers import install_error_handlers
-from numparity_server.kit.policy import load_policy
+from numparity_server.kit.policy_file import load_policy
 from numparity_server.kit.settings import Settings
 from numparity_server.metrics.api import router as metrics_router
 from numparity_server.nodes.api import router as nodes_router

@@ -148,7 +148,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     if args.policy:
         settings = settings.model_copy(update={"policy_file": Path(args.policy)})
     from numparity_server.analysis.policy import PolicyError
-    from numparity_server.kit.policy import load_policy
+    from numparity_server.kit.policy_file import load_policy
 
     try:
         load_policy(settings.policy_file)

@@ -27,11 +27,11 @@ from pathlib import Path
 import httpx
 
 from numparity_server.auth.service import create_token
+from numparity_server.demo_report import format_audit, format_divergence
 from numparity_server.kit import migrate
 from numparity_server.kit.db import create_engine_for, session_factory
 from numparity_server.kit.net import free_port
 from numparity_server.kit.settings import Settings
-from numparity_server.report import format_audit, format_divergence
 
 # Variables that change numerics on a CPU (DESIGN §2.5): cleared for every simulated node
 # so the fleet is the same whatever the shell that starts the demo has set.

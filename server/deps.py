@@ -1,7 +1,82 @@
-"""Every dependency alias a route needs, in one place."""
+"""Every FastAPI dependency a route needs, in one place: the request's settings, database
+session and policy, the caller's role, and pagination. Services never import this
+module (nor FastAPI): routes resolve these and pass plain values on."""
 
-from numparity_server.auth.deps import AdminAuth, AgentAuth, ReaderAuth
-from numparity_server.kit.deps import DbSession, SettingsDep
-from numparity_server.kit.policy import PolicyDep
+from __future__ import annotations
 
-__all__ = ["AdminAuth", "AgentAuth", "DbSession", "PolicyDep", "ReaderAuth", "SettingsDep"]
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Header, Query, Request
+from sqlalchemy.orm import Session
+
+from numparity_server.analysis.policy import Policy
+from numparity_server.auth.schemas import Principal
+from numparity_server.auth.service import authenticate
+from numparity_server.kit.errors import InvalidDocument
+from numparity_server.kit.pagination import PageParams
+from numparity_server.kit.settings import Settings
+
+
+def get_request_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """One session per request; services commit what they write, the rest rolls back."""
+    session: Session = request.app.state.session_factory()
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+def get_policy(request: Request) -> Policy:
+    policy: Policy = request.app.state.policy
+    return policy
+
+
+SettingsDep = Annotated[Settings, Depends(get_request_settings)]
+DbSession = Annotated[Session, Depends(get_session)]
+PolicyDep = Annotated[Policy, Depends(get_policy)]
+
+AuthorizationHeader = Annotated[
+    str | None, Header(description="Bearer token: `Authorization: Bearer <token>`")
+]
+
+
+def require_reader(
+    session: DbSession, settings: SettingsDep, authorization: AuthorizationHeader = None
+) -> Principal:
+    if settings.open_reads:
+        # Trusted network: reads need no token (writes always do).
+        return Principal(role="anonymous")
+    return authenticate(session=session, authorization=authorization, role="reader")
+
+
+def require_agent(session: DbSession, authorization: AuthorizationHeader = None) -> Principal:
+    return authenticate(session=session, authorization=authorization, role="agent")
+
+
+def require_admin(session: DbSession, authorization: AuthorizationHeader = None) -> Principal:
+    return authenticate(session=session, authorization=authorization, role="admin")
+
+
+ReaderAuth = Annotated[Principal, Depends(require_reader)]
+AgentAuth = Annotated[Principal, Depends(require_agent)]
+AdminAuth = Annotated[Principal, Depends(require_admin)]
+
+
+def page_params(
+    settings: SettingsDep,
+    limit: Annotated[int | None, Query(ge=1, description="items per page")] = None,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> PageParams:
+    if limit is not None and limit > settings.page_max:
+        raise InvalidDocument.at(["query", "limit"],
+                                 f"at most {settings.page_max} items per page")
+    return PageParams(limit=limit or min(settings.page_default, settings.page_max), offset=offset)
+
+
+Pagination = Annotated[PageParams, Depends(page_params)]

@@ -22,10 +22,9 @@ from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
 from numparity_server.audit import service as audit_service
-from numparity_server.auth.deps import require_reader
 from numparity_server.auth.service import authenticate
 from numparity_server.dashboard import service
-from numparity_server.deps import DbSession, PolicyDep, SettingsDep
+from numparity_server.deps import DbSession, PolicyDep, SettingsDep, require_reader
 from numparity_server.kit.errors import Forbidden, Unauthorized
 from numparity_server.nodes.service import node_timeline
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from numparity_server.deps import DbSession, ReaderAuth
+from numparity_server.deps import DbSession, Pagination, ReaderAuth
 from numparity_server.environments import service
 from numparity_server.environments.schemas import EnvironmentItem
-from numparity_server.kit.pagination import Page, Pagination
+from numparity_server.kit.pagination import Page
 
 router = APIRouter(prefix="/api/v1", tags=["fleet"])
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from numparity_server.deps import DbSession, ReaderAuth
-from numparity_server.kit.pagination import Page, Pagination
+from numparity_server.deps import DbSession, Pagination, ReaderAuth
+from numparity_server.kit.pagination import Page
 from numparity_server.nodes import service
 from numparity_server.nodes.schemas import NodeItem, NodeTimeline
 

@@ -7,7 +7,7 @@ import pytest
 from numparity_server.analysis.policy import Policy, PolicyError, parse_policy
 from numparity_server.analysis.tolerance import Tolerance, default_tolerance
 from numparity_server.cli import main
-from numparity_server.kit.policy import load_policy
+from numparity_server.kit.policy_file import load_policy
 
 POLICY = """
 stale_after_hours = 6

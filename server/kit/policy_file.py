@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
-
-from fastapi import Depends, Request
 
 from numparity_server.analysis.policy import Policy, PolicyError, parse_policy
 
@@ -36,10 +33,3 @@ def load_policy(path: Path | str | None) -> Policy:
     except PolicyError as exc:
         raise PolicyError(f"policy file {path}: {exc}") from None
 
-
-def get_policy(request: Request) -> Policy:
-    policy: Policy = request.app.state.policy
-    return policy
-
-
-PolicyDep = Annotated[Policy, Depends(get_policy)]
