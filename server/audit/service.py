@@ -32,7 +32,7 @@ from numparity_server.analysis.consensus import (
 )
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit import repository
-from numparity_server.nodes import repository as nodes_repository
+from numparity_server.reads.results import results_of_runs
 
 INVENTORY_COLUMNS = ("gpu_name", "compute_capability", "driver", "cuda", "cudnn", "torch",
                      "cpu_capability")
@@ -314,7 +314,7 @@ def _drift(session: Session, nodes: Sequence[Any], environments: Mapping[int, An
         return []
     run_ids = {row.id for row in changes} | {row.prev_id for row in changes}
     results: dict[int, dict[tuple[str, str, str, str], str | None]] = defaultdict(dict)
-    for row in nodes_repository.results_of(session, sorted(run_ids)):
+    for row in results_of_runs(session, sorted(run_ids)):
         if row.status == "ok":
             results[row.run_pk][(row.suite, row.workload, row.variant, row.device)] = \
                 row.manifest_hash

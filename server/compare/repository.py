@@ -1,7 +1,7 @@
 """Queries behind GET /compare: two runs, their results and the manifests of those results.
 
 A fixed number of statements whatever the size of the runs (the fingerprints are loaded
-in one batch by ``divergence.service.load_fingerprints``).
+in one batch by ``reads.fingerprints.load_fingerprints``).
 """
 
 from __future__ import annotations

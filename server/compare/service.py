@@ -27,8 +27,8 @@ from numparity_server.compare.schemas import (
     RunInfo,
 )
 from numparity_server.compare.schemas import ResultKey as ResultKeyOut
-from numparity_server.divergence.service import load_fingerprints
 from numparity_server.kit.errors import NotFound
+from numparity_server.reads.fingerprints import load_fingerprints
 
 
 def compare_runs(

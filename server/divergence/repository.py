@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,10 +9,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from numparity_server.analysis.consensus import Support
-from numparity_server.kit.db import chunked, codepoint_order, lookup
+from numparity_server.kit.db import codepoint_order, lookup
 from numparity_server.models import (
     Environment,
-    Fingerprint,
     Latest,
     Manifest,
     Node,
@@ -87,10 +85,3 @@ def outcome_counts(session: Session, *, suite: str, workload: str, variant: str
                       {row.manifest_hash for row in rows})
     return [(row, Support(int(row[3]), row[4]), entries[row.manifest_hash]) for row in rows]
 
-
-def fingerprints(session: Session, hashes: Iterable[str]) -> Sequence[Fingerprint]:
-    wanted = sorted(set(hashes))
-    rows: list[Fingerprint] = []
-    for part in chunked(wanted):
-        rows.extend(session.scalars(select(Fingerprint).where(Fingerprint.hash.in_(part))))
-    return rows

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterable
-from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -15,7 +13,7 @@ from numparity_server.divergence import repository
 from numparity_server.divergence.repository import LatestResult
 from numparity_server.divergence.schemas import DivergenceKey, DivergenceOut, Excluded
 from numparity_server.kit.errors import NotFound
-from numparity_server.models import STAT_FIELDS, Fingerprint
+from numparity_server.reads.fingerprints import load_fingerprints
 
 FP64_VARIANT = "fp64-reference"
 BASELINE_VARIANT = "strict"
@@ -128,34 +126,3 @@ def _consensus_hash(session: Session, suite: str, workload: str, variant: str, t
             holders.append((digest, support))
     return consensus.usual(consensus.tally(holders))
 
-
-def load_fingerprints(session: Session, hashes: Iterable[str]
-                      ) -> dict[str, analysis.Fingerprint]:
-    return {row.hash: to_analysis(row) for row in repository.fingerprints(session, hashes)}
-
-
-def to_analysis(row: Fingerprint) -> analysis.Fingerprint:
-    """The stored row as the analysis sees it: blobs decoded to numpy arrays."""
-    shape = tuple(int(n) for n in row.shape)
-    stats: dict[str, Any] | None = None
-    if row.count is not None:
-        stats = {field: getattr(row, field) for field in STAT_FIELDS}
-    return analysis.Fingerprint(
-        hash=row.hash, dtype=row.dtype, shape=shape, stats=stats,
-        sketch=_decode(row.sketch_dtype, row.sketch),
-        sample=_decode(row.sample_dtype, row.sample),
-        values=_decode(row.values_dtype, _values_bytes(row), shape),
-    )
-
-
-def _values_bytes(row: Fingerprint) -> bytes | None:
-    if row.values is not None and row.values_codec == "zlib":
-        return zlib.decompress(row.values)
-    return row.values
-
-
-def _decode(dtype: str | None, raw: bytes | None, shape: tuple[int, ...] | None = None
-            ) -> Any:
-    if raw is None or dtype is None:
-        return None
-    return analysis.decode_array(dtype, bytes(raw), shape)

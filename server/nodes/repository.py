@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import chunked, lookup
-from numparity_server.models import Environment, Manifest, Node, Outcome, Result, Run
+from numparity_server.models import Environment, Node, Run
 
 
 def count_nodes(session: Session) -> int:
@@ -53,20 +53,6 @@ def timeline_runs(session: Session, node_id: int, *, limit: int, offset: int) ->
     ).all()
 
 
-def results_of(session: Session, run_ids: Sequence[int]) -> Sequence[Any]:
-    rows: list[Any] = []
-    for part in chunked(run_ids):
-        rows.extend(session.execute(
-            select(Result.run_pk, Outcome.suite, Outcome.workload, Outcome.variant,
-                   Outcome.device, Outcome.status, Outcome.manifest_hash)
-            .join(Outcome, Outcome.id == Result.outcome_id)
-            .where(Result.run_pk.in_(part))
-        ).all())
-    return rows
-
-
-def manifest_entries(session: Session, hashes: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
-    return lookup(session, Manifest.hash, Manifest.entries, hashes)
 
 
 def environment_documents(session: Session, env_keys: Sequence[str]) -> dict[str, Any]:

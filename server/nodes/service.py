@@ -18,6 +18,7 @@ from numparity_server.nodes.schemas import (
     ResultChange,
     TimelineRun,
 )
+from numparity_server.reads import results as reads_results
 
 ResultKey = tuple[str, str, str, str]  # suite, workload, variant, device
 
@@ -51,7 +52,7 @@ def node_timeline(*, session: Session, name: str, limit: int, offset: int) -> No
     # One run more than the page: the run before the page's oldest, to compare with.
     runs = repository.timeline_runs(session, node.id, limit=limit + 1, offset=offset)
     results: dict[int, dict[ResultKey, Any]] = defaultdict(dict)
-    for row in repository.results_of(session, [run.id for run in runs]):
+    for row in reads_results.results_of_runs(session, [run.id for run in runs]):
         results[row.run_pk][(row.suite, row.workload, row.variant, row.device)] = row
 
     pairs = [(run, runs[i + 1] if i + 1 < len(runs) else None)
@@ -122,5 +123,5 @@ def _outputs(session: Session, changes: list[tuple[ResultKey, Any, Any]]
               for h in (now.manifest_hash, before.manifest_hash) if h]
     return {
         digest: frozenset((e["name"], e["hash"]) for e in entries if e.get("kind") == "output")
-        for digest, entries in repository.manifest_entries(session, hashes).items()
+        for digest, entries in reads_results.manifest_entries(session, hashes).items()
     }
