@@ -29,15 +29,15 @@ def _rename(old: str, new: str) -> None:
         op.execute(f"ALTER TABLE results RENAME CONSTRAINT fk_results_{old}_runs "
                    f"TO fk_results_{new}_runs")
         return
-    # SQLite cannot rename a constraint: the table is copied with the new names.
+    # SQLite renames the column in place (3.25+) but cannot rename an index or a
+    # constraint: the index is made anew and the table copied for the foreign key's name.
+    op.drop_index(f"ix_results_{old}", table_name="results")
+    op.execute(f"ALTER TABLE results RENAME COLUMN {old} TO {new}")
     with op.batch_alter_table("results", recreate="always") as batch:
-        batch.drop_index(f"ix_results_{old}")
         batch.drop_constraint(f"fk_results_{old}_runs", type_="foreignkey")
-        batch.alter_column(old, new_column_name=new)
         batch.create_foreign_key(f"fk_results_{new}_runs", "runs", [new], ["id"],
                                  ondelete="CASCADE")
-        batch.create_index(f"ix_results_{new}", [new])
-
+    op.create_index(f"ix_results_{new}", "results", [new])
 
 def upgrade() -> None:
     _rename("run_id", "run_pk")
