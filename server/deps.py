@@ -4,7 +4,7 @@ module (nor FastAPI): routes resolve these and pass plain values on."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Header, Query, Request
@@ -16,6 +16,7 @@ from numparity_server.auth.service import authenticate
 from numparity_server.kit.errors import InvalidDocument
 from numparity_server.kit.pagination import PageParams
 from numparity_server.kit.settings import Settings
+from numparity_server.metrics.ingest import IngestMeter
 
 
 def get_request_settings(request: Request) -> Settings:
@@ -80,3 +81,26 @@ def page_params(
 
 
 Pagination = Annotated[PageParams, Depends(page_params)]
+
+
+async def meter_ingest() -> AsyncIterator[IngestMeter]:
+    """Times one upload and counts its answer (``numparity_runs_ingested``).
+
+    A dependency with ``yield`` rather than a block in the route: declared before the
+    route's other dependencies, it also sees what they raise (a missing or wrong agent
+    token), which the agent treats like any other refusal (a 4xx: the run is moved aside).
+    Its exit runs as the answer goes out (FastAPI's request scope), so a scrape may see
+    an upload a moment after its client got the answer.
+    """
+    meter = IngestMeter()
+    try:
+        yield meter
+    except BaseException as exc:
+        # DomainError and HTTPException carry their status; anything else is a 5xx.
+        meter.failed(getattr(exc, "status_code", 500))
+        raise
+    finally:
+        meter.record()
+
+
+MeteredIngest = Annotated[IngestMeter, Depends(meter_ingest)]

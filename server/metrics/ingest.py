@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Annotated
+from dataclasses import dataclass, field
 
-from fastapi import Depends
 from prometheus_client import CollectorRegistry, Counter, Histogram, values
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-OUTCOMES = ("created", "replayed", "rejected", "error")
+# The label is called "outcome" on the wire (dashboards query it); in code, the answer.
+ANSWERS = ("created", "replayed", "rejected", "error")
 # From a known run on a known environment (~10 ms) to a new environment's 1.7 MiB.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -35,8 +33,8 @@ RUNS_INGESTED = Counter(
     "error (5xx, e.g. the database unavailable).",
     ["outcome"], registry=REGISTRY,
 )
-for _outcome in OUTCOMES:  # every outcome from the start, so rate() sees its first one
-    RUNS_INGESTED.labels(_outcome)
+for _answer in ANSWERS:  # every answer from the start, so rate() sees its first one
+    RUNS_INGESTED.labels(_answer)
 INGEST_DURATION = Histogram(
     "numparity_ingest_duration_seconds",
     "Time the server took to answer POST /api/v1/runs (every outcome), in seconds.",
@@ -46,38 +44,22 @@ INGEST_DURATION = Histogram(
 
 @dataclass
 class IngestMeter:
-    """What the route tells the meter: the run was stored (``created``) or replayed."""
+    """What the route tells the meter: the run was stored (``created``) or replayed. The
+    dependency that times each upload lives with the others in ``deps.py``."""
 
-    outcome: str | None = None
+    answer: str | None = None
+    started: float = field(default_factory=time.perf_counter)
 
     def stored(self, *, created: bool) -> None:
-        self.outcome = "created" if created else "replayed"
+        self.answer = "created" if created else "replayed"
 
+    def failed(self, status: object) -> None:
+        """A refusal (4xx) or an error (anything else, e.g. the database unavailable)."""
+        self.answer = "rejected" if isinstance(status, int) and 400 <= status < 500 else "error"
 
-async def meter_ingest() -> AsyncIterator[IngestMeter]:
-    """Times one upload and counts its outcome.
-
-    A dependency with ``yield`` rather than a block in the route: declared before the
-    route's other dependencies, it also sees what they raise (a missing or wrong agent
-    token), which the agent treats like any other refusal (a 4xx: the run is moved aside).
-    Its exit runs as the answer goes out (FastAPI's request scope), so a scrape may see
-    an upload a moment after its client got the answer.
-    """
-    meter = IngestMeter()
-    start = time.perf_counter()
-    try:
-        yield meter
-    except BaseException as exc:
-        # DomainError and HTTPException carry their status; anything else is a 5xx.
-        status = getattr(exc, "status_code", 500)
-        meter.outcome = "rejected" if isinstance(status, int) and 400 <= status < 500 else "error"
-        raise
-    finally:
-        INGEST_DURATION.observe(time.perf_counter() - start)
-        RUNS_INGESTED.labels(meter.outcome or "error").inc()
-
-
-MeteredIngest = Annotated[IngestMeter, Depends(meter_ingest)]
+    def record(self) -> None:
+        INGEST_DURATION.observe(time.perf_counter() - self.started)
+        RUNS_INGESTED.labels(self.answer or "error").inc()
 
 
 def multiprocess() -> bool:

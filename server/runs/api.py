@@ -7,10 +7,16 @@ from typing import Any
 from fastapi import APIRouter, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
-from numparity_server.deps import AgentAuth, DbSession, Pagination, ReaderAuth, SettingsDep
+from numparity_server.deps import (
+    AgentAuth,
+    DbSession,
+    MeteredIngest,
+    Pagination,
+    ReaderAuth,
+    SettingsDep,
+)
 from numparity_server.kit.body import parse_json_object, read_body
 from numparity_server.kit.pagination import Page
-from numparity_server.metrics.ingest import MeteredIngest
 from numparity_server.runs import service
 from numparity_server.runs.schemas import (
     MissingIn,

@@ -34,7 +34,7 @@ from numparity_server.runs.schemas import (
 
 
 @dataclass(frozen=True)
-class IngestOutcome:
+class Ingested:
     run: RunCreated
     created: bool  # False: the identical document was already stored
 
@@ -94,7 +94,7 @@ def validate_document(document: dict[str, Any]) -> RunDocument:
         ) from None
 
 
-def ingest_run(*, session: Session, document: dict[str, Any]) -> IngestOutcome:
+def ingest_run(*, session: Session, document: dict[str, Any]) -> Ingested:
     run = validate_document(document)
     digests = tensor_manifests(run)
     sha256 = document_sha256(document, digests)
@@ -109,7 +109,7 @@ def ingest_run(*, session: Session, document: dict[str, Any]) -> IngestOutcome:
             _raise_vanished_references(session, run)
             raise
         return _replay(session, existing, sha256)
-    return IngestOutcome(run=created, created=True)
+    return Ingested(run=created, created=True)
 
 
 def _raise_vanished_references(session: Session, run: RunDocument) -> None:
@@ -127,14 +127,14 @@ def _raise_vanished_references(session: Session, run: RunDocument) -> None:
         raise InvalidDocument(vanished)
 
 
-def _replay(session: Session, existing: Run, sha256: str) -> IngestOutcome:
+def _replay(session: Session, existing: Run, sha256: str) -> Ingested:
     if existing.document_sha256 != sha256:
         raise Conflict(
             f"run {existing.run_id!r} was already uploaded with different content; "
             "a run_id identifies one document"
         )
     count = repository.count_results(session, existing.id)
-    return IngestOutcome(RunCreated(id=existing.id, run_id=existing.run_id, results=count),
+    return Ingested(RunCreated(id=existing.id, run_id=existing.run_id, results=count),
                          created=False)
 
 
