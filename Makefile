@@ -12,13 +12,15 @@ PYTEST_ARGS ?=
 demo: $(STAMP)
 	$(VENV)/bin/numparity-server demo
 
-# ruff and mypy are part of the tests: CI runs exactly this target.
+# ruff, mypy and the import contracts (pyproject.toml [tool.importlinter], docs/design.md
+# §7) are part of the tests: CI runs exactly this target.
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy agent server
+	$(VENV)/bin/lint-imports --no-cache
 
 venv: $(STAMP)
 
