@@ -779,7 +779,7 @@ def _count(scenario: Scenario, postgres: PostgresInstance, spool_root: Path,
     with psycopg.connect(postgres.dsn) as connection:
         rows = connection.execute(
             "SELECT r.run_id, count(res.id) FROM runs r "
-            "LEFT JOIN results res ON res.run_id = r.id GROUP BY r.id, r.run_id").fetchall()
+            "LEFT JOIN results res ON res.run_pk = r.id GROUP BY r.id, r.run_id").fetchall()
     expected_results = len(json.loads(Path(spool_root.parent / "template.json").read_text())
                            ["results"])
     stored_ids = Counter(run_id for run_id, _results in rows)
