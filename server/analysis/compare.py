@@ -347,7 +347,7 @@ def _stat(fp: Fingerprint, name: str) -> float | None:
 
 def _nonfinite_counts_differ(a: Fingerprint, b: Fingerprint) -> bool:
     """The stats count different NaNs or infinities: some non-finite value has no match.
-    Signed counts (agents from 0.2 on) also catch +Inf traded for -Inf."""
+    Signed counts (from agents that send them) also catch +Inf traded for -Inf."""
     for name in ("nan", "inf", "pos_inf", "neg_inf"):
         count_a, count_b = _stat(a, name), _stat(b, name)
         if count_a is not None and count_b is not None and count_a != count_b:

@@ -19,7 +19,8 @@ from numparity_server.dashboard import repository
 from numparity_server.divergence.service import divergence
 from numparity_server.kit.errors import NotFound
 
-# Variants in the order the agent runs them (DESIGN §2.3); others follow alphabetically.
+# The display order of variants (design §2.3 lists them; the agent runs fp64-reference
+# last, it is shown third, beside strict); others follow alphabetically.
 VARIANT_ORDER = ("default", "strict", "fp64-reference", "tf32", "fp16-autocast",
                  "bf16-autocast")
 

@@ -41,7 +41,7 @@ class Fingerprint(Base):
     count: Mapped[int | None] = mapped_column(BigInteger)
     nan: Mapped[int | None] = mapped_column(BigInteger)
     inf: Mapped[int | None] = mapped_column(BigInteger)
-    # +Inf and -Inf apart (agents from 0.2 on; None from older ones).
+    # +Inf and -Inf apart (agents that send pos_inf/neg_inf, migration 0005; None from older ones).
     pos_inf: Mapped[int | None] = mapped_column(BigInteger)
     neg_inf: Mapped[int | None] = mapped_column(BigInteger)
     zero: Mapped[int | None] = mapped_column(BigInteger)

@@ -108,7 +108,7 @@ class TensorStats(_Wire):
     count: Count
     nan: Count
     inf: Count
-    pos_inf: Count | None = None  # absent from agents before 0.2
+    pos_inf: Count | None = None  # absent from agents older than the signed counts
     neg_inf: Count | None = None
     zero: Count
     subnormal: Count
