@@ -23,7 +23,7 @@ from numparity_server.analysis import consensus
 from numparity_server.analysis.node_status import STATUSES
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit.schemas import NodeStatusCounts
-from numparity_server.audit.service import audit
+from numparity_server.audit.service import audit_summary
 from numparity_server.metrics import repository
 from numparity_server.metrics.ingest import process_metrics
 from numparity_server.metrics.repository import Key
@@ -39,7 +39,7 @@ class FleetSnapshot:
 def fleet_snapshot(*, session: Session, policy: Policy) -> FleetSnapshot:
     last_runs = [(row.name, row.newest_started_at or row.last_seen)
                  for row in repository.node_last_runs(session)]
-    return FleetSnapshot(summary=audit(session=session, policy=policy).summary,
+    return FleetSnapshot(summary=audit_summary(session=session, policy=policy),
                          groups=result_groups(session), last_runs=last_runs)
 
 
