@@ -53,6 +53,7 @@ from numparity_server.reads.results import results_of_runs
 
 
 def audit(*, session: Session, policy: Policy, now: datetime | None = None) -> AuditOut:
+    """The whole audit as of ``now``: the summary and every table."""
     now = now or datetime.now(timezone.utc)
     fleet = judged_fleet(session, policy, now)
     environments = {row.id: row for row in repository.environments(session)}
