@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import PlainTextResponse
 
-from numparity_server.audit import service
+from numparity_server.audit import export, service
 from numparity_server.audit.schemas import AuditOut
 from numparity_server.deps import DbSession, PolicyDep, ReaderAuth
 from numparity_server.kit.errors import BadRequest
@@ -27,17 +27,17 @@ def get_audit(
     policy: PolicyDep,
     _principal: ReaderAuth,
     format: Literal["json", "csv"] = "json",  # noqa: A002 - the query parameter's name
-    table: Annotated[str, Query(description="CSV table: " + ", ".join(service.TABLES))]
+    table: Annotated[str, Query(description="CSV table: " + ", ".join(export.TABLES))]
     = "findings",
-) -> Any:
+) -> AuditOut | PlainTextResponse:
     """The lab audit: inventory by GPU, driver, CUDA, cuDNN, torch and CPU capability;
     stale nodes; policy violations; suspect hardware (strict answers that differ from
     same-environment peers; drills marked); nondeterministic nodes; results whose input or
     parameter bytes differ from the fleet's; environment changes and the results that
     changed with them (drift); the cost of determinism per environment."""
-    if format == "csv" and table not in service.TABLES:
-        raise BadRequest(f"unknown table {table!r}; tables: {', '.join(service.TABLES)}")
+    if format == "csv" and table not in export.TABLES:
+        raise BadRequest(f"unknown table {table!r}; tables: {', '.join(export.TABLES)}")
     report = service.audit(session=session, policy=policy)
     if format == "csv":
-        return PlainTextResponse(service.to_csv(report, table), media_type="text/csv")
+        return PlainTextResponse(export.to_csv(report, table), media_type="text/csv")
     return report

@@ -1,10 +1,11 @@
-"""Output of GET /audit (DESIGN §3.3): the summary, then one list per finding."""
+"""Output of GET /audit (DESIGN §3.3): the summary, then one list per finding, a model
+per table row. Field order is the JSON's and the CSV's column order."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 EXAMPLE: dict[str, Any] = {
     "generated_at": "2026-11-21T10:00:00+00:00",
@@ -47,19 +48,184 @@ EXAMPLE: dict[str, Any] = {
 }
 
 
-class AuditOut(BaseModel):
-    """Every list holds plain rows; ``?format=csv&table=NAME`` gives one of them as CSV."""
+class _Row(BaseModel):
+    # Rows are validated from the analysis's dataclasses, read by attribute.
+    model_config = ConfigDict(from_attributes=True, extra="forbid")
 
-    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [EXAMPLE]})
+
+class NodeStatusCounts(_Row):
+    """Nodes and environments, and nodes per status (``analysis.audit.STATUSES``): what
+    ``/metrics`` reads (``service.audit_summary``). A node can count under several."""
+
+    nodes: int
+    environments: int  # distinct current environments of the nodes
+    ok: int
+    suspect: int
+    watch: int
+    nondeterministic: int
+    stale: int
+
+
+class AuditSummary(NodeStatusCounts):
+    policy_violations: int  # nodes breaking a rule
+    broken_inputs: int  # nodes with a result on other input or parameter bytes
+
+
+class InventoryRow(_Row):
+    value: str | None
+    nodes: int
+
+
+class StaleRow(_Row):
+    node: str
+    last_seen: str
+    hours_since: float
+    last_run_id: str | None
+
+
+class PolicyRow(_Row):
+    node: str
+    env_key: str
+    attribute: str
+    value: str
+    rule: str  # allowed or required
+    expected: list[str]
+
+
+class SuspectKeyRow(_Row):
+    suite: str
+    workload: str
+    workload_version: int | None
+    variant: str
+    device: str
+    runs: int
+    drill_runs: int
+
+
+class CompareLink(_Row):
+    """A run holding the majority answer (``run_a``) and the suspect's run (``run_b``)."""
+
+    run_a: str | None
+    run_b: str
+    suite: str
+    workload: str
+    workload_version: int | None
+    variant: str
+    device: str
+
+
+class SuspectRow(_Row):
+    node: str
+    status: Literal["suspect", "watch"]
+    env_key: str | None
+    peers: int
+    majority_nodes: int
+    disagreeing_runs: int
+    drill: bool
+    drill_runs: int
+    currently_disagrees: bool
+    keys: list[SuspectKeyRow]
+    compare: CompareLink
+
+
+class RepeatsDisagreeRow(_Row):
+    node: str
+    reason: Literal["repeats_disagree"]
+    suite: str
+    workload: str
+    workload_version: int | None
+    variant: str
+    device: str
+    repeats: int
+    run_id: str
+    detail: str
+
+
+class StrictChangedRow(_Row):
+    node: str
+    reason: Literal["strict_changed"]
+    env_key: str
+    suite: str
+    workload: str
+    workload_version: int | None
+    variant: str
+    device: str
+    distinct_answers: int
+    run_id: str
+    detail: str
+
+
+NondeterministicRow = Annotated[RepeatsDisagreeRow | StrictChangedRow,
+                                Field(discriminator="reason")]
+
+
+class BrokenInputsRow(_Row):
+    node: str
+    run_id: str
+    suite: str
+    workload: str
+    workload_version: int | None
+    variant: str
+    differs: list[str]
+    input_hash: str | None
+    fleet_input_hash: str | None
+    param_hash: str | None
+    fleet_param_hash: str | None
+
+
+class AttributeChangeRow(_Row):
+    attribute: str
+    before: str
+    after: str
+
+
+class ChangedOutputRow(_Row):
+    suite: str
+    workload: str
+    variant: str
+    device: str
+
+
+class DriftRow(_Row):
+    node: str
+    run_id: str
+    previous_run_id: str
+    started_at: str
+    env_key: str
+    previous_env_key: str
+    attributes: list[AttributeChangeRow]
+    outputs_changed: list[ChangedOutputRow]
+
+
+class WorkloadCostRow(_Row):
+    workload: str
+    default_s: float
+    strict_s: float
+    ratio: float | None
+
+
+class DeterminismCostRow(_Row):
+    env_key: str | None
+    nodes: int
+    default_s: float
+    strict_s: float
+    ratio: float | None
+    workloads: list[WorkloadCostRow]
+
+
+class AuditOut(BaseModel):
+    """The audit; ``?format=csv&table=NAME`` gives one of its lists as CSV."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE]})
 
     generated_at: str
     window_days: float
-    summary: dict[str, int]
-    inventory: dict[str, list[dict[str, Any]]]
-    stale: list[dict[str, Any]]
-    policy: list[dict[str, Any]]
-    suspects: list[dict[str, Any]]
-    nondeterministic: list[dict[str, Any]]
-    broken_inputs: list[dict[str, Any]]
-    drift: list[dict[str, Any]]
-    determinism_cost: list[dict[str, Any]]
+    summary: AuditSummary
+    inventory: dict[str, list[InventoryRow]]  # promoted environment column → its values
+    stale: list[StaleRow]
+    policy: list[PolicyRow]
+    suspects: list[SuspectRow]
+    nondeterministic: list[NondeterministicRow]
+    broken_inputs: list[BrokenInputsRow]
+    drift: list[DriftRow]
+    determinism_cost: list[DeterminismCostRow]

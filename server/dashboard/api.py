@@ -21,6 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
+from numparity_server.audit import export as audit_export
 from numparity_server.audit import service as audit_service
 from numparity_server.auth.service import authenticate
 from numparity_server.dashboard import service
@@ -167,7 +168,7 @@ async def audit_csv(session: DbSession, policy: PolicyDep, _reader: PageReader,
                     table: str = "findings") -> Response:
     """The audit's CSV for a browser that holds the cookie (the API wants a bearer)."""
     report = await run_in_threadpool(audit_service.audit, session=session, policy=policy)
-    body = audit_service.to_csv(report, table)
+    body = audit_export.to_csv(report, table)
     return Response(body, media_type="text/csv", headers={
         "Content-Disposition": f'attachment; filename="numparity-audit-{table}.csv"'})
 

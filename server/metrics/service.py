@@ -20,28 +20,26 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
 from numparity_server.analysis import consensus
+from numparity_server.analysis.node_status import STATUSES
 from numparity_server.analysis.policy import Policy
-from numparity_server.audit import service as audit_service
+from numparity_server.audit.schemas import NodeStatusCounts
+from numparity_server.audit.service import audit_summary
 from numparity_server.metrics import repository
 from numparity_server.metrics.ingest import process_metrics
 from numparity_server.metrics.repository import Key
 
-STATUSES = audit_service.STATUSES
-
 
 @dataclass(frozen=True)
 class FleetSnapshot:
-    summary: dict[str, int]  # the audit's summary: nodes, environments, nodes per status
+    summary: NodeStatusCounts  # nodes, environments, nodes per status
     groups: dict[Key, int]  # distinct whole results per key (/divergence's groups)
     last_runs: list[tuple[str, datetime]]  # each node's newest run
 
 
 def fleet_snapshot(*, session: Session, policy: Policy) -> FleetSnapshot:
-    summary = audit_service.audit(session=session, policy=policy)["summary"]
     last_runs = [(row.name, row.newest_started_at or row.last_seen)
                  for row in repository.node_last_runs(session)]
-    return FleetSnapshot(summary={name: int(summary[name]) for name in
-                                  ("nodes", "environments", *STATUSES)},
+    return FleetSnapshot(summary=audit_summary(session=session, policy=policy),
                          groups=result_groups(session), last_runs=last_runs)
 
 
@@ -93,7 +91,7 @@ def fleet_metrics(snapshot: FleetSnapshot, now: datetime | None = None) -> list[
         "Nodes by audit status (GET /api/v1/audit's summary): a node can be suspect and "
         "stale at once, ok is a node with none of the others.", labels=["status"])
     for status in STATUSES:
-        nodes.add_metric([status], snapshot.summary[status])
+        nodes.add_metric([status], getattr(snapshot.summary, status))
     groups = GaugeMetricFamily(
         "numparity_groups",
         "Distinct answers (whole results: every tensor) among the nodes' latest results "
@@ -108,10 +106,10 @@ def fleet_metrics(snapshot: FleetSnapshot, now: datetime | None = None) -> list[
         ages.add_metric([name], (now - started_at).total_seconds())
     return [
         GaugeMetricFamily("numparity_fleet_nodes", "Nodes known to the server.",
-                          value=snapshot.summary["nodes"]),
+                          value=snapshot.summary.nodes),
         GaugeMetricFamily("numparity_fleet_environments",
                           "Distinct environments (env_key) the nodes' newest runs ran on.",
-                          value=snapshot.summary["environments"]),
+                          value=snapshot.summary.environments),
         nodes, groups, ages,
     ]
 

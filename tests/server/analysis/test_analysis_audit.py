@@ -1,15 +1,32 @@
-"""The audit's pure judgements: usual answers, quorum, suspect/watch, drills."""
+"""The audit's pure statistics on hand-made fleets, no database: usual answers, quorum,
+suspect/watch, drills, statuses, stale nodes, inventory, broken inputs, drift, the cost
+of determinism."""
 
 from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
 
 from numparity_server.analysis.audit import (
     Deviation,
     Majority,
     classify_suspects,
     majorities,
+    suspect_statuses,
     usual_answers,
 )
+from numparity_server.analysis.broken import broken_results
 from numparity_server.analysis.consensus import Support
+from numparity_server.analysis.determinism_cost import WallTime, determinism_cost
+from numparity_server.analysis.drift import (
+    AttributeChange,
+    ChangedOutput,
+    attribute_changes,
+    outputs_changed,
+)
+from numparity_server.analysis.inventory import InventoryCount, inventory
+from numparity_server.analysis.node_status import node_statuses, stale_nodes, status_counts
 
 CNN = ("standard", "cnn", 1, "cpu")
 MLP = ("standard", "mlp", 1, "cpu")
@@ -31,28 +48,96 @@ def test_the_usual_answer_and_when_it_judges():
     assert set(majorities(usual, min_peers=2)) == {(1, CNN), (3, CNN), (4, CNN)}
 
 
-def deviation(node, key=CNN, runs=1, drills=0, latest=True, run_id="r9"):
+def deviation(node, key=CNN, runs=1, drills=0, run_id="r9"):
     return Deviation(node=node, environment=1, key=key, manifest_hash="b", runs=runs,
-                     drill_runs=drills, run_id=run_id, latest=latest)
+                     drill_runs=drills, run_id=run_id)
 
 
 def test_suspect_after_two_runs_watch_after_one_drills_marked():
     majority = {(1, CNN): Majority("a", 4, 5), (1, MLP): Majority("a", 4, 5)}
-    entries = classify_suspects(
-        [deviation("twice", runs=2, drills=2), deviation("once", latest=False),
-         # One bad run spoils two workloads: counted per key, the largest count is the node's.
-         deviation("spoiled", key=CNN), deviation("spoiled", key=MLP),
-         # Not judged: its environment has no majority here.
-         Deviation("elsewhere", 2, CNN, "b", 5, 0, "r1", True)],
-        majority, {1: "env-1"}, {(1, CNN): "peer-run"})
-    by_node = {entry["node"]: entry for entry in entries}
+    deviations = [
+        deviation("twice", runs=2, drills=2), deviation("once"),
+        # One bad run spoils two workloads: counted per key, the largest count is the node's.
+        deviation("spoiled", key=CNN), deviation("spoiled", key=MLP),
+        # Not judged: its environment has no majority here.
+        Deviation("elsewhere", 2, CNN, "b", 5, 0, "r1")]
+    current = {("twice", 1, "b"), ("spoiled", 1, "b")}  # "once" agrees again
+    entries = classify_suspects(deviations, majority, {1: "env-1"}, {(1, CNN): "peer-run"},
+                                current)
+    by_node = {entry.node: entry for entry in entries}
     assert set(by_node) == {"twice", "once", "spoiled"}
-    assert by_node["twice"]["status"] == "suspect" and by_node["twice"]["drill"] is True
-    assert by_node["twice"]["compare"]["run_a"] == "peer-run"
-    assert by_node["twice"]["compare"]["run_b"] == "r9"
-    assert by_node["once"]["status"] == "watch"
-    assert by_node["once"]["currently_disagrees"] is False
-    assert by_node["spoiled"]["status"] == "watch"
-    assert by_node["spoiled"]["disagreeing_runs"] == 1
-    assert [k["workload"] for k in by_node["spoiled"]["keys"]] == ["cnn", "mlp"]
-    assert by_node["twice"]["peers"] == 4 and by_node["twice"]["env_key"] == "env-1"
+    assert by_node["twice"].status == "suspect" and by_node["twice"].drill is True
+    assert by_node["twice"].compare.run_a == "peer-run"
+    assert by_node["twice"].compare.run_b == "r9"
+    assert by_node["once"].status == "watch"
+    assert by_node["once"].currently_disagrees is False
+    assert by_node["spoiled"].status == "watch"
+    assert by_node["spoiled"].disagreeing_runs == 1
+    assert [k.workload for k in by_node["spoiled"].keys] == ["cnn", "mlp"]
+    assert by_node["twice"].peers == 4 and by_node["twice"].env_key == "env-1"
+    # The summary's statuses, read without current answers or peer runs, are the same.
+    assert suspect_statuses(deviations, majority) == {
+        node: entry.status for node, entry in by_node.items()}
+
+
+def test_a_node_counts_under_each_of_its_statuses_and_ok_is_none_of_them():
+    statuses = node_statuses(["a", "b", "c", "d"], suspects={"a": "suspect", "b": "watch"},
+                             nondeterministic={"a"}, stale={"c"})
+    assert statuses == {"a": {"suspect", "nondeterministic"}, "b": {"watch"},
+                        "c": {"stale"}, "d": {"ok"}}
+    assert status_counts(statuses) == {"ok": 1, "suspect": 1, "watch": 1,
+                                       "nondeterministic": 1, "stale": 1}
+
+
+def test_stale_nodes_the_longest_silent_first():
+    now = datetime(2026, 11, 25, 12, tzinfo=timezone.utc)
+    seen = {"fresh": now - timedelta(hours=1), "gone": now - timedelta(hours=80),
+            "quiet": now - timedelta(hours=49.96)}
+    found = stale_nodes(seen, now=now, stale_after_hours=48)
+    assert [(entry.node, entry.hours_since) for entry in found] == [("gone", 80.0),
+                                                                     ("quiet", 50.0)]
+
+
+def test_inventory_counts_nodes_by_their_current_environment():
+    columns = {1: {"gpu_name": None, "torch": "2.13.0"}, 2: {"gpu_name": "A100",
+                                                             "torch": "2.13.0"}}
+    columns = {env: {**dict.fromkeys(("compute_capability", "driver", "cuda", "cudnn",
+                                      "cpu_capability")), **found}
+               for env, found in columns.items()}
+    found = inventory({"n1": 1, "n2": 2, "n3": 2}, columns)
+    assert found["gpu_name"] == [InventoryCount("A100", 2), InventoryCount(None, 1)]
+    assert found["torch"] == [InventoryCount("2.13.0", 3)]
+
+
+def test_broken_inputs_are_the_results_on_other_bytes_than_the_fleets():
+    key = ("standard", "cnn", 1, "default")
+    found = broken_results([
+        (10, key, ("in-a", "p"), Support(5, "n1")),
+        (11, key, ("in-b", "p"), Support(1, "n9")),
+        (12, key, (None, None), Support(1, "n0")),  # reports no hash: differs from nothing
+    ])
+    assert set(found) == {11}
+    assert found[11].differs == ["input_hash"] and found[11].fleet_input_hash == "in-a"
+
+
+def test_drift_names_the_attributes_and_the_outputs_that_changed():
+    assert attribute_changes({"torch": "2.12", "mkl": "x"}, {"torch": "2.13", "mkl": "x"}) == \
+        [AttributeChange("torch", "2.12", "2.13")]
+    before = {("standard", "cnn", "default", "cpu"): "m1",
+              ("standard", "mlp", "default", "cpu"): "m2"}
+    after = {("standard", "cnn", "default", "cpu"): "m3",
+             ("standard", "mlp", "default", "cpu"): "m2",
+             ("standard", "new", "default", "cpu"): "m4"}
+    assert outputs_changed(before, after) == [ChangedOutput("standard", "cnn", "default",
+                                                            "cpu")]
+
+
+def test_the_cost_of_determinism_per_environment_dearest_first():
+    times = [WallTime(1, "cnn", "default", 1.0, 2), WallTime(1, "cnn", "strict", 1.5, 2),
+             WallTime(2, "cnn", "default", 1.0, 3), WallTime(2, "cnn", "strict", 3.0, 3),
+             WallTime(2, "mlp", "default", 1.0, 3),  # no strict timing: left out
+             WallTime(2, "cnn", "bf16-autocast", 9.0, 3)]
+    costs = determinism_cost(times, {1: "env-1", 2: "env-2"})
+    assert [(cost.env_key, cost.nodes, cost.ratio) for cost in costs] == [
+        ("env-2", 3, pytest.approx(3.0)), ("env-1", 2, pytest.approx(1.5))]
+    assert [w.workload for w in costs[0].workloads] == ["cnn"]

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from helpers.documents import audit_document as document
 
+from numparity_server.analysis.node_status import STATUSES
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit import service
 from numparity_server.kit.db import get_engine, session_factory
@@ -100,9 +101,34 @@ def test_stale_nodes(fleet):
         fresh = service.audit(session=session, policy=Policy(stale_after_hours=1), now=now)
         later = service.audit(session=session, policy=Policy(stale_after_hours=1),
                               now=now + timedelta(hours=3))
-    assert fresh["stale"] == []
-    assert len(later["stale"]) == 9 and later["stale"][0]["hours_since"] >= 2.9
-    assert later["summary"]["stale"] == 9
+    assert fresh.stale == []
+    assert len(later.stale) == 9 and later.stale[0].hours_since >= 2.9
+    assert later.summary.stale == 9
+
+
+@pytest.mark.parametrize("policy, hours_later", [
+    (Policy(window_days=7), 0),  # the fixture's policy: suspect, watch, nondeterministic
+    (Policy(window_days=7, stale_after_hours=1), 3),  # every node stale too
+    (Policy(window_days=7), 24 * 8),  # the window has passed every disagreement
+    (Policy(window_days=7, min_peers=10), 0),  # no quorum: nobody judged
+])
+def test_the_summary_alone_counts_what_the_whole_audit_counts(fleet, policy, hours_later):
+    now = datetime.now(timezone.utc) + timedelta(hours=hours_later)
+    with session_factory(get_engine(fleet.settings))() as session:
+        whole = service.audit(session=session, policy=policy, now=now).summary
+        alone = service.audit_summary(session=session, policy=policy, now=now)
+    assert alone.model_dump().items() <= whole.model_dump().items()
+    assert set(alone.model_dump()) == {"nodes", "environments", *STATUSES}
+
+
+def test_the_openapi_schema_names_every_row(fleet):
+    schemas = fleet.client.get("/openapi.json").json()["components"]["schemas"]
+    audit = schemas["AuditOut"]
+    assert audit.get("additionalProperties") is False
+    assert audit["properties"]["suspects"]["items"] == {"$ref": "#/components/schemas/SuspectRow"}
+    assert {"SuspectRow", "StaleRow", "PolicyRow", "BrokenInputsRow", "DriftRow",
+            "InventoryRow", "DeterminismCostRow", "RepeatsDisagreeRow", "StrictChangedRow",
+            "AuditSummary"} <= set(schemas)
 
 
 def test_csv_tables(fleet):

@@ -1,0 +1,94 @@
+"""The audit as text: its findings, a line per node and finding, and its tables as CSV
+(``?format=csv&table=NAME`` and the dashboard's ``/audit.csv``)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from pydantic import BaseModel
+
+from numparity_server.audit.schemas import AuditOut
+
+# The tables of ?format=csv besides findings and inventory: the report's list → its columns.
+CSV_TABLES: dict[str, tuple[str, ...]] = {
+    "stale": ("node", "last_seen", "hours_since", "last_run_id"),
+    "policy": ("node", "env_key", "attribute", "value", "rule", "expected"),
+    "suspects": ("node", "status", "env_key", "peers", "majority_nodes", "disagreeing_runs",
+                 "drill", "drill_runs", "currently_disagrees"),
+    "nondeterministic": ("node", "reason", "suite", "workload", "workload_version", "variant",
+                         "device", "run_id", "detail"),
+    "broken_inputs": ("node", "run_id", "suite", "workload", "workload_version", "variant",
+                      "differs", "input_hash", "fleet_input_hash", "param_hash",
+                      "fleet_param_hash"),
+    "drift": ("node", "run_id", "previous_run_id", "started_at", "attributes",
+              "outputs_changed"),
+    "determinism_cost": ("env_key", "nodes", "default_s", "strict_s", "ratio"),
+}
+TABLES = ("findings", "inventory", *CSV_TABLES)
+
+
+def findings(report: AuditOut) -> list[dict[str, str]]:
+    """One row per node and finding, across the tables: what needs someone's attention."""
+    rows = []
+    for suspect in report.suspects:
+        drill = " (drill)" if suspect.drill else ""
+        rows.append({"node": suspect.node, "finding": suspect.status + drill,
+                     "detail": f"strict answers differ from {suspect.majority_nodes} of "
+                               f"{suspect.peers} same-environment peers in "
+                               f"{suspect.disagreeing_runs} run(s)"})
+    for entry in report.nondeterministic:
+        rows.append({"node": entry.node, "finding": "nondeterministic", "detail": entry.detail})
+    for stale in report.stale:
+        rows.append({"node": stale.node, "finding": "stale",
+                     "detail": f"no upload for {stale.hours_since} h"})
+    for violation in report.policy:
+        rows.append({"node": violation.node, "finding": "policy",
+                     "detail": f"{violation.attribute} is {violation.value}, "
+                               f"{violation.rule}: {', '.join(violation.expected)}"})
+    for broken in report.broken_inputs:
+        rows.append({"node": broken.node, "finding": "broken_inputs",
+                     "detail": f"{' and '.join(broken.differs)} of {broken.workload} "
+                               f"({broken.variant}) differ from the fleet's"})
+    for drift in report.drift:
+        if drift.outputs_changed:
+            names = ", ".join(change.attribute for change in drift.attributes[:5])
+            rows.append({"node": drift.node, "finding": "drift",
+                         "detail": f"{len(drift.outputs_changed)} result(s) changed with "
+                                   f"{names}"})
+    return rows
+
+
+def _cell(value: Any) -> Any:
+    """A CSV cell: lists joined by "; ", an attribute change as ``name: before -> after``,
+    another row as its values joined by "/"."""
+    if isinstance(value, list):
+        return "; ".join(_cell(item) for item in value)
+    if isinstance(value, dict):
+        if "attribute" in value:
+            return f"{value['attribute']}: {value.get('before')} -> {value.get('after')}"
+        return "/".join(str(v) for v in value.values() if v is not None)
+    return "" if value is None else value
+
+
+def to_csv(report: AuditOut, table: str) -> str:
+    """One table of the report as CSV (``findings``: every finding, a row each)."""
+    columns: tuple[str, ...]
+    rows: list[dict[str, Any]]
+    if table == "findings":
+        rows, columns = list(findings(report)), ("node", "finding", "detail")
+    elif table == "inventory":
+        rows = [{"attribute": attribute, "value": entry.value, "nodes": entry.nodes}
+                for attribute, entries in report.inventory.items() for entry in entries]
+        columns = ("attribute", "value", "nodes")
+    else:
+        columns = CSV_TABLES[table]
+        table_rows: list[BaseModel] = getattr(report, table)
+        rows = [row.model_dump(mode="json") for row in table_rows]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([_cell(row.get(column)) for column in columns])
+    return out.getvalue()

@@ -1,0 +1,90 @@
+"""What the audit and its summary both read: the nodes, their latest results, the usual
+strict answers and the history of the nodes that deviated from them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from numparity_server.analysis.audit import Deviation, Key, Majority, majorities, usual_answers
+from numparity_server.analysis.policy import Policy
+from numparity_server.audit import repository
+from numparity_server.audit.repository import Held
+
+
+@dataclass(frozen=True)
+class History:
+    """Strict answers since the window's start of the nodes that ever answered unusually."""
+
+    deviating: list[Any]  # rows whose answer is not their environment's usual one
+    rows: list[Any]  # every row of those nodes (``repository.strict_history``)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """What both the audit and its summary read: the nodes, their latest results, the
+    usual strict answers and the history of the nodes that deviated from them."""
+
+    nodes: Sequence[Any]
+    node_env: dict[str, int]  # node → its current environment
+    held: list[Held]
+    strict: list[Held]  # the latest ok strict results
+    majority: dict[tuple[int, Key], Majority]  # the usual answers that judge
+    history: History
+    since: datetime  # the window's start
+
+
+def judged_fleet(session: Session, policy: Policy, now: datetime) -> Fleet:
+    """The fleet read for ``now`` (the history window ends there)."""
+    since = now - timedelta(days=policy.window_days)
+    nodes = repository.nodes(session)
+    held = repository.held(session)
+    strict = [h for h in held if h.outcome.variant == repository.STRICT
+              and h.outcome.status == "ok" and h.outcome.manifest_hash]
+    usual = usual_answers((h.environment, strict_key(h.outcome), h.outcome.manifest_hash,
+                           h.support) for h in strict)
+    return Fleet(nodes=nodes,
+                 node_env={node.name: node.environment_id for node in nodes
+                           if node.environment_id is not None},
+                 held=held, strict=strict,
+                 majority=majorities(usual, min_peers=policy.min_peers),
+                 history=read_history(session, strict, usual, since), since=since)
+
+
+def strict_key(row: Any) -> Key:
+    """The strict key of an outcome or a history row."""
+    return (row.suite, row.workload, row.workload_version, row.device)
+
+
+def read_history(session: Session, strict: Sequence[Held],
+                 usual: Mapping[tuple[int, Key], Majority], since: datetime) -> History:
+    """The usual answer of an (environment, key) is the most common among the latest
+    results. A node answered unusually if its latest answer is not its environment's
+    usual one, or if some answer in the window is no environment's usual answer; only
+    those nodes' histories are read, so the cost follows the unusual, not the fleet."""
+    unusual_now = [h.outcome.id for h in strict
+                   if usual[(h.environment, strict_key(h.outcome))].manifest_hash
+                   != h.outcome.manifest_hash]
+    unusual_envs = {(h.environment, h.outcome.id) for h in strict if h.outcome.id in unusual_now}
+    candidates = {row.name for row in repository.latest_holding(session, unusual_now)
+                  if (row.environment_id, row.outcome_id) in unusual_envs}
+    candidates |= repository.nodes_with_unusual_answers(
+        session, usual_manifests=[found.manifest_hash for found in usual.values()],
+        since=since)
+    rows = list(repository.strict_history(session, nodes=candidates, since=since))
+    deviating = [row for row in rows
+                 if (found := usual.get((row.environment_id, strict_key(row))))
+                 and found.manifest_hash != row.manifest_hash]
+    return History(deviating=deviating, rows=rows)
+
+
+def deviations(rows: Sequence[Any]) -> list[Deviation]:
+    """History rows as the analysis's deviations."""
+    return [Deviation(node=row.name, environment=row.environment_id, key=strict_key(row),
+                      manifest_hash=row.manifest_hash, runs=int(row.runs),
+                      drill_runs=int(row.drill_runs or 0), run_id=row.run_id)
+            for row in rows]
