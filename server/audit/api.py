@@ -10,7 +10,6 @@ from fastapi.responses import PlainTextResponse
 from numparity_server.audit import export, service
 from numparity_server.audit.schemas import AuditOut
 from numparity_server.deps import DbSession, PolicyDep, ReaderAuth
-from numparity_server.kit.errors import BadRequest
 
 router = APIRouter(prefix="/api/v1", tags=["analysis"])
 
@@ -35,8 +34,8 @@ def get_audit(
     same-environment peers; drills marked); nondeterministic nodes; results whose input or
     parameter bytes differ from the fleet's; environment changes and the results that
     changed with them (drift); the cost of determinism per environment."""
-    if format == "csv" and table not in export.TABLES:
-        raise BadRequest(f"unknown table {table!r}; tables: {', '.join(export.TABLES)}")
+    if format == "csv":
+        export.check_table(table)
     report = service.audit(session=session, policy=policy)
     if format == "csv":
         return PlainTextResponse(export.to_csv(report, table), media_type="text/csv")

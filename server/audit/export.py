@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from numparity_server.audit.schemas import AuditOut
+from numparity_server.kit.errors import BadRequest
 
 # The tables of ?format=csv besides findings and inventory: the report's list → its columns.
 CSV_TABLES: dict[str, tuple[str, ...]] = {
@@ -70,6 +71,12 @@ def _cell(value: Any) -> Any:
             return f"{value['attribute']}: {value.get('before')} -> {value.get('after')}"
         return "/".join(str(v) for v in value.values() if v is not None)
     return "" if value is None else value
+
+
+def check_table(table: str) -> None:
+    """BadRequest naming the tables there are, before any audit is computed."""
+    if table not in TABLES:
+        raise BadRequest(f"unknown table {table!r}; tables: {', '.join(TABLES)}")
 
 
 def to_csv(report: AuditOut, table: str) -> str:

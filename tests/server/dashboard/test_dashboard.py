@@ -215,6 +215,9 @@ def test_the_audit_page_shows_what_the_audit_says(fleet):
     response = api.client.get("/audit.csv", params={"table": "suspects"}, headers=api.reader)
     assert response.status_code == 200 and response.text.startswith("node,")
     assert "drilled" in response.text
+    unknown = api.client.get("/audit.csv", params={"table": "bogus"}, headers=api.reader)
+    assert unknown.status_code == 400 and "text/html" in unknown.headers["content-type"]
+    assert "unknown table &#39;bogus&#39;; tables: findings, inventory" in unknown.text
 
 
 def test_pages_ask_for_a_reader_token_once_and_keep_it_in_a_cookie(split_fleet):
