@@ -169,7 +169,7 @@ def make_certificates(folder: Path) -> Path:
 
 SERVE_TLS = """
 import sys, uvicorn
-uvicorn.run("numparity_server.app:create_app", factory=True, host="127.0.0.1",
+uvicorn.run("numparity_server.app:create_app_from_environment", factory=True, host="127.0.0.1",
             port=int(sys.argv[1]), ssl_keyfile=sys.argv[2], ssl_certfile=sys.argv[3],
             log_level="warning")
 """
