@@ -14,7 +14,7 @@ import torch
 from helpers.agent import A100, V100, clean_env, run_agent
 
 from numparity_agent._environment import capture_environment, compute_env_key
-from numparity_agent._knobs import read_knobs
+from numparity_agent.testing import read_knobs
 
 
 class FakeNVMLError(Exception):
