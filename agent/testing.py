@@ -20,20 +20,13 @@ from numparity_agent._config import ConfigError
 from numparity_agent._config import resolve as resolve_config
 from numparity_agent._document import build_document, utc_now
 from numparity_agent._environment import capture_environment, compute_env_key
+from numparity_agent._flush import send_spooled
 from numparity_agent._knobs import numeric_env_vars, read_knobs
 from numparity_agent._lock import spool_lock
 from numparity_agent._rng import uniform as portable_uniform
-from numparity_agent._spool import spool_document, spooled
+from numparity_agent._spool import KnownManifests, known_manifests_file, spool_document, spooled
 from numparity_agent._suite import run_suite, run_variant
-from numparity_agent._upload import (
-    MISSING_PATH,
-    RUNS_PATH,
-    KnownManifests,
-    known_manifests_file,
-    manifest_hash,
-    send_spooled,
-    upload_document,
-)
+from numparity_agent._upload import MISSING_PATH, RUNS_PATH, manifest_hash, upload_document
 from numparity_agent._values import ValuesStore, raw_size, values_dir
 from numparity_agent._variants import get as variant
 from numparity_agent._variants import names as variant_names
