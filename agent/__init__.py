@@ -2,7 +2,8 @@
 
 The public surface is small (in the style of httpx): everything else lives in
 private modules. Names that need torch are imported lazily, so `import
-numparity_agent` (and the CLI's parent process) stays light.
+numparity_agent` (and the CLI's parent process) stays light. Tests and benches drive
+the private parts through `numparity_agent.testing` (internal, stable for them).
 """
 
 from __future__ import annotations

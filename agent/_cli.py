@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from numparity_agent import _config, _flush, _spool, _upload, _values, _variants, _workloads
 from numparity_agent._lock import LockBusy, spool_lock
 from numparity_agent._log import end_progress, hide, interactive, log, progress
+from numparity_agent._outcome import tls_verify
 
 if TYPE_CHECKING:
     from numparity_agent._suite import Progress
@@ -32,7 +33,6 @@ EXIT_USAGE = 2
 EXIT_SPOOLED = 3
 EXIT_VARIANT_FAILED = 4
 EXIT_REFUSED = 5
-EXIT_REJECTED = EXIT_REFUSED  # the name before 401/403 were told apart
 EXIT_SPOOL_UNWRITABLE = 6
 EXIT_LOCKED = 7
 EXIT_QUARANTINED = 8
@@ -97,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--max-wait", metavar="S",
                        help="retry an unreachable or busy server with backoff for at most S "
                        "seconds, then leave the rest spooled (NUMPARITY_MAX_WAIT, config "
-                       f"max_wait; default {_upload.DEFAULT_MAX_WAIT_S:g}; 0: no retries)")
+                       f"max_wait; default {_flush.DEFAULT_MAX_WAIT_S:g}; 0: no retries)")
         p.add_argument("--ca-bundle", metavar="FILE",
                        help="PEM file with the CA that signed the server's certificate, "
                        "for a lab's own CA (NUMPARITY_CA_BUNDLE, config ca_bundle; default "
@@ -176,10 +176,10 @@ class _Context:
             log(f"warning: {warning}")
         self._spool: Path | None = get("spool")
         self.upload_timeout: float = get("upload_timeout", _upload.DEFAULT_TIMEOUT_S)
-        self.max_wait: float = get("max_wait", _upload.DEFAULT_MAX_WAIT_S)
+        self.max_wait: float = get("max_wait", _flush.DEFAULT_MAX_WAIT_S)
         ca_bundle = get("ca_bundle")
         try:
-            self.verify = _upload.tls_verify(ca_bundle)
+            self.verify = tls_verify(ca_bundle)
         except (OSError, ssl.SSLError) as exc:
             where = self.settings.sources.get("ca_bundle", "--ca-bundle")
             raise _Usage(f"cannot use {where} {ca_bundle} as a CA bundle: "

@@ -54,7 +54,6 @@ class Resolved:
 
     values: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
-    config_file: Path | None = None
     warnings: list[str] = field(default_factory=list)
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -190,7 +189,7 @@ def resolve(
         if explicit and not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
         file_values = load_config(path)
-    resolved = Resolved(config_file=path)
+    resolved = Resolved()
     for key, kind in KINDS.items():
         if key in ("token", "token_file"):
             continue

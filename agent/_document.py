@@ -6,6 +6,8 @@ import datetime as dt
 import uuid
 from typing import Any
 
+from numparity_agent import __version__
+
 SCHEMA = "numparity.run/v1"
 
 
@@ -26,8 +28,6 @@ def build_document(
     drill: bool = False,
     run_id: str | None = None,
 ) -> dict[str, Any]:
-    from numparity_agent import __version__
-
     return {
         "schema": SCHEMA,
         "run_id": run_id or str(uuid.uuid4()),

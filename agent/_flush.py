@@ -1,5 +1,8 @@
 """Empty the spool: every document is uploaded, oldest first, or settled for a reason.
 
+This module is the retry and settle policy; one exchange with the server is `_upload`,
+the files it settles are `_spool`'s.
+
 What becomes of a spooled file:
 
 - 2xx: deleted (the server has it; sending the same run again answers 200, not a copy).
@@ -32,15 +35,10 @@ import httpx
 from numparity_agent import _spool
 from numparity_agent._log import log
 from numparity_agent._outcome import UploadOutcome, Verify, server_message
-from numparity_agent._upload import (
-    DEFAULT_MAX_WAIT_S,
-    DEFAULT_TIMEOUT_S,
-    KnownManifests,
-    known_manifests_file,
-    upload_document,
-)
+from numparity_agent._upload import DEFAULT_TIMEOUT_S, upload_document
 from numparity_agent._values import ValuesStore, values_dir
 
+DEFAULT_MAX_WAIT_S = 60.0
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 30.0
 MAX_FAILURES = 20  # per flush, however long max_wait is
@@ -181,7 +179,7 @@ def _settle(path: Path, outcome: UploadOutcome, result: FlushResult, server: str
 def _clean_temporary_files(spool_dir: Path, result: FlushResult,
                            log_line: Callable[[str], None]) -> None:
     for tmp in _spool.stale_temporary_files(spool_dir):
-        if tmp.name == f".{known_manifests_file(spool_dir).name}.tmp":  # a cache: drop it
+        if _spool.is_cache_temporary(tmp):
             tmp.unlink(missing_ok=True)
             continue
         quarantine(tmp, "the temporary file of a write that did not finish", result, log_line)
@@ -206,7 +204,7 @@ def flush_spool(
     if not paths:
         return result
     backoff = backoff or Backoff(max_wait=max_wait, sleep=sleep)
-    known = KnownManifests(known_manifests_file(spool_dir), server)
+    known = _spool.KnownManifests(_spool.known_manifests_file(spool_dir), server)
     store = ValuesStore(values_dir(spool_dir))
     with httpx.Client(timeout=timeout, verify=verify) as client:
         for index, path in enumerate(paths):
@@ -233,18 +231,19 @@ def flush_spool(
     return result
 
 
-def send_one(
+def send_spooled(
     path: Path, *, server: str, token: str | None, timeout: float = DEFAULT_TIMEOUT_S,
     log_line: Callable[[str], None] = log, verify: Verify = True,
 ) -> UploadOutcome:
-    """One attempt at one spooled file, settled (`_upload.send_spooled`)."""
+    """Upload one spooled document, once, and settle it by the module's rules, without
+    backing off: for a caller that schedules its own attempts (bench/_faults.py)."""
     result = FlushResult()
     try:
         document = _spool.read_spooled(path)
     except _spool.CorruptSpoolFile as exc:
         quarantine(path, str(exc), result, log_line)
         return UploadOutcome(None, f"quarantined: {exc}", cause="quarantined")
-    known = KnownManifests(known_manifests_file(path.parent), server)
+    known = _spool.KnownManifests(_spool.known_manifests_file(path.parent), server)
     outcome = upload_document(document, server=server, token=token, timeout=timeout,
                               known=known, verify=verify)
     _settle(path, outcome, result, server, log_line)

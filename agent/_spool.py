@@ -9,8 +9,11 @@ first. Beside the documents:
   each with a `.reason` file: never retried, never deleted;
 - `quarantine/` — files that are not a run document (truncated, not JSON, not ours) and
   temporary files of a write that crashed, each with a `.reason` file;
-- `.lock` — the lock of the agent working on this spool (`_lock`);
-- `.known-manifests.json` — what the server is known to store (`_upload.KnownManifests`).
+- `.known-manifests.json` — what the server is known to store (`KnownManifests`);
+- `.lock` — the lock of the agent working on this spool (`_lock`: one idea, a flock);
+- `.values/` — large tensors' full values by hash (`_values`, which owns that folder:
+  its file format, compression and pruning are the values store's own business; the
+  spool only lends it a place, and never takes its dot folder for a run document).
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import errno
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from numparity_agent._log import redact, utc_stamp
+from numparity_agent._log import log, redact, utc_stamp
 
 REJECTED = "rejected"
 QUARANTINE = "quarantine"
@@ -153,3 +157,61 @@ def stale_temporary_files(spool_dir: Path, *, older_than: float = STALE_TMP_S) -
         except OSError:  # gone meanwhile
             continue
     return stale
+
+
+def known_manifests_file(spool_dir: Path) -> Path:
+    # A dot file: spooled() never takes it for a run document.
+    return spool_dir / ".known-manifests.json"
+
+
+def is_cache_temporary(path: Path) -> bool:
+    """Whether `path` is the temporary file of a cache write (`KnownManifests`): losing
+    it loses nothing, so a crashed one is dropped rather than quarantined."""
+    return path.name == f".{known_manifests_file(path.parent).name}.tmp"
+
+
+class KnownManifests:
+    """Manifests this agent has seen a server store, remembered in a file of the spool.
+
+    A node whose numbers do not change produces the same manifests run after run; with
+    this memory it sends them as references without asking first: one request a run. A
+    server that forgot one (retention) answers 422 naming it, and the upload falls back
+    to asking. The file is a cache: unreadable or missing means "nothing known".
+    """
+
+    LIMIT = 4096  # the newest manifests kept: far more than one node's suite produces
+
+    def __init__(self, path: Path | None, server: str) -> None:
+        self._path = path
+        self._server = server.rstrip("/")
+        self._hashes: dict[str, None] = {}
+        if path is not None:
+            try:
+                stored = json.loads(path.read_text(encoding="utf-8"))
+                if isinstance(stored, dict) and stored.get("server") == self._server:
+                    self._hashes = dict.fromkeys(h for h in stored.get("manifests", [])
+                                                 if isinstance(h, str))
+            except (OSError, ValueError):
+                pass
+
+    def __contains__(self, digest: str) -> bool:
+        return digest in self._hashes
+
+    def forget(self) -> None:
+        self._hashes.clear()
+
+    def remember(self, digests: Sequence[str]) -> None:
+        for digest in digests:
+            self._hashes.pop(digest, None)
+            self._hashes[digest] = None
+        for stale in list(self._hashes)[: max(0, len(self._hashes) - self.LIMIT)]:
+            del self._hashes[stale]
+        if self._path is None:
+            return
+        tmp = self._path.with_name(f".{self._path.name}.tmp")
+        try:
+            tmp.write_text(json.dumps({"server": self._server, "manifests": list(self._hashes)}),
+                           encoding="utf-8")
+            os.replace(tmp, self._path)
+        except OSError as exc:  # a cache: the next run asks instead
+            log(f"could not remember manifests in {self._path}: {exc}")

@@ -1,4 +1,4 @@
-"""Upload run documents to the server (the spool they wait in is `_spool`).
+"""One exchange with the server: upload one run document, asking first.
 
 Uploads ask first (DESIGN §3.2). The agent asks which of its results' manifests (the
 ordered (name, kind, hash) lists) the server lacks; a result whose manifest it has
@@ -7,8 +7,9 @@ only those travel in full, the rest as bare references. On a known environment a
 then a few KiB. The spool always keeps the full document, so any server can take it.
 
 Every answer becomes an UploadOutcome: what it means for the spooled document (delete,
-retry later, keep for the operator, move aside) is decided in `_flush`. The token is
-never logged: it is masked in every log line (`_log.hide`).
+retry later, keep for the operator, move aside) and whether to try again is decided in
+`_flush`; the documents and the manifests memory live in `_spool`. The token is never
+logged: it is masked in every log line (`_log.hide`).
 """
 
 from __future__ import annotations
@@ -16,37 +17,18 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
 import re
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-from numparity_agent._log import log
-from numparity_agent._outcome import (
-    UploadOutcome,
-    Verify,
-    answer_of,
-    no_answer,
-    server_message,
-    tls_verify,
-)
-from numparity_agent._spool import default_spool_dir, spool_document, spooled
+from numparity_agent._outcome import UploadOutcome, Verify, answer_of, no_answer
+from numparity_agent._spool import KnownManifests
 from numparity_agent._values import UPLOAD_BUDGET, ValuesStore, raw_size
 
-__all__ = [
-    "DEFAULT_TIMEOUT_S", "KnownManifests", "UploadOutcome", "Verify", "default_spool_dir",
-    "flush", "known_manifests_file", "manifest_hash", "send_spooled", "server_message",
-    "slim_document", "spool_document", "spooled", "tls_verify", "upload_bytes",
-    "upload_document",
-]
-
 DEFAULT_TIMEOUT_S = 30.0
-DEFAULT_MAX_WAIT_S = 60.0
 RUNS_PATH = "/api/v1/runs"
 MISSING_PATH = "/api/v1/fingerprints/missing"
 # A tensor entry that refers to a fingerprint the server already has (DESIGN §2.7).
@@ -129,58 +111,6 @@ def _post(
     return answer_of(response), response.text
 
 
-class KnownManifests:
-    """Manifests this agent has seen a server store, remembered in a file of the spool.
-
-    A node whose numbers do not change produces the same manifests run after run; with
-    this memory it sends them as references without asking first: one request a run. A
-    server that forgot one (retention) answers 422 naming it, and the upload falls back
-    to asking. The file is a cache: unreadable or missing means "nothing known".
-    """
-
-    LIMIT = 4096  # the newest manifests kept: far more than one node's suite produces
-
-    def __init__(self, path: Path | None, server: str) -> None:
-        self._path = path
-        self._server = server.rstrip("/")
-        self._hashes: dict[str, None] = {}
-        if path is not None:
-            try:
-                stored = json.loads(path.read_text(encoding="utf-8"))
-                if isinstance(stored, dict) and stored.get("server") == self._server:
-                    self._hashes = dict.fromkeys(h for h in stored.get("manifests", [])
-                                                 if isinstance(h, str))
-            except (OSError, ValueError):
-                pass
-
-    def __contains__(self, digest: str) -> bool:
-        return digest in self._hashes
-
-    def forget(self) -> None:
-        self._hashes.clear()
-
-    def remember(self, digests: Sequence[str]) -> None:
-        for digest in digests:
-            self._hashes.pop(digest, None)
-            self._hashes[digest] = None
-        for stale in list(self._hashes)[: max(0, len(self._hashes) - self.LIMIT)]:
-            del self._hashes[stale]
-        if self._path is None:
-            return
-        tmp = self._path.with_name(f".{self._path.name}.tmp")
-        try:
-            tmp.write_text(json.dumps({"server": self._server, "manifests": list(self._hashes)}),
-                           encoding="utf-8")
-            os.replace(tmp, self._path)
-        except OSError as exc:  # a cache: the next run asks instead
-            log(f"could not remember manifests in {self._path}: {exc}")
-
-
-def known_manifests_file(spool_dir: Path) -> Path:
-    # A dot file: spooled() never takes it for a run document.
-    return spool_dir / ".known-manifests.json"
-
-
 @dataclass(frozen=True)
 class _Missing:
     fingerprints: set[str]
@@ -228,15 +158,6 @@ def _ask_missing(
     return _Missing({h for h in missing if isinstance(h, str)},
                     {h for h in missing_manifests if isinstance(h, str)},
                     [h for h in missing_values if isinstance(h, str) and h in offered])
-
-
-def upload_bytes(
-    body: bytes, *, server: str, token: str | None, timeout: float = DEFAULT_TIMEOUT_S,
-    verify: Verify = True,
-) -> UploadOutcome:
-    """POST a JSON document (already serialised) gzip-compressed to the server, whole."""
-    with httpx.Client(timeout=timeout, verify=verify) as client:
-        return _post(client, server.rstrip("/") + RUNS_PATH, _gzip(body), _headers(token))[0]
 
 
 def upload_document(
@@ -388,42 +309,3 @@ def _dumps(document: dict[str, Any]) -> bytes:
 def _gzip(body: bytes) -> bytes:
     # Level 6: nearly level 9's ratio on JSON with base64 at a fraction of the time.
     return gzip.compress(body, compresslevel=6)
-
-
-def send_spooled(
-    path: Path,
-    *,
-    server: str,
-    token: str | None,
-    timeout: float = DEFAULT_TIMEOUT_S,
-    log_line: Callable[[str], None] = log,
-    verify: Verify = True,
-) -> UploadOutcome:
-    """Upload one spooled document, once, and settle it: deleted after a 2xx, kept when
-    worth retrying or when the token was refused, moved to rejected/ when the server
-    refuses it for good, to quarantine/ when it is not a run document."""
-    from numparity_agent._flush import send_one
-
-    return send_one(path, server=server, token=token, timeout=timeout, log_line=log_line,
-                    verify=verify)
-
-
-def flush(
-    spool_dir: Path,
-    *,
-    server: str,
-    token: str | None,
-    timeout: float = DEFAULT_TIMEOUT_S,
-    log_line: Callable[[str], None] = log,
-    max_wait: float = DEFAULT_MAX_WAIT_S,
-    sleep: Callable[[float], None] = time.sleep,
-    verify: Verify = True,
-) -> list[UploadOutcome]:
-    """Upload what is spooled, oldest first, retrying with backoff for up to `max_wait`
-    seconds while the server is unreachable or busy, then leaving the rest spooled
-    (`_flush.flush_spool`, which also says what became of each file)."""
-    from numparity_agent._flush import flush_spool
-
-    return flush_spool(spool_dir, server=server, token=token, timeout=timeout,
-                       log_line=log_line, max_wait=max_wait, sleep=sleep,
-                       verify=verify).outcomes

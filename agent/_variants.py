@@ -29,7 +29,6 @@ FAULT_DRILL_VARIANT = "strict"
 
 class Variant:
     name: str = ""
-    description: str = ""
     dtype_name: str = "float32"
 
     def child_env(self, environ: dict[str, str]) -> dict[str, str]:
@@ -60,16 +59,16 @@ class Variant:
 
 
 class Default(Variant):
+    """The node's framework defaults, untouched."""
+
     name = "default"
-    description = "the node's framework defaults, untouched"
 
 
 class Strict(Variant):
+    """Seeds, deterministic algorithms, cuDNN benchmark off and deterministic, TF32 off,
+    CUBLAS_WORKSPACE_CONFIG=:4096:8, explicit thread count."""
+
     name = "strict"
-    description = (
-        "seeds, deterministic algorithms, cuDNN benchmark off and deterministic, TF32 off, "
-        "CUBLAS_WORKSPACE_CONFIG=:4096:8, explicit thread count"
-    )
 
     def child_env(self, environ: dict[str, str]) -> dict[str, str]:
         # cuBLAS reads it when CUDA initialises: it must be in the environment at start.
@@ -114,7 +113,6 @@ class TF32(Variant):
     (and, with the fp32_precision tree of torch >= 2.9, convolutions) computed in bf16."""
 
     name = "tf32"
-    description = "TF32 (CUDA, cc >= 8.0) or oneDNN bf16 fp32 math (CPU with AMX/AVX512-BF16)"
 
     def skip_reason(self, device: Any) -> str | None:
         import torch
@@ -233,14 +231,16 @@ def _autocast_skip_reason(torch: Any, device_type: str, dtype: Any) -> str | Non
 
 
 class FP16Autocast(Autocast):
+    """Autocast to float16 (CUDA; CPU where this torch supports it)."""
+
     name = "fp16-autocast"
-    description = "autocast to float16 (CUDA; CPU where this torch supports it)"
     autocast_dtype_name = "float16"
 
 
 class BF16Autocast(Autocast):
+    """Autocast to bfloat16 (CPU; CUDA with bfloat16)."""
+
     name = "bf16-autocast"
-    description = "autocast to bfloat16 (CPU; CUDA with bfloat16)"
     autocast_dtype_name = "bfloat16"
 
 
@@ -250,7 +250,6 @@ class FP64Reference(Variant):
     computes from the same numbers as the float32 variants."""
 
     name = "fp64-reference"
-    description = "the whole workload in float64 on the CPU"
     dtype_name = "float64"
 
     def target_device(self, device: Any) -> Any:

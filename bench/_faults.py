@@ -59,8 +59,7 @@ from typing import Any
 
 import httpx
 
-from numparity_agent._document import utc_now
-from numparity_agent._upload import send_spooled, spool_document, spooled
+from numparity_agent.testing import send_spooled, spool_document, spooled, utc_now
 from numparity_server.kit.net import free_port
 
 PG_BIN_ENV = "NUMPARITY_PG_BIN"

@@ -54,9 +54,7 @@ from ingest import VARIANT_DTYPES, VARIANTS, WORKLOADS, suite_document
 from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-from numparity_agent._environment import compute_env_key
-from numparity_agent._fingerprint import fingerprint
-from numparity_agent._upload import manifest_hash
+from numparity_agent.testing import compute_env_key, fingerprint, manifest_hash
 from numparity_server.kit.db import create_engine_for, is_sqlite, session_factory
 from numparity_server.kit.settings import Settings
 from numparity_server.models import utcnow

@@ -16,7 +16,7 @@
      CLI exits (the largest of the CLI and its variant children, which it waits for).
 2. Fingerprint overhead, measured through the agent's own code path: for each variant,
    one child process (with the variant's environment, as the agent's own child) calls
-   ``numparity_agent._child.run_child`` -- the function the agent's child runs, so
+   ``numparity_agent.testing.run_child`` -- the function the agent's child runs, so
    ``_runner.run_workload`` with everything it adds (knobs, workload fields, repeat
    checks) -- after wrapping, with timers, the names the runner calls: ``fingerprint``
    (every recorded tensor of the first repeat), ``tensor_hashes`` (later repeats) and
@@ -90,7 +90,8 @@ def run_cli(
 
 PROFILE_CHILD = r"""
 import json, sys, time
-from numparity_agent import _child, _runner
+from numparity_agent import _runner  # its module globals are wrapped below, in place
+from numparity_agent.testing import run_child
 
 spec = json.loads(sys.argv[1])
 timers = {}  # workload -> {"fingerprint_s", "calls"}
@@ -126,7 +127,7 @@ for name in ("fingerprint", "tensor_hash", "tensor_hashes", "combined_hash"):
     if hasattr(_runner, name):
         setattr(_runner, name, timed(getattr(_runner, name)))
 _runner.run_workload = tracked(_runner.run_workload)
-output = _child.run_child(spec)
+output = run_child(spec)
 out = {"results": output["results"], "timers": timers}
 print(json.dumps(out))
 """
@@ -135,10 +136,10 @@ print(json.dumps(out))
 def profile_variant(
     variant: str, workloads: list[str], repeats: int, device: str
 ) -> dict[str, Any]:
-    from numparity_agent import _variants
-    from numparity_agent._knobs import numeric_env_vars
+    from numparity_agent.testing import numeric_env_vars
+    from numparity_agent.testing import variant as variant_named
 
-    env = _variants.get(variant).child_env(dict(os.environ))
+    env = variant_named(variant).child_env(dict(os.environ))
     spec = {
         "variant": variant,
         "workloads": workloads,
@@ -168,7 +169,7 @@ def verdict(ok: bool) -> str:
 
 
 def main() -> int:
-    from numparity_agent import _variants, _workloads
+    from numparity_agent.testing import builtin_workloads, variant_names
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2, help="as the agent (default 2)")
@@ -176,8 +177,8 @@ def main() -> int:
     parser.add_argument("--keep", help="also keep the run document here")
     args = parser.parse_args()
 
-    workloads = _workloads.builtin_names()
-    variants = _variants.names()
+    workloads = builtin_workloads()
+    variants = variant_names()
     print(f"workloads ({len(workloads)}): {', '.join(workloads)}")
     print(f"variants  ({len(variants)}): {', '.join(variants)}")
     print(f"repeats {args.repeats}, device {args.device}, python {sys.executable}")
@@ -255,7 +256,7 @@ def main() -> int:
 
     print(
         "fingerprint overhead, measured through the agent's own code path: per variant one "
-        "child (the variant's environment) runs numparity_agent._child.run_child, as the "
+        "child (the variant's environment) runs numparity_agent.testing.run_child, as the "
         "agent's child does, with the runner's fingerprint/tensor_hashes/combined_hash "
         "wrapped by timers; run time = the runner's own wall_s_repeats (workload.run "
         "inside the variant's run context); overhead = time in those calls / run time"

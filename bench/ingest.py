@@ -6,7 +6,7 @@ on SQLite (a temporary file) and on PostgreSQL (a temporary database on the serv
 two kinds of run:
 
 - known environment: identical tensors to what the server already has, uploaded the way
-  the agent uploads (``numparity_agent._upload.upload_document``) by a node in its steady
+  the agent uploads (``numparity_agent.testing.upload_document``) by a node in its steady
   state: its spool remembers the manifests of its previous run, so each result travels
   as its manifest hash, in one request;
 - known environment, new node: the same tensors from a node the server has not seen,
@@ -56,11 +56,15 @@ from typing import Any
 import httpx
 import torch
 
-from numparity_agent._document import build_document
-from numparity_agent._environment import capture_environment
-from numparity_agent._fingerprint import fingerprint
-from numparity_agent._knobs import read_knobs
-from numparity_agent._upload import KnownManifests, manifest_hash, upload_document
+from numparity_agent.testing import (
+    KnownManifests,
+    build_document,
+    capture_environment,
+    fingerprint,
+    manifest_hash,
+    read_knobs,
+    upload_document,
+)
 
 VARIANTS = ("default", "strict", "tf32", "fp16-autocast", "bf16-autocast", "fp64-reference")
 VARIANT_DTYPES = {"fp16-autocast": torch.float16, "bf16-autocast": torch.bfloat16,

@@ -31,9 +31,13 @@ from typing import Any
 import httpx
 from fastapi.testclient import TestClient
 
-from numparity_agent._suite import run_suite
-from numparity_agent._upload import KnownManifests, upload_document
-from numparity_agent._values import ValuesStore, raw_size
+from numparity_agent.testing import (
+    KnownManifests,
+    ValuesStore,
+    raw_size,
+    run_suite,
+    upload_document,
+)
 from numparity_server.app import create_app
 from numparity_server.auth import service as auth_service
 from numparity_server.kit import migrate
@@ -129,7 +133,7 @@ def main() -> None:
 
 
 def _manifests(document: dict[str, Any]) -> list[str]:
-    from numparity_agent._upload import manifest_hash
+    from numparity_agent.testing import manifest_hash
 
     return [manifest_hash(r["tensors"]) for r in document["results"] if r.get("tensors")]
 

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from numparity_agent._workloads.train import Train
+from numparity_agent.testing import Train
 
 
 def raising():

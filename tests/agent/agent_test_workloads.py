@@ -10,7 +10,7 @@ import time
 import torch
 from torch import nn
 
-from numparity_agent import _rng
+from numparity_agent.testing import portable_uniform
 
 
 class _Misbehaving(nn.Module):
@@ -28,7 +28,7 @@ class _Misbehaving(nn.Module):
 
 
 def _inputs() -> dict[str, torch.Tensor]:
-    return {"x": torch.from_numpy(_rng.uniform(0, "tests/x", (3, 4)))}
+    return {"x": torch.from_numpy(portable_uniform(0, "tests/x", (3, 4)))}
 
 
 def crash_in_strict():

@@ -13,7 +13,7 @@ import torch
 from helpers.agent import A100, NUMERIC_PREFIXES, V100, clean_env, run_agent
 
 from numparity_agent._doctor import _check_fp16_eps, diagnose, fp16_underflows, tf32_in_force
-from numparity_agent._environment import capture_environment
+from numparity_agent.testing import capture_environment
 
 ITEMS = [
     "seeds",

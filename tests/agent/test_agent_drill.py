@@ -14,9 +14,15 @@ import torch
 from helpers.agent import run_agent
 from torch import nn
 
-from numparity_agent import _variants, _workloads
-from numparity_agent._runner import run_workload
-from numparity_agent._workloads._base import Built, Workload, bell_tensor, init_default_
+from numparity_agent.testing import (
+    Built,
+    Workload,
+    bell_tensor,
+    init_default_,
+    load_workload,
+    run_workload,
+    variant,
+)
 
 CPU = torch.device("cpu")
 ARGS = ("--workloads", "cnn", "mlp", "--variants", "strict", "default", "--repeats", "2")
@@ -126,7 +132,7 @@ def test_the_drill_output_is_the_reported_flip_carried_through_mlp(clean, drill)
     """An independent float32 forward of mlp, with the reported bit flipped in fc2,
     gives the drill's output; only the batch row holding the flip changes."""
     flip = result(drill, "mlp", "strict")["drill"]
-    model = _workloads.load("mlp").build(dtype=torch.float32, device=CPU)
+    model = load_workload("mlp").build(dtype=torch.float32, device=CPU)
     seq, x = model.model, model.inputs["x"]
     with torch.no_grad():
         fc2 = seq.fc2(seq.act1(seq.fc1(x)))
@@ -160,7 +166,7 @@ def test_fault_drill_without_strict_is_a_usage_error():
 
 # In-process: the workloads the CLI runs above do not cover.
 
-STRICT = _variants.get("strict")
+STRICT = variant("strict")
 
 
 def without_timings(result: dict) -> dict:
@@ -172,7 +178,7 @@ def hashes(result: dict) -> dict[str, str]:
 
 
 def test_train_is_corrupted_in_its_first_forward_only():
-    load = _workloads.load
+    load = load_workload
     before = run_workload(load("train"), variant=STRICT, device=CPU, repeats=1)
     after = run_workload(load("train"), variant=STRICT, device=CPU, repeats=2, fault_drill=True)
     # The layers of step 0 are fc1, act1, fc2: act1 is the middle one.
@@ -185,7 +191,7 @@ def test_train_is_corrupted_in_its_first_forward_only():
 
 
 def test_probes_record_no_layers_and_run_untouched():
-    load = _workloads.load
+    load = load_workload
     before = run_workload(load("probes"), variant=STRICT, device=CPU, repeats=1)
     after = run_workload(load("probes"), variant=STRICT, device=CPU, repeats=1, fault_drill=True)
     assert "drill" not in after

@@ -14,7 +14,7 @@ import torch
 from helpers.agent import A100, V100, clean_env, run_agent
 
 from numparity_agent._environment import capture_environment, compute_env_key
-from numparity_agent._knobs import read_knobs
+from numparity_agent.testing import read_knobs
 
 
 class FakeNVMLError(Exception):
@@ -234,7 +234,6 @@ def test_every_numeric_knob_of_the_design_is_read():
 MIX_APIS = """
 import json, torch
 from numparity_agent._environment import capture_environment
-from helpers.agent import A100, V100
 # The new API for cuBLAS, then the legacy one on top: the legacy getters now raise.
 torch.backends.cuda.matmul.fp32_precision = "tf32"
 torch.backends.fp32_precision = "ieee"

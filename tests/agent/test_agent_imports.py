@@ -9,6 +9,8 @@ CHECK = """
 import sys
 import numparity_agent, numparity_agent._cli, numparity_agent._suite
 assert "torch" not in sys.modules, "the CLI's parent process must not import torch"
+import numparity_agent.testing
+assert "torch" not in sys.modules, "a bench that only spools and uploads needs no torch"
 import numparity_agent._child, numparity_agent._runner, numparity_agent._workloads.cnn
 from numparity_agent import capture_environment, fingerprint, run_suite
 bad = [m for m in sys.modules if m.split(".")[0] in ("fastapi", "sqlalchemy", "numparity_server")]

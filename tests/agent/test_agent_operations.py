@@ -33,9 +33,8 @@ from helpers.agent_operations import (
     small_document,
 )
 
-from numparity_agent import _cli, _config
-from numparity_agent._cli import main
-from numparity_agent._upload import spool_document, spooled
+from numparity_agent import _cli, _config  # patched: the jitter's sleep, the default config
+from numparity_agent.testing import ConfigError, main, resolve_config, spool_document, spooled
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "ops-token-3f9c1d"
@@ -304,7 +303,7 @@ def test_a_run_on_a_really_full_filesystem(tmp_path):
 HOLDER = """
 import sys, time
 from pathlib import Path
-from numparity_agent._lock import spool_lock
+from numparity_agent.testing import spool_lock
 with spool_lock(Path(sys.argv[1]), "run"):
     print("held", flush=True)
     time.sleep(120)
@@ -417,7 +416,7 @@ def test_a_terminal_gets_a_progress_line_and_the_same_events(tmp_path):
 
 def test_a_watched_variant_that_hangs_is_still_killed_at_its_timeout(monkeypatch):
     """The terminal's progress display watches the child; the timeout holds all the same."""
-    from numparity_agent._suite import run_variant
+    from numparity_agent.testing import run_variant
 
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
     seen: list[int] = []
@@ -464,7 +463,7 @@ def test_command_line_beats_environment_beats_config_file(tmp_path):
     env = {"NUMPARITY_SERVER": "https://from-env", "NUMPARITY_REPEATS": "4",
            "NUMPARITY_LABELS": "row=5,zone=eu"}
     cli = {"server": "https://from-cli", "labels": ["zone=us"]}
-    resolved = _config.resolve(cli, env, str(config))
+    resolved = resolve_config(cli, env, str(config))
     assert resolved.values["server"] == "https://from-cli"
     assert resolved.values["repeats"] == 4 and resolved.sources["repeats"] == "NUMPARITY_REPEATS"
     assert resolved.values["max_wait"] == 5.0
@@ -472,7 +471,7 @@ def test_command_line_beats_environment_beats_config_file(tmp_path):
     assert resolved.values["spool"] == tmp_path / "spool-dir"  # beside the config file
     assert resolved.values["labels"] == {"rack": "b2", "row": "5", "zone": "us"}
     assert resolved.get("device") is None  # not set anywhere: the default applies
-    resolved = _config.resolve({}, {}, str(config))
+    resolved = resolve_config({}, {}, str(config))
     assert resolved.values["server"] == "https://from-file" and resolved.values["repeats"] == 3
 
 
@@ -541,8 +540,8 @@ def test_without_tomllib_or_tomli_the_config_says_what_it_needs(tmp_path, monkey
     monkeypatch.setitem(sys.modules, "tomllib", None)
     monkeypatch.setitem(sys.modules, "tomli", None)
     config = write_config(tmp_path / "agent.toml", 'server = "http://x"\n')
-    with pytest.raises(_config.ConfigError, match="needs Python 3.11 or the tomli package"):
-        _config.resolve({}, {}, str(config))
+    with pytest.raises(ConfigError, match="needs Python 3.11 or the tomli package"):
+        resolve_config({}, {}, str(config))
 
 
 # --- deployment files ------------------------------------------------------------------

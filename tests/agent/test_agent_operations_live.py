@@ -30,8 +30,8 @@ from helpers.agent_operations import (
 )
 from helpers.processes import free_port, run_cli, stop_process
 
-from numparity_agent import _cli
-from numparity_agent._upload import spool_document, spooled
+from numparity_agent import _cli  # patched: the jitter's sleep
+from numparity_agent.testing import main, spool_document, spooled
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -169,7 +169,7 @@ def make_certificates(folder: Path) -> Path:
 
 SERVE_TLS = """
 import sys, uvicorn
-uvicorn.run("numparity_server.app:create_app", factory=True, host="127.0.0.1",
+uvicorn.run("numparity_server.app:create_app_from_environment", factory=True, host="127.0.0.1",
             port=int(sys.argv[1]), ssl_keyfile=sys.argv[2], ssl_certfile=sys.argv[3],
             log_level="warning")
 """
@@ -251,7 +251,7 @@ def test_a_ca_bundle_that_is_not_one_is_a_usage_error(tmp_path):
 HOLDER = """
 import sys, time
 from pathlib import Path
-from numparity_agent._lock import spool_lock
+from numparity_agent.testing import spool_lock
 with spool_lock(Path(sys.argv[1]), "run"):
     print("held", flush=True)
     time.sleep(120)
@@ -301,9 +301,9 @@ def test_the_token_appears_nowhere_on_any_failure_path(live_server, tls_server, 
     monkeypatch.setattr(_cli, "sleep", lambda seconds: None)
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
     with scripted_server(Answer(401, echo)) as server:
-        code = _cli.main(["run", "--workloads", "agent_test_workloads:crash_in_strict",
-                          "--variants", "default", "--repeats", "1", "--server", server.url,
-                          "--token", token, "--spool", str(tmp_path / "full")])
+        code = main(["run", "--workloads", "agent_test_workloads:crash_in_strict",
+                     "--variants", "default", "--repeats", "1", "--server", server.url,
+                     "--token", token, "--spool", str(tmp_path / "full")])
     assert code == 6
     captured = capsys.readouterr()
     seen.extend([captured.out, captured.err])

@@ -5,7 +5,7 @@ import json
 import pytest
 from helpers.agent import clean_env, run_agent
 
-from numparity_agent._cli import main
+from numparity_agent.testing import main
 
 LAYERS = ["conv1", "relu1", "pool1", "conv2", "relu2", "pool2", "flatten", "fc1", "relu3", "fc2"]
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from helpers.agent import HERE
 
-from numparity_agent._cli import main
-from numparity_agent._upload import spool_document, spooled
+from numparity_agent.testing import main, spool_document, spooled
 
 TOKEN = "s3cret-agent-token"
 

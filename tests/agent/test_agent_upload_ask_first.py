@@ -10,14 +10,16 @@ import pytest
 import torch
 from helpers.agent_upload import Recorder, agent_document, flush_with
 
-from numparity_agent._fingerprint import fingerprint
-from numparity_agent._upload import (
+from numparity_agent.testing import (
     MISSING_PATH,
     RUNS_PATH,
+    KnownManifests,
+    fingerprint,
     known_manifests_file,
     manifest_hash,
     spool_document,
     spooled,
+    upload_document,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -72,8 +74,6 @@ def test_second_node_on_known_tensors_uploads_references_only(live_server, tmp_p
 
 def test_retry_after_a_lost_answer_is_the_same_run(live_server):
     """A run first stored with full fingerprints, sent again as references: 200, not 409."""
-    from numparity_agent._upload import upload_document
-
     document = agent_document("node-a")
     kwargs = {"server": live_server.base_url, "token": live_server.agent_token}
     assert upload_document(document, **kwargs).status == 201
@@ -102,18 +102,16 @@ def test_unknown_reference_is_retried_once_with_the_full_document(live_server, m
 def test_a_result_with_one_new_tensor_sends_only_that_fingerprint(live_server):
     """Known manifests travel as their hash; a changed result as references plus the one
     new fingerprint; the server stores the run complete."""
-    from numparity_agent import _upload
-
     first = agent_document("node-a")
     kwargs = {"server": live_server.base_url, "token": live_server.agent_token}
-    assert _upload.upload_document(first, **kwargs).status == 201
+    assert upload_document(first, **kwargs).status == 201
 
     second = agent_document("node-b")
     changed = second["results"][1]["tensors"][2]
     changed.update(fingerprint(torch.ones(8, 10)))
     recorder = Recorder()
     with httpx.Client(timeout=30, event_hooks={"request": [recorder]}) as client:
-        outcome = _upload.upload_document(second, client=client, **kwargs)
+        outcome = upload_document(second, client=client, **kwargs)
     assert outcome.status == 201, outcome.detail
     manifests_question, hashes_question = (json.loads(b) for b in recorder.sent(MISSING_PATH))
     assert len(manifests_question["manifests"]) == 2 and manifests_question["hashes"] == []
@@ -141,8 +139,6 @@ def test_server_without_the_question_gets_the_full_document(tmp_path, monkeypatc
         if request.url.path == MISSING_PATH:
             return httpx.Response(404, json={"detail": "Not Found"})
         return httpx.Response(201, json={"id": 1, "run_id": "x", "results": 2})
-
-    from numparity_agent._upload import upload_document
 
     document = agent_document("node-a")
     with httpx.Client(transport=httpx.MockTransport(handler)) as client:
@@ -177,8 +173,6 @@ def test_a_node_that_does_not_change_sends_one_small_request(live_server, tmp_pa
 
 
 def test_a_manifest_the_server_forgot_falls_back_to_asking(live_server, tmp_path):
-    from numparity_agent._upload import KnownManifests, upload_document
-
     document = agent_document("node-a")
     known = KnownManifests(tmp_path / ".known.json", live_server.base_url)
     known.remember([manifest_hash(r["tensors"]) for r in document["results"]])

@@ -11,9 +11,15 @@ import pytest
 import torch
 from helpers.agent_upload import Recorder, agent_document, flush_with
 
-from numparity_agent._fingerprint import VALUES_MAX, fingerprint
-from numparity_agent._upload import MISSING_PATH, RUNS_PATH, spool_document
-from numparity_agent._values import ValuesStore, values_dir
+from numparity_agent.testing import (
+    MISSING_PATH,
+    RUNS_PATH,
+    VALUES_MAX,
+    ValuesStore,
+    fingerprint,
+    spool_document,
+    values_dir,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -9,9 +9,14 @@ import torch
 from helpers.agent import run_agent
 from torch import nn
 
-from numparity_agent import _variants, _workloads
-from numparity_agent._runner import run_workload, unsupported_half_reason
-from numparity_agent._workloads._base import Built, Workload
+from numparity_agent import _variants
+from numparity_agent.testing import (
+    Built,
+    Workload,
+    builtin_workloads,
+    run_workload,
+    unsupported_half_reason,
+)
 
 # assert_close's defaults for bfloat16 (DESIGN §3.3).
 BF16_RTOL = 1.6e-2
@@ -57,7 +62,7 @@ def output_values(result) -> torch.Tensor:
 
 def test_every_variant_reports_every_workload_ok_or_skipped_with_a_reason(suite_document):
     by_key = results(suite_document)
-    assert set(by_key) == {(w, v) for w in _workloads.builtin_names() for v in _variants.names()}
+    assert set(by_key) == {(w, v) for w in builtin_workloads() for v in _variants.names()}
     for (workload, variant), result in by_key.items():
         key = (workload, variant)
         assert result["status"] in ("ok", "skipped"), (key, result.get("error"))
@@ -78,7 +83,7 @@ def test_every_variant_reports_every_workload_ok_or_skipped_with_a_reason(suite_
         assert result["reason"].startswith(expected), (key, result["reason"])
     # Only the LSTM may meet a missing oneDNN kernel; the rest of fp16-autocast runs.
     if _variants.get("fp16-autocast").skip_reason(CPU) is None:
-        for workload in _workloads.builtin_names():
+        for workload in builtin_workloads():
             if workload != "lstm":
                 assert by_key[(workload, "fp16-autocast")]["status"] == "ok", workload
     # A CPU with native bf16 (AMX or AVX512-BF16) runs tf32 as oneDNN's bf16 fp32 math;

@@ -7,11 +7,10 @@ import torch
 import torch.nn.functional as F
 from agent_test_user_factories import OverflowingTrain
 
-from numparity_agent import _variants, _workloads
-from numparity_agent._fingerprint import tensor_hash
-from numparity_agent._runner import built_hashes, run_workload
+from numparity_agent import _workloads
 from numparity_agent._workloads._base import Recorder
 from numparity_agent._workloads.train import Adam, Train
+from numparity_agent.testing import built_hashes, run_workload, tensor_hash, variant
 
 CPU = torch.device("cpu")
 
@@ -124,7 +123,7 @@ def test_one_thread_changes_long_reductions_but_not_inputs():
 
 def test_probes_record_fp16_overflow_and_eps_underflow():
     result = run_workload(
-        _workloads.load("probes"), variant=_variants.get("default"), device=CPU, repeats=1
+        _workloads.load("probes"), variant=variant("default"), device=CPU, repeats=1
     )
     assert result["status"] == "ok", result.get("error")
     fields = result["probes"]
@@ -171,7 +170,7 @@ def test_adam_is_bitwise_torch_optim_adam_on_the_cpu():
 
 
 def test_train_records_losses_grads_params():
-    result = run_workload(Train(), variant=_variants.get("default"), device=CPU, repeats=1)
+    result = run_workload(Train(), variant=variant("default"), device=CPU, repeats=1)
     names = [(t["name"], t["kind"]) for t in result["tensors"]]
     assert [n for n, k in names if k == "loss"] == ["loss.step0", "loss.step1", "loss.step2"]
     params = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
@@ -186,14 +185,14 @@ def test_train_records_losses_grads_params():
 
 
 def test_train_under_fp16_autocast_uses_a_grad_scaler():
-    variant = _variants.get("fp16-autocast")
-    if variant.skip_reason(CPU):
-        pytest.skip(variant.skip_reason(CPU))
-    normal = run_workload(Train(), variant=variant, device=CPU, repeats=1)
+    fp16 = variant("fp16-autocast")
+    if fp16.skip_reason(CPU):
+        pytest.skip(fp16.skip_reason(CPU))
+    normal = run_workload(Train(), variant=fp16, device=CPU, repeats=1)
     assert normal["train"] == {
         "steps": 3, "grad_scaler": True, "skipped_steps": 0, "scale": 65536.0,
     }  # fmt: skip
-    overflow = run_workload(OverflowingTrain(), variant=variant, device=CPU, repeats=2)
+    overflow = run_workload(OverflowingTrain(), variant=fp16, device=CPU, repeats=2)
     assert overflow["status"] == "ok" and overflow["repeats_agree"] is True
     assert overflow["train"]["skipped_steps"] >= 1
     assert overflow["train"]["scale"] < 2.0**100

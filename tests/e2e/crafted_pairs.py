@@ -23,8 +23,14 @@ import torch
 from helpers.torch_oracle import DTYPES, default_tolerance, edge, steps
 from torch import nn
 
-from numparity_agent._fingerprint import SAMPLE_M, VALUES_MAX, sample_positions
-from numparity_agent._workloads._base import Built, Recorder, Workload
+from numparity_agent.testing import (
+    SAMPLE_M,
+    VALUES_MAX,
+    Built,
+    Recorder,
+    Workload,
+    sample_positions,
+)
 
 SIZES = {"small": 1000, "large": 3 * VALUES_MAX}
 

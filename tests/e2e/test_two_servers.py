@@ -32,7 +32,7 @@ import pytest
 from helpers import nginx as nginx_helpers
 from helpers.processes import free_port, run_cli, start_server, stop_process, wait_ready
 
-from numparity_agent._upload import spooled
+from numparity_agent.testing import spooled
 
 pytestmark = [
     pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores"),

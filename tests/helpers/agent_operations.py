@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.agent import clean_env
-from numparity_agent._upload import MISSING_PATH, RUNS_PATH
+from numparity_agent.testing import MISSING_PATH, RUNS_PATH
 
 AGENT = str(Path(sys.executable).with_name("numparity-agent"))
 TIMESTAMPED = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ numparity-agent: "
@@ -120,7 +120,7 @@ def valid_document(node: str, finished_at: str = "2026-11-21T10:00:41Z") -> dict
     """A run document the real server stores: agent fingerprints of small tensors."""
     import torch
 
-    from numparity_agent._fingerprint import fingerprint
+    from numparity_agent.testing import fingerprint
 
     generator = torch.Generator().manual_seed(11)
     tensors = [{"name": name, "kind": kind, "order": order,

@@ -9,8 +9,7 @@ from typing import Any
 import httpx
 import torch
 
-from numparity_agent._cli import main
-from numparity_agent._fingerprint import fingerprint
+from numparity_agent.testing import fingerprint, main
 
 
 def agent_document(node: str) -> dict[str, Any]:

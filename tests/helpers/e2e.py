@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from numparity_agent._upload import spooled
+from numparity_agent.testing import spooled
 
 
 def upload_with_agent(documents: Sequence[Path], server: Any, spool: Path) -> None:
