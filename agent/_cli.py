@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from numparity_agent import _config, _flush, _spool, _upload, _values, _variants, _workloads
+from numparity_agent._answer import tls_verify
 from numparity_agent._lock import LockBusy, spool_lock
 from numparity_agent._log import end_progress, hide, interactive, log, progress
-from numparity_agent._outcome import tls_verify
 
 if TYPE_CHECKING:
     from numparity_agent._suite import Progress

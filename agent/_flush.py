@@ -33,8 +33,8 @@ from typing import Any
 import httpx
 
 from numparity_agent import _spool
+from numparity_agent._answer import ServerAnswer, Verify, server_message
 from numparity_agent._log import log
-from numparity_agent._outcome import UploadOutcome, Verify, server_message
 from numparity_agent._upload import DEFAULT_TIMEOUT_S, upload_document
 from numparity_agent._values import ValuesStore, values_dir
 
@@ -55,7 +55,7 @@ class Backoff:
     streak: int = 0  # failures since the last success
     failures: int = 0
 
-    def next_delay(self, outcome: UploadOutcome, attempt_s: float) -> float | None:
+    def next_delay(self, outcome: ServerAnswer, attempt_s: float) -> float | None:
         """Seconds to wait before the next attempt, or None to give up."""
         if self.failures:
             self.spent += attempt_s
@@ -83,7 +83,7 @@ class Backoff:
 class FlushResult:
     """What a flush did, file by file (paths as they were in the spool)."""
 
-    outcomes: list[UploadOutcome] = field(default_factory=list)
+    outcomes: list[ServerAnswer] = field(default_factory=list)
     uploaded: list[Path] = field(default_factory=list)
     kept: list[Path] = field(default_factory=list)  # worth retrying: the next run does
     refused: list[Path] = field(default_factory=list)  # 401/403: kept, the token is wrong
@@ -100,16 +100,16 @@ class FlushResult:
         return ", ".join(parts)
 
 
-def _describe(outcome: UploadOutcome) -> str:
+def _describe(outcome: ServerAnswer) -> str:
     if outcome.status is None:
         return outcome.detail
     return f"HTTP {outcome.status}, {server_message(outcome.detail)}"
 
 
 def attempt_with_backoff(
-    send: Callable[[], UploadOutcome], *, name: str, backoff: Backoff,
+    send: Callable[[], ServerAnswer], *, name: str, backoff: Backoff,
     log_line: Callable[[str], None],
-) -> UploadOutcome:
+) -> ServerAnswer:
     """`send()` until it answers something not worth retrying or the backoff gives up."""
     while True:
         started = time.monotonic()
@@ -139,7 +139,7 @@ def quarantine(path: Path, reason: str, result: FlushResult,
     log_line(f"warning: {path.name} is {reason}: moved to {target}")
 
 
-def _settle(path: Path, outcome: UploadOutcome, result: FlushResult, server: str,
+def _settle(path: Path, outcome: ServerAnswer, result: FlushResult, server: str,
             log_line: Callable[[str], None]) -> None:
     result.outcomes.append(outcome)
     if outcome.ok:
@@ -214,7 +214,7 @@ def flush_spool(
                 quarantine(path, str(exc), result, log_line)
                 continue
 
-            def send(document: dict[str, Any] = document) -> UploadOutcome:
+            def send(document: dict[str, Any] = document) -> ServerAnswer:
                 return upload_document(document, server=server, token=token, client=client,
                                        known=known, values=store)
 
@@ -234,7 +234,7 @@ def flush_spool(
 def send_spooled(
     path: Path, *, server: str, token: str | None, timeout: float = DEFAULT_TIMEOUT_S,
     log_line: Callable[[str], None] = log, verify: Verify = True,
-) -> UploadOutcome:
+) -> ServerAnswer:
     """Upload one spooled document, once, and settle it by the module's rules, without
     backing off: for a caller that schedules its own attempts (bench/_faults.py)."""
     result = FlushResult()
@@ -242,7 +242,7 @@ def send_spooled(
         document = _spool.read_spooled(path)
     except _spool.CorruptSpoolFile as exc:
         quarantine(path, str(exc), result, log_line)
-        return UploadOutcome(None, f"quarantined: {exc}", cause="quarantined")
+        return ServerAnswer(None, f"quarantined: {exc}", cause="quarantined")
     known = _spool.KnownManifests(_spool.known_manifests_file(path.parent), server)
     outcome = upload_document(document, server=server, token=token, timeout=timeout,
                               known=known, verify=verify)
@@ -255,7 +255,7 @@ def upload_unspooled(
     timeout: float = DEFAULT_TIMEOUT_S, log_line: Callable[[str], None] = log,
     max_wait: float = DEFAULT_MAX_WAIT_S, sleep: Callable[[float], None] = time.sleep,
     verify: Verify = True,
-) -> UploadOutcome:
+) -> ServerAnswer:
     """Upload a document the spool could not take, with the same backoff: the only copy."""
     backoff = Backoff(max_wait=max_wait, sleep=sleep)
     with httpx.Client(timeout=timeout, verify=verify) as client:

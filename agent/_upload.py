@@ -6,7 +6,7 @@ travels as that one hash. For the others it asks which fingerprints are missing,
 only those travel in full, the rest as bare references. On a known environment a run is
 then a few KiB. The spool always keeps the full document, so any server can take it.
 
-Every answer becomes an UploadOutcome: what it means for the spooled document (delete,
+Every answer becomes an ServerAnswer: what it means for the spooled document (delete,
 retry later, keep for the operator, move aside) and whether to try again is decided in
 `_flush`; the documents and the manifests memory live in `_spool`. The token is never
 logged: it is masked in every log line (`_log.hide`).
@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from numparity_agent._outcome import UploadOutcome, Verify, answer_of, no_answer
+from numparity_agent._answer import ServerAnswer, Verify, answer_of, no_answer
 from numparity_agent._spool import KnownManifests
 from numparity_agent._values import UPLOAD_BUDGET, ValuesStore, raw_size
 
@@ -103,7 +103,7 @@ def slim_document(
 
 def _post(
     client: httpx.Client, url: str, gzipped: bytes, headers: dict[str, str]
-) -> tuple[UploadOutcome, str]:
+) -> tuple[ServerAnswer, str]:
     try:
         response = client.post(url, content=gzipped, headers=headers)
     except httpx.HTTPError as exc:
@@ -126,9 +126,9 @@ def _ask_missing(
     hashes: Sequence[str] = (),
     manifests: Sequence[str] = (),
     values: Sequence[str] = (),
-) -> _Missing | UploadOutcome | None:
+) -> _Missing | ServerAnswer | None:
     """What the server lacks of these; None when it cannot tell us (an older server, or an
-    error in this one question: send everything); an UploadOutcome when the upload cannot
+    error in this one question: send everything); an ServerAnswer when the upload cannot
     go on: the server is unreachable, unavailable or throttling (502/503/504, 408, 429: a
     full document would not help it) or refuses the token."""
     url = base + MISSING_PATH
@@ -171,7 +171,7 @@ def upload_document(
     known: KnownManifests | None = None,
     verify: Verify = True,
     values: ValuesStore | None = None,
-) -> UploadOutcome:
+) -> ServerAnswer:
     """Upload a run document, sending only what the server lacks (DESIGN §3.2).
 
     Results whose manifest the server has travel as its hash: those in `known` (what
@@ -213,7 +213,7 @@ def _upload_asking(
     client: httpx.Client,
     gzipped_full: bytes | None,
     values: ValuesStore | None = None,
-) -> UploadOutcome:
+) -> ServerAnswer:
     base = server.rstrip("/")
     headers = _headers(token)
 
@@ -227,7 +227,7 @@ def _upload_asking(
     offered = values.held(large) if values is not None else []
     answer = _ask_missing(client, base, auth, manifests=sorted(set(manifests.values())),
                           values=offered)
-    if isinstance(answer, UploadOutcome):
+    if isinstance(answer, ServerAnswer):
         return answer
     if answer is None:  # a server that cannot tell: send everything
         return _post(client, base + RUNS_PATH, full(), headers)[0]
@@ -242,7 +242,7 @@ def _upload_asking(
     missing: set[str] = set()
     if hashes:
         answer = _ask_missing(client, base, auth, hashes=hashes)
-        if isinstance(answer, UploadOutcome):
+        if isinstance(answer, ServerAnswer):
             return answer
         missing = set(hashes) if answer is None else answer.fingerprints
     if not known_manifests and not sent_values and missing.issuperset(hashes):

@@ -14,9 +14,9 @@ from numparity_server.analysis.policy import Policy
 from numparity_server.auth.schemas import Principal
 from numparity_server.auth.service import authenticate
 from numparity_server.kit.errors import InvalidDocument
+from numparity_server.kit.ingest_meter import IngestMeter
 from numparity_server.kit.pagination import PageParams
 from numparity_server.kit.settings import Settings
-from numparity_server.metrics.ingest import IngestMeter
 
 
 def get_request_settings(request: Request) -> Settings:

@@ -24,8 +24,8 @@ from numparity_server.analysis.node_status import STATUSES
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit.schemas import NodeStatusCounts
 from numparity_server.audit.service import audit_summary
+from numparity_server.kit.ingest_meter import process_metrics
 from numparity_server.metrics import repository
-from numparity_server.metrics.ingest import process_metrics
 from numparity_server.metrics.repository import Key
 
 

@@ -1,4 +1,4 @@
-"""What an upload's answer means: an UploadOutcome, from an HTTP answer or from the
+"""What an upload's answer means: a ServerAnswer, from an HTTP answer or from the
 error of a request that got none (unreachable, or a certificate the agent cannot
 verify), and the TLS settings those requests are made with."""
 
@@ -26,7 +26,7 @@ def tls_verify(ca_bundle: Path | str | None) -> Verify:
 
 
 @dataclass(frozen=True)
-class UploadOutcome:
+class ServerAnswer:
     """`status` is the HTTP status, or None when there was no answer: then `cause` says
     why ("unreachable", "tls": the certificate or the handshake failed, "quarantined":
     the spool file is not a run document). `retry_after` is the server's Retry-After in
@@ -83,8 +83,8 @@ def server_message(text: str, limit: int = 300) -> str:
     return " ".join(text.split())[:limit]
 
 
-def no_answer(url: str, exc: httpx.HTTPError) -> UploadOutcome:
-    """An UploadOutcome for a request that got no HTTP answer."""
+def no_answer(url: str, exc: httpx.HTTPError) -> ServerAnswer:
+    """An ServerAnswer for a request that got no HTTP answer."""
     chain: list[BaseException] = []
     error: BaseException | None = exc
     while error is not None and len(chain) < 8:
@@ -93,16 +93,16 @@ def no_answer(url: str, exc: httpx.HTTPError) -> UploadOutcome:
     certificate = next((e for e in chain if isinstance(e, ssl.SSLCertVerificationError)), None)
     if certificate is not None or "CERTIFICATE_VERIFY_FAILED" in str(exc):
         reason = getattr(certificate, "verify_message", None) or str(certificate or exc)
-        return UploadOutcome(None, f"{url}: the server's TLS certificate could not be "
+        return ServerAnswer(None, f"{url}: the server's TLS certificate could not be "
                              f"verified ({reason}); if the lab signs it with its own CA, "
                              "pass --ca-bundle FILE (or NUMPARITY_CA_BUNDLE, or ca_bundle in "
                              "the config file)", cause="tls")
     if any(isinstance(e, ssl.SSLError) for e in chain):
-        return UploadOutcome(None, f"{url}: TLS handshake failed: {exc}", cause="tls")
-    return UploadOutcome(None, f"{url} unreachable: {type(exc).__name__}: {exc}",
+        return ServerAnswer(None, f"{url}: TLS handshake failed: {exc}", cause="tls")
+    return ServerAnswer(None, f"{url} unreachable: {type(exc).__name__}: {exc}",
                          cause="unreachable")
 
 
-def answer_of(response: httpx.Response) -> UploadOutcome:
-    return UploadOutcome(response.status_code, response.text[:4000],
+def answer_of(response: httpx.Response) -> ServerAnswer:
+    return ServerAnswer(response.status_code, response.text[:4000],
                          retry_after=retry_after_seconds(response.headers.get("Retry-After")))
