@@ -1,7 +1,7 @@
 """Package mapping only; all metadata is in pyproject.toml.
 
 Bare ``agent``/``server`` import names would collide with user code in the ML
-environments the agent is installed into (DESIGN §1), so the folders are mapped to
+environments the agent is installed into (design §1), so the folders are mapped to
 ``numparity_agent`` and ``numparity_server``. The Alembic environment in
 ``migrations/`` ships inside the server as ``numparity_server.migrations`` so an
 installed server can migrate its own database.

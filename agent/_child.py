@@ -2,7 +2,7 @@
 
 SPEC is a JSON file {"variant", "workloads", "device", "repeats", "node_env_vars",
 "fault_drill", "progress", "values_dir"} (fault_drill: flip one bit in each workload,
-DESIGN §2.6; progress: a file that gets one line per finished workload, for the parent's
+design §2.6; progress: a file that gets one line per finished workload, for the parent's
 progress display; values_dir: where large tensors' values are kept, `_values`; all
 optional);
 OUT receives {"environment", "results"} (written atomically, so a crash leaves none).

@@ -1,4 +1,4 @@
-"""`numparity-agent`: a thin shell over the library (DESIGN §2.6).
+"""`numparity-agent`: a thin shell over the library (design §2.6).
 
 Settings come from the command line, then NUMPARITY_* variables, then the config file
 (`_config`). `run` and `flush` hold the spool's lock (`_lock`) while they work. The exit

@@ -1,4 +1,4 @@
-"""`numparity-agent doctor`: the reproducibility checklist of this node (DESIGN §2.6).
+"""`numparity-agent doctor`: the reproducibility checklist of this node (design §2.6).
 
 Each check is a function of the environment document (the same capture as a run's,
 so the doctor and the fleet see one node the same way) and of the process

@@ -1,4 +1,4 @@
-"""The run document `numparity.run/v1` (DESIGN §2.7)."""
+"""The run document `numparity.run/v1` (design §2.7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The environment document (DESIGN §2.5, shape pinned in the interface notes).
+"""The environment document (design §2.5, shape pinned in the interface notes).
 
 Captured in-process. Anything that cannot be read is recorded under `unknown` with
 the reason, never guessed. `env_key` is the sha256 of the canonical JSON of the

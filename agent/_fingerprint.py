@@ -1,4 +1,4 @@
-"""Fingerprint of one tensor (DESIGN §2.4).
+"""Fingerprint of one tensor (design §2.4).
 
 - `hash`: sha256 over the dtype name, the shape and the contiguous little-endian
   bytes, so bitwise identity means exactly that (-0.0 != +0.0, NaN payloads count).

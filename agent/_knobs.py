@@ -1,4 +1,4 @@
-"""The numeric knobs of DESIGN §2.3: read the values in force, set the strict ones.
+"""The numeric knobs of design §2.3: read the values in force, set the strict ones.
 
 torch 2.9 added the `fp32_precision` tree (torch.backends.fp32_precision,
 torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision,

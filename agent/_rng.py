@@ -1,4 +1,4 @@
-"""Portable counter-based random numbers (DESIGN §2.1).
+"""Portable counter-based random numbers (design §2.1).
 
 `torch.manual_seed` streams differ between devices and releases, numpy's generators
 may change between numpy versions, and transcendental functions differ in the last

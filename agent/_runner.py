@@ -145,7 +145,7 @@ def run_workload(
 
 
 class FaultDrill:
-    """`run --fault-drill` (DESIGN §2.6): one flipped bit, as a corrupting GPU makes.
+    """`run --fault-drill` (design §2.6): one flipped bit, as a corrupting GPU makes.
 
     A Recorder's `layer_fault`. It counts the calls of the layer hooks in execution
     order and, at call `target`, flips the third-highest mantissa bit (bit 20 of a
@@ -248,7 +248,7 @@ def _drill_target(
 
 
 def built_hashes(built: Built) -> tuple[str, str]:
-    """(input_hash, param_hash) of a built workload, before it runs (DESIGN §2.1)."""
+    """(input_hash, param_hash) of a built workload, before it runs (design §2.1)."""
     return (
         combined_hash(list(built.inputs.items())),
         combined_hash(list(built.model.state_dict().items())),
@@ -280,7 +280,7 @@ def half_dtype(variant: Variant, device: torch.device) -> str | None:
 def unsupported_half_reason(
     exc: BaseException, *, workload: str, variant: Variant, device: torch.device
 ) -> str | None:
-    """Why a workload is skipped rather than failed (DESIGN §2.3: a variant that cannot
+    """Why a workload is skipped rather than failed (design §2.3: a variant that cannot
     run on a device is skipped with the reason): oneDNN has no kernel for one of its
     operations in the variant's half-precision dtype on this CPU (the float16 LSTM on
     an AMD EPYC without AVX512-FP16 or AMX, say). Only that error (its message, not

@@ -1,6 +1,6 @@
 """Run the suite: one child process per variant, results gathered into a run document.
 
-Each variant runs in its own interpreter (DESIGN §2.3): knobs such as
+Each variant runs in its own interpreter (design §2.3): knobs such as
 CUBLAS_WORKSPACE_CONFIG must be set before torch starts, and a crash or a hang in one
 variant must not lose the others. This module does not import torch.
 """
@@ -88,7 +88,7 @@ def run_variant(
     values_dir: Path | None = None,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """(environment or None, results) of one variant's child process; with
-    `fault_drill` the child flips one bit in each workload (DESIGN §2.6).
+    `fault_drill` the child flips one bit in each workload (design §2.6).
     `on_progress(finished)` is called while the child runs with how many of its
     workloads it has finished."""
     spec = {
@@ -195,7 +195,7 @@ def run_suite(
     """Run `workloads` under `variants` (all built-ins by default): the run document.
     Large tensors' values are kept in `values_dir` when given (`_values`).
 
-    With `drill` (`run --fault-drill`, DESIGN §2.6) the document is marked as a drill
+    With `drill` (`run --fault-drill`, design §2.6) the document is marked as a drill
     and, in the FAULT_DRILL_VARIANT only, every workload that records layers has one
     bit of one activation flipped; the other variants run as without it.
     `on_progress` follows the run workload by workload (see Progress).

@@ -1,6 +1,6 @@
 """One exchange with the server: upload one run document, asking first.
 
-Uploads ask first (DESIGN §3.2). The agent asks which of its results' manifests (the
+Uploads ask first (design §3.2). The agent asks which of its results' manifests (the
 ordered (name, kind, hash) lists) the server lacks; a result whose manifest it has
 travels as that one hash. For the others it asks which fingerprints are missing, and
 only those travel in full, the rest as bare references. On a known environment a run is
@@ -31,7 +31,7 @@ from numparity_agent._values import UPLOAD_BUDGET, ValuesStore, raw_size
 DEFAULT_TIMEOUT_S = 30.0
 RUNS_PATH = "/api/v1/runs"
 MISSING_PATH = "/api/v1/fingerprints/missing"
-# A tensor entry that refers to a fingerprint the server already has (DESIGN §2.7).
+# A tensor entry that refers to a fingerprint the server already has (design §2.7).
 BARE_KEYS = ("name", "kind", "order", "hash")
 
 
@@ -172,7 +172,7 @@ def upload_document(
     verify: Verify = True,
     values: ValuesStore | None = None,
 ) -> ServerAnswer:
-    """Upload a run document, sending only what the server lacks (DESIGN §3.2).
+    """Upload a run document, sending only what the server lacks (design §3.2).
 
     Results whose manifest the server has travel as its hash: those in `known` (what
     this agent saw the server store) without asking, the others after asking. Of the

@@ -7,7 +7,7 @@ upload the agent tells the server which hashes it holds, and the server asks for
 values of every hash it does not hold yet (`missing_values`). A hash's values are the
 same bytes whoever measured them, so they travel once for the whole fleet, from the
 first node that has them: a steady node sends nothing more. With both sides' values
-every two answers that differ are compared element by element (DESIGN "no blind
+every two answers that differ are compared element by element (design §2.8, "no blind
 spots").
 
 The store is bounded: after each run the files least recently written beyond

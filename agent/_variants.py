@@ -1,4 +1,4 @@
-"""Variants: the numeric configurations a workload runs under (DESIGN §2.3).
+"""Variants: the numeric configurations a workload runs under (design §2.3).
 
 A variant acts at three moments, all in its own child process:
 - `child_env`: environment variables that must be set before torch (or CUDA) starts;
@@ -22,7 +22,7 @@ from typing import Any
 
 STRICT_SEED = 0
 CUBLAS_WORKSPACE_CONFIG = ":4096:8"
-# The variant `run --fault-drill` corrupts (DESIGN §2.6): the one a node must repeat
+# The variant `run --fault-drill` corrupts (design §2.6): the one a node must repeat
 # bitwise, so the flipped bit is the only thing that tells the drill from a clean run.
 FAULT_DRILL_VARIANT = "strict"
 
@@ -109,7 +109,7 @@ def _use_deterministic_algorithms(torch: Any) -> None:
 
 class TF32(Variant):
     """TF32 for fp32 matmuls and convolutions on CUDA (Ampere and newer); on a CPU whose
-    oneDNN has native bf16 (AMX or AVX512-BF16), its analogue (DESIGN §5): fp32 matmuls
+    oneDNN has native bf16 (AMX or AVX512-BF16), its analogue (design §5): fp32 matmuls
     (and, with the fp32_precision tree of torch >= 2.9, convolutions) computed in bf16."""
 
     name = "tf32"

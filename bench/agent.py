@@ -25,7 +25,7 @@
    fingerprint time / run time, over the whole suite and per workload. The profiled
    tensor hashes are checked against the CLI's document (same path, same numbers).
 
-Targets (DESIGN §2.2): suite <= 60 s, fingerprint overhead <= 10 %, peak RSS <= 1.5 GiB.
+Targets (design §2.2): suite <= 60 s, fingerprint overhead <= 10 %, peak RSS <= 1.5 GiB.
 """
 
 from __future__ import annotations

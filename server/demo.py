@@ -2,7 +2,7 @@
 
 Starts the server on a temporary SQLite database on a free loopback port, runs the real
 agent once per simulated node (each in its own process, with the environment variables
-that make its numerics differ, DESIGN §5; one node runs a fault drill twice), prints the
+that make its numerics differ, design §5; one node runs a fault drill twice), prints the
 divergence reports and the audit, then keeps serving until Ctrl-C (``--no-serve``
 exits after the report).
 
@@ -33,7 +33,7 @@ from numparity_server.kit.db import create_engine_for, session_factory
 from numparity_server.kit.net import free_port
 from numparity_server.kit.settings import Settings
 
-# Variables that change numerics on a CPU (DESIGN §2.5): cleared for every simulated node
+# Variables that change numerics on a CPU (design §2.5): cleared for every simulated node
 # so the fleet is the same whatever the shell that starts the demo has set.
 NUMERIC_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "ATEN_CPU_CAPABILITY", "PYTORCH_", "NUMPARITY_")
 

@@ -27,7 +27,7 @@ def builtin_names() -> list[str]:
 
 
 def is_factory_spec(spec: str) -> bool:
-    """A user workload `module:factory` (DESIGN §2.2)."""
+    """A user workload `module:factory` (design §2.2)."""
     module, sep, attr = spec.partition(":")
     return bool(sep and module and attr)
 

@@ -1,6 +1,6 @@
 """The Workload interface and what every workload shares.
 
-A workload builds a model and its portable inputs (DESIGN §2.1: from the agent's own
+A workload builds a model and its portable inputs (design §2.1: from the agent's own
 generator, on the CPU in float32, then cast and moved), and runs it, recording the
 tensors to fingerprint. Leaf-module activations are recorded by forward hooks, named
 by module path, in execution order; the workload records its outputs (and later its
@@ -41,7 +41,7 @@ class Recorder:
     tensors: list[tuple[str, str, torch.Tensor]] = field(default_factory=list)
     # Result fields a workload adds beside its tensors (e.g. "train": {...}), JSON-ready.
     fields: dict[str, Any] = field(default_factory=dict)
-    # The fault drill (DESIGN §2.6), when set: the layer hooks call it once a leaf
+    # The fault drill (design §2.6), when set: the layer hooks call it once a leaf
     # module's output is recorded, as `tensors[first:]`, with (recorder, first, output).
     # It returns the output the model goes on with (None: unchanged) and keeps the
     # recorded copies in step with it, so what is fingerprinted is what flows on.

@@ -1,4 +1,4 @@
-"""`cnn`: the classic MNIST CNN (DESIGN §2.2)."""
+"""`cnn`: the classic MNIST CNN (design §2.2)."""
 
 from __future__ import annotations
 

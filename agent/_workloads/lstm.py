@@ -1,4 +1,4 @@
-"""`lstm`: one LSTM layer and a linear head on the last time step (DESIGN §2.2).
+"""`lstm`: one LSTM layer and a linear head on the last time step (design §2.2).
 
 The hooks record the LSTM's output sequence and its final state as `lstm.output`,
 `lstm.h` and `lstm.c` (cuDNN's LSTM on GPUs, oneDNN's or ATen's on CPUs).

@@ -1,4 +1,4 @@
-"""`mlp`: three linear layers with GELU (DESIGN §2.2)."""
+"""`mlp`: three linear layers with GELU (design §2.2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`probes`: single operations, each exposing one known cause of divergence (DESIGN §2.2).
+"""`probes`: single operations, each exposing one known cause of divergence (design §2.2).
 
 Every probe output is a tensor of kind "probe":
 - `matmul_large_k` — 64x16384 @ 16384x64: TF32 / bf16-matmul and blocking of the long

@@ -1,4 +1,4 @@
-"""`train`: a few Adam steps of a small MLP with cross entropy (DESIGN §2.2).
+"""`train`: a few Adam steps of a small MLP with cross entropy (design §2.2).
 
 Recorded: the forward activations of step 0 (layer hooks), the loss of every step
 (`loss.stepN`), the gradients of step 1 (`grad.<param path>`, zero-based, i.e. after one

@@ -1,4 +1,4 @@
-"""`transformer`: two pre-LN encoder blocks (DESIGN §2.2).
+"""`transformer`: two pre-LN encoder blocks (design §2.2).
 
 Small modules of our own rather than nn.TransformerEncoderLayer, whose fused CPU/CUDA
 fast path changes with the torch release and hides the layers from the hooks. The

@@ -1,4 +1,4 @@
-"""Pure analysis of fingerprints and environments (DESIGN §3.3): numpy only.
+"""Pure analysis of fingerprints and environments (design §3.3): numpy only.
 
 No database and no web framework here: the repository layer feeds these functions plain
 values, so they can be tested with hand-made fleets and reused by a CLI.

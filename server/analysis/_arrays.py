@@ -1,4 +1,4 @@
-"""Wire arrays (DESIGN §2.4): base64 of little-endian bytes with their dtype.
+"""Wire arrays (design §2.4): base64 of little-endian bytes with their dtype.
 
 bfloat16 has no numpy dtype; it travels as its raw 16-bit patterns and is decoded to
 float32 exactly (a bfloat16 is the upper half of a float32, so ``bits << 16`` loses

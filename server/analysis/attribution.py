@@ -1,4 +1,4 @@
-"""Which environment attributes explain a split into groups (DESIGN §3.3)."""
+"""Which environment attributes explain a split into groups (design §3.3)."""
 
 from __future__ import annotations
 

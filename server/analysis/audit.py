@@ -1,4 +1,4 @@
-"""The audit's judgements over plain rows (DESIGN §3.3): suspect hardware, nondeterminism.
+"""The audit's judgements over plain rows (design §3.3): suspect hardware, nondeterminism.
 
 Suspect hardware: in the ``strict`` variant every node of one ``env_key`` must compute
 the same bits. The majority answer of a key is the manifest held by more than half of

@@ -1,4 +1,4 @@
-"""Broken inputs across the fleet (DESIGN §2.1): the input and parameter bytes of a
+"""Broken inputs across the fleet (design §2.1): the input and parameter bytes of a
 workload are the same everywhere by construction, so a result on other bytes than the
 fleet's is a bug on that node. The fleet's bytes are ``consensus.fleet_inputs``."""
 

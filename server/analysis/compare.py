@@ -1,4 +1,4 @@
-"""One verdict for two fingerprints of the same tensor (DESIGN §3.3).
+"""One verdict for two fingerprints of the same tensor (design §3.3).
 
 ``b`` is the reference, as ``expected`` is in ``torch.testing.assert_close``: relative
 errors divide by ``|b|`` and the tolerance grows with ``|b|``. With the whole values on

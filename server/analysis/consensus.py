@@ -8,7 +8,7 @@ strings; the database queries order names the same way, ``kit.db.codepoint_order
 then the answer's own text. /divergence, /compare's broken inputs, the audit, /metrics,
 the fleet page and the demo report all call this module, so they name the same answer.
 
-The input and parameter bytes are the same on every node by construction (DESIGN
+The input and parameter bytes are the same on every node by construction (design
 §2.1): a result on other bytes than the fleet's is a bug on that node (broken inputs),
 not a divergence. A hash a result does not report (None: an agent that could not
 compute it) differs from nothing: such a result is neither broken nor evidence of what

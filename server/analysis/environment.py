@@ -1,4 +1,4 @@
-"""Flatten an environment document (DESIGN §2.5) into attributes for attribution."""
+"""Flatten an environment document (design §2.5) into attributes for attribution."""
 
 from __future__ import annotations
 

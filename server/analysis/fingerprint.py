@@ -1,4 +1,4 @@
-"""The analysis' view of one tensor fingerprint (DESIGN §2.4)."""
+"""The analysis' view of one tensor fingerprint (design §2.4)."""
 
 from __future__ import annotations
 

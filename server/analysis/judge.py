@@ -1,4 +1,4 @@
-"""The fp64 judge (DESIGN §3.3), as PyTorch's own accuracy checks do it.
+"""The fp64 judge (design §3.3), as PyTorch's own accuracy checks do it.
 
 torch._dynamo's ``same(ref, res, fp64_ref)`` accepts a lower-precision result when its
 RMSE against the float64 answer is at most ``multiplier ×`` the baseline's RMSE against

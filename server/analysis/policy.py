@@ -1,4 +1,4 @@
-"""The lab's policy (DESIGN §3.3 audit): allowed versions, required knobs, tolerances.
+"""The lab's policy (design §3.3 audit): allowed versions, required knobs, tolerances.
 
 A policy is a plain mapping (the server reads it from a TOML file)::
 

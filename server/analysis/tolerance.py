@@ -1,4 +1,4 @@
-"""Tolerance policy per dtype (DESIGN §3.3)."""
+"""Tolerance policy per dtype (design §3.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Output of GET /audit (DESIGN §3.3): the summary, then one list per finding, a model
+"""Output of GET /audit (design §3.3): the summary, then one list per finding, a model
 per table row. Field order is the JSON's and the CSV's column order."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""GET /audit: the lab audit (DESIGN §3.3) from a handful of aggregate queries, and its
+"""GET /audit: the lab audit (design §3.3) from a handful of aggregate queries, and its
 node status counts alone (``audit_summary``, what /metrics reads).
 
 The queries are ``repository``'s, the statistics ``analysis``'s (plain values in, plain

@@ -1,4 +1,4 @@
-"""Tokens: random, shown once, stored as sha256 (DESIGN §3.2)."""
+"""Tokens: random, shown once, stored as sha256 (design §3.2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Output of GET /compare: two runs, result by result and tensor by tensor (DESIGN §3.3).
+"""Output of GET /compare: two runs, result by result and tensor by tensor (design §3.3).
 
 Run a is the reference ("expected"), run b the candidate: metrics measure b against a.
 A verdict is what ``torch.testing.assert_close(actual=b, expected=a, equal_nan=True)``
@@ -52,7 +52,7 @@ class ResultSide(BaseModel):
 
 
 class Inputs(BaseModel):
-    """Whether both results ran on the same input and parameter bytes (DESIGN §2.1)."""
+    """Whether both results ran on the same input and parameter bytes (design §2.1)."""
 
     input_hash_equal: bool | None = Field(description="None when a side has no input_hash")
     param_hash_equal: bool | None = Field(description="None when a side has no param_hash")

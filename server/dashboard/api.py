@@ -1,4 +1,4 @@
-"""The dashboard: server-rendered pages under ``/`` (DESIGN §3.2).
+"""The dashboard: server-rendered pages under ``/`` (design §3.2).
 
 Every page is complete HTML (tables readable without JavaScript); charts are drawn by
 uPlot, shipped in ``static/vendor`` (lab networks are often closed: no CDN). Pages read

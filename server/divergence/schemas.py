@@ -1,4 +1,4 @@
-"""Output of GET /divergence: the key, then the analysis report (DESIGN §3.3)."""
+"""Output of GET /divergence: the key, then the analysis report (design §3.3)."""
 
 from __future__ import annotations
 

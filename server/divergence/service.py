@@ -77,7 +77,7 @@ def _comparable(results: list[LatestResult], version: int | None
     """Results of one workload version on the fleet's inputs and parameters.
 
     Different input or parameter bytes are a bug on that node, not a divergence
-    (DESIGN §2.1): such results are left out and named.
+    (design §2.1): such results are left out and named.
     """
     excluded: list[Excluded] = []
     same_version = []

@@ -1,4 +1,4 @@
-"""GET /metrics: Prometheus's text format (not under /api/v1, DESIGN §3.2)."""
+"""GET /metrics: Prometheus's text format (not under /api/v1, design §3.2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ORM models (DESIGN §3.1). Importing this package registers every table on ``Base``."""
+"""ORM models (design §3.1). Importing this package registers every table on ``Base``."""
 
 from numparity_server.models.base import Base, UTCDateTime, utcnow
 from numparity_server.models.content import STAT_FIELDS, Fingerprint, Manifest

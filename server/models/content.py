@@ -1,4 +1,4 @@
-"""Content-addressed storage (DESIGN §3.1): stored once per hash, like git's objects."""
+"""Content-addressed storage (design §3.1): stored once per hash, like git's objects."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class Manifest(Base):
 
 
 class Fingerprint(Base):
-    """Everything about a tensor that is a function of its bytes (DESIGN §2.4).
+    """Everything about a tensor that is a function of its bytes (design §2.4).
 
     Arrays are kept as their raw little-endian wire bytes with their dtype; ``values``
     has the tensor's shape, ``sketch`` k and ``sample`` m elements.
@@ -61,7 +61,7 @@ class Fingerprint(Base):
     values: Mapped[bytes | None] = mapped_column(LargeBinary)
     values_dtype: Mapped[str | None] = mapped_column(String(32))
     # None: ``values`` are the raw bytes; "zlib": compressed (the full values of a large
-    # tensor, sent on the server's request, DESIGN "no blind spots").
+    # tensor, sent on the server's request, design §2.8, "no blind spots").
     values_codec: Mapped[str | None] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 

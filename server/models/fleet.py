@@ -28,7 +28,7 @@ class Node(Base):
 
 
 class Environment(Base):
-    """One row per ``env_key``: the attributes that determine numerics (DESIGN §2.5).
+    """One row per ``env_key``: the attributes that determine numerics (design §2.5).
 
     The promoted columns are what inventories and filters read; ``document`` keeps the
     whole environment document as the first node reported it.

@@ -38,11 +38,11 @@ class Run(Base):
 
 
 class Outcome(Base):
-    """What a result says, content-addressed like fingerprints and manifests (DESIGN §3.1).
+    """What a result says, content-addressed like fingerprints and manifests (design §3.1).
 
     Everything about a result but its timing is the same on every node of an environment
     and in every run of a node that does not change, so it is stored once per ``hash``
-    (sha256 of its canonical JSON) and a run's results cost a few bytes each (DESIGN §4:
+    (sha256 of its canonical JSON) and a run's results cost a few bytes each (design §4:
     a run on a known environment adds result rows and a few KiB).
     """
 

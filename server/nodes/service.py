@@ -1,4 +1,4 @@
-"""The fleet's nodes: what each runs on now, and its timeline of runs (DESIGN §3.2)."""
+"""The fleet's nodes: what each runs on now, and its timeline of runs (design §3.2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Retention (DESIGN §4): drop runs older than N days, then content nothing references.
+"""Retention (design §4): drop runs older than N days, then content nothing references.
 
 A run that holds a node's latest result of some key is kept however old it is: the
 fleet's current picture (divergence, audit) is made of those. Runs go in batches, each

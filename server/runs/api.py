@@ -66,7 +66,7 @@ async def upload_run(
 
 @router.post("/fingerprints/missing", response_model=MissingOut)
 def missing_fingerprints(body: MissingIn, session: DbSession, _principal: AgentAuth) -> MissingOut:
-    """Which of these tensor hashes and manifest hashes the server lacks (DESIGN §3.2), and
+    """Which of these tensor hashes and manifest hashes the server lacks (design §3.2), and
     which of the large tensors in `values` it wants the full values of."""
     return service.missing_fingerprints(session=session, hashes=body.hashes,
                                         manifests=body.manifests, values=body.values)

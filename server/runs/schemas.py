@@ -1,4 +1,4 @@
-"""The run document ``numparity.run/v1`` (DESIGN §2.7), as the server validates it.
+"""The run document ``numparity.run/v1`` (design §2.7), as the server validates it.
 
 Unknown fields are ignored (a new field is not a new schema version). Wire arrays are
 decoded here, so a broken array is a 422 that names its tensor, and the raw bytes are
@@ -38,7 +38,7 @@ ITEMSIZE: dict[str, int] = {
 }
 
 
-# Limits of one run document (DESIGN §2.7 sizes a run at ~36 results and ~400 tensors; a
+# Limits of one run document (design §2.7 sizes a run at ~36 results and ~400 tensors; a
 # custom workload may have many more leaf modules). Each is checked before the items are
 # validated, so a document far over a limit is refused cheaply with a 422 naming it.
 MAX_RESULTS_PER_RUN = 256
@@ -61,7 +61,7 @@ VALUES_ALWAYS_MAX = 4096
 
 
 class _Wire(BaseModel):
-    # Unknown fields are ignored: a new field is not a new schema version (DESIGN §2.7).
+    # Unknown fields are ignored: a new field is not a new schema version (design §2.7).
     # JSON has no NaN or Infinity; pydantic would still read them from strings.
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
@@ -123,7 +123,7 @@ class TensorStats(_Wire):
 
 
 class TensorEntry(_Wire):
-    """A fingerprint (DESIGN §2.4), or a bare reference to one: name, kind, order, hash."""
+    """A fingerprint (design §2.4), or a bare reference to one: name, kind, order, hash."""
 
     name: str = Field(min_length=1, max_length=512)
     kind: Literal["output", "layer", "grad", "param", "loss", "probe"]
@@ -231,7 +231,7 @@ class NodeDoc(_Wire):
 
 
 class EnvironmentDoc(BaseModel):
-    """The environment document: free-form, but keyed by ``env_key`` (DESIGN §2.5)."""
+    """The environment document: free-form, but keyed by ``env_key`` (design §2.5)."""
 
     model_config = ConfigDict(extra="allow")
 

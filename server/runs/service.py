@@ -1,4 +1,4 @@
-"""Ingest of run documents: validated, content-addressed, one transaction (DESIGN §3.1/3.2)."""
+"""Ingest of run documents: validated, content-addressed, one transaction (design §3.1/3.2)."""
 
 from __future__ import annotations
 

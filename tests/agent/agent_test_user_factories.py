@@ -1,4 +1,4 @@
-"""User workloads (`module:factory`) for the agent's tests of DESIGN §2.2's user hook."""
+"""User workloads (`module:factory`) for the agent's tests of design §2.2's user hook."""
 
 import torch
 from torch import nn

@@ -1,4 +1,4 @@
-"""`run --fault-drill` (DESIGN §2.6): one flipped bit in one activation of `strict`.
+"""`run --fault-drill` (design §2.6): one flipped bit in one activation of `strict`.
 
 Real cnn and mlp runs through the CLI, with and without the drill, compared tensor by
 tensor; the flip the document reports is checked bit by bit with numpy and, for mlp,

@@ -1,4 +1,4 @@
-"""The environment document (DESIGN §2.5 and the pinned interface)."""
+"""The environment document (design §2.5 and the pinned interface)."""
 
 import json
 import sys

@@ -1,4 +1,4 @@
-"""Fingerprints checked against independent recomputations (DESIGN §2.4)."""
+"""Fingerprints checked against independent recomputations (design §2.4)."""
 
 import base64
 import hashlib

@@ -1,6 +1,6 @@
 """Pinned fingerprints: every byte of the output stays the same across agent versions.
 
-Documents from different agent versions must stay comparable (DESIGN §2.4), so a change
+Documents from different agent versions must stay comparable (design §2.4), so a change
 to how a fingerprint is computed may make it faster but must not change a hash, a stat
 value (exact float equality, last bit included), or a byte of sketch, sample or values.
 The pins in data/fingerprint_pins.json were produced by the agent before its fingerprint

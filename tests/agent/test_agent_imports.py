@@ -1,4 +1,4 @@
-"""The agent installs into ML environments: it stays light and server-free (DESIGN §1)."""
+"""The agent installs into ML environments: it stays light and server-free (design §1)."""
 
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""The agent as a cron job on thousands of nodes (DESIGN §2.6, §4): backoff, the server's
+"""The agent as a cron job on thousands of nodes (design §2.6, §4): backoff, the server's
 refusals, quarantine, a full disk, the lock, jitter, the config file and what an
 operator reads on stderr. The server here is a scripted loopback HTTP server (it answers
 503, 429 or 401 on demand) and sleeps are recorded instead of slept; real numparity

@@ -1,4 +1,4 @@
-"""The portable generator is pinned: these numbers must never change (DESIGN §2.1)."""
+"""The portable generator is pinned: these numbers must never change (design §2.1)."""
 
 import hashlib
 

@@ -1,4 +1,4 @@
-"""End-to-end runs of the real cnn workload in child processes (DESIGN §2.3, §2.7)."""
+"""End-to-end runs of the real cnn workload in child processes (design §2.3, §2.7)."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Spool and upload against a real local HTTP server and a closed port (DESIGN §2.6)."""
+"""Spool and upload against a real local HTTP server and a closed port (design §2.6)."""
 
 import gzip
 import json

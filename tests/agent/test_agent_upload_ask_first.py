@@ -1,4 +1,4 @@
-"""Ask-first uploads against a real server (DESIGN §3.2): only missing fingerprints travel."""
+"""Ask-first uploads against a real server (design §3.2): only missing fingerprints travel."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""User workloads `module:factory` (DESIGN §2.2): same interface, failures contained."""
+"""User workloads `module:factory` (design §2.2): same interface, failures contained."""
 
 import json
 import re

@@ -1,4 +1,4 @@
-"""The whole suite under every variant, in child processes, on this CPU (DESIGN §2.3)."""
+"""The whole suite under every variant, in child processes, on this CPU (design §2.3)."""
 
 import base64
 import json
@@ -18,7 +18,7 @@ from numparity_agent.testing import (
     unsupported_half_reason,
 )
 
-# assert_close's defaults for bfloat16 (DESIGN §3.3).
+# assert_close's defaults for bfloat16 (design §3.3).
 BF16_RTOL = 1.6e-2
 CPU = torch.device("cpu")
 HALF_VARIANTS = {"fp16-autocast": "float16", "bf16-autocast": "bfloat16"}

@@ -1,4 +1,4 @@
-"""The analysis end to end on a real simulated fleet (DESIGN §5): issue "Analysis".
+"""The analysis end to end on a real simulated fleet (design §5): issue "Analysis".
 
 Real agents measure `cnn` on nodes of this machine and upload with `flush` to a real
 server. The server must then say what a lab needs to act on:

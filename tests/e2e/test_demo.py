@@ -27,7 +27,7 @@ def test_demo_report_attributes_each_split_to_its_cause() -> None:
         lines = section(f"cnn / {variant}")
         # Whether ATEN_CPU_CAPABILITY and the thread count change cnn's forward depends
         # on the CPU, so lab-avx2 and lab-1thread may join the stock nodes; that is read
-        # from the data, not asserted (DESIGN §5).
+        # from the data, not asserted (design §5).
         assert any(line.startswith("  group 1: ") and "lab-01, lab-02, lab-03" in line
                    for line in lines), lines
         explained = [line for line in lines if "explained by" in line]

@@ -1,7 +1,7 @@
 """A simulated fleet of real CPU environment differences, end to end.
 
 Real agents (child processes running real torch) measure `cnn` and `probes` on nodes
-that differ only in what DESIGN §5 says changes numerics on any x86-64 machine with two
+that differ only in what design §5 says changes numerics on any x86-64 machine with two
 cores — `MKL_CBWR=COMPATIBLE` and a single thread — and upload to a real uvicorn on a
 loopback port, on SQLite and on PostgreSQL. The server must find the split and name the
 attribute that causes it.

@@ -1,6 +1,6 @@
 """Run documents built with numpy, independently of the agent (tests only).
 
-cnn-like tensors with the DESIGN §2.4 parts (hash, stats, CountSketch, sample, values) as
+cnn-like tensors with the design §2.4 parts (hash, stats, CountSketch, sample, values) as
 base64 wire arrays, and environment documents keyed as .interfaces.md describes.
 """
 
@@ -25,7 +25,7 @@ def b64(array: np.ndarray, dtype: str) -> str:
 
 
 def tensor_entry(name: str, kind: str, order: int, array: np.ndarray) -> dict[str, Any]:
-    """A full fingerprint of a float32 tensor (DESIGN §2.4), computed in float64."""
+    """A full fingerprint of a float32 tensor (design §2.4), computed in float64."""
     array = np.ascontiguousarray(array, dtype=np.float32)
     raw = array.astype("<f4").tobytes()
     digest = hashlib.sha256(f"float32{list(array.shape)}".encode() + raw).hexdigest()

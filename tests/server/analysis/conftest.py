@@ -1,4 +1,4 @@
-"""A test-local fingerprinter, written from DESIGN §2.4 independently of the agent.
+"""A test-local fingerprinter, written from design §2.4 independently of the agent.
 
 It produces full wire entries (hash, stats, sketch, sample, values) so the tests go
 through ``fingerprint_from_wire`` as the server does.

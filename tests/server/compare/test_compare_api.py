@@ -11,7 +11,7 @@ from sqlalchemy import event
 
 from numparity_server.compare.schemas import COMPARE_EXAMPLE, CompareOut
 
-# torch.testing.assert_close's float32 default (DESIGN §3.3).
+# torch.testing.assert_close's float32 default (design §3.3).
 RTOL, ATOL = 1.3e-6, 1e-5
 
 

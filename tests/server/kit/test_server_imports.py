@@ -1,4 +1,4 @@
-"""The server never imports torch (DESIGN §1): it runs where no ML stack is installed."""
+"""The server never imports torch (design §1): it runs where no ML stack is installed."""
 
 from __future__ import annotations
 
