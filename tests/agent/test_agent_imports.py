@@ -12,7 +12,7 @@ assert "torch" not in sys.modules, "the CLI's parent process must not import tor
 import numparity_agent.testing
 assert "torch" not in sys.modules, "a bench that only spools and uploads needs no torch"
 import numparity_agent._child, numparity_agent._runner, numparity_agent._workloads.cnn
-from numparity_agent import capture_environment, fingerprint, run_suite
+from numparity_agent import Built, Recorder, Workload, capture_environment, fingerprint, run_suite
 bad = [m for m in sys.modules if m.split(".")[0] in ("fastapi", "sqlalchemy", "numparity_server")]
 assert not bad, bad
 """

@@ -23,12 +23,10 @@ import torch
 from helpers.torch_oracle import DTYPES, default_tolerance, edge, steps
 from torch import nn
 
+from numparity_agent import Built, Recorder, Workload  # what a user workload uses
 from numparity_agent.testing import (
     SAMPLE_M,
     VALUES_MAX,
-    Built,
-    Recorder,
-    Workload,
     sample_positions,
 )
 
