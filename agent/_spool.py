@@ -68,6 +68,12 @@ def default_spool_dir() -> Path:
     return Path(state) / "numparity" / "spool"
 
 
+def temporary_path(path: Path) -> Path:
+    """Where a write of `path` goes before its atomic rename: a dot file ending in .tmp,
+    which `spooled()` never takes for a run document and `stale_temporary_files` finds."""
+    return path.with_name(f".{path.name}.tmp")
+
+
 def spool_document(document: dict[str, Any], spool_dir: Path) -> Path:
     """Write the document to the spool atomically; the file name sorts oldest first.
 
@@ -75,7 +81,7 @@ def spool_document(document: dict[str, Any], spool_dir: Path) -> Path:
     is left behind then."""
     stamp = document.get("finished_at", "").replace(":", "").replace("-", "")
     path = spool_dir / f"{stamp}-{document['run_id']}.json"
-    tmp = spool_dir / f".{path.name}.tmp"
+    tmp = temporary_path(path)
     body = json.dumps(document, separators=(",", ":")).encode("utf-8")
     try:
         spool_dir.mkdir(parents=True, exist_ok=True)
@@ -167,7 +173,7 @@ def known_manifests_file(spool_dir: Path) -> Path:
 def is_cache_temporary(path: Path) -> bool:
     """Whether `path` is the temporary file of a cache write (`KnownManifests`): losing
     it loses nothing, so a crashed one is dropped rather than quarantined."""
-    return path.name == f".{known_manifests_file(path.parent).name}.tmp"
+    return path == temporary_path(known_manifests_file(path.parent))
 
 
 class KnownManifests:
@@ -208,7 +214,7 @@ class KnownManifests:
             del self._hashes[stale]
         if self._path is None:
             return
-        tmp = self._path.with_name(f".{self._path.name}.tmp")
+        tmp = temporary_path(self._path)
         try:
             tmp.write_text(json.dumps({"server": self._server, "manifests": list(self._hashes)}),
                            encoding="utf-8")
