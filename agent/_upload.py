@@ -6,7 +6,7 @@ travels as that one hash. For the others it asks which fingerprints are missing,
 only those travel in full, the rest as bare references. On a known environment a run is
 then a few KiB. The spool always keeps the full document, so any server can take it.
 
-Every answer becomes an ServerAnswer: what it means for the spooled document (delete,
+Every answer becomes a ServerAnswer: what it means for the spooled document (delete,
 retry later, keep for the operator, move aside) and whether to try again is decided in
 `_flush`; the documents and the manifests memory live in `_spool`. The token is never
 logged: it is masked in every log line (`_log.hide`).
@@ -128,7 +128,7 @@ def _ask_missing(
     values: Sequence[str] = (),
 ) -> _Missing | ServerAnswer | None:
     """What the server lacks of these; None when it cannot tell us (an older server, or an
-    error in this one question: send everything); an ServerAnswer when the upload cannot
+    error in this one question: send everything); a ServerAnswer when the upload cannot
     go on: the server is unreachable, unavailable or throttling (502/503/504, 408, 429: a
     full document would not help it) or refuses the token."""
     url = base + MISSING_PATH
