@@ -123,6 +123,12 @@ def _strict(key: Key) -> tuple[str, str, int | None, str, str]:
     return suite, workload, version, "strict", device
 
 
+def _key_order(key: Key) -> tuple[str, str, int, str]:
+    """Keys by suite, workload, version (an unknown version first) and device."""
+    suite, workload, version, device = key
+    return suite, workload, version or 0, device
+
+
 def suspect_status(runs: int) -> str:
     return "suspect" if runs >= SUSPECT_RUNS else "watch"
 
@@ -193,7 +199,7 @@ def classify_suspects(deviations: Iterable[Deviation],
             drill_runs=drill_runs, currently_disagrees=any(latest(d) for d in found),
             keys=[SuspectKey(*_strict(key), runs=runs_by_key[key],
                              drill_runs=drills_by_key[key])
-                  for key in sorted(runs_by_key, key=lambda k: (k[0], k[1], k[2] or 0, k[3]))],
+                  for key in sorted(runs_by_key, key=_key_order)],
             compare=PeerComparison(peer_runs.get((newest.environment, newest.key)),
                                    newest.run_id, *_strict(newest.key))))
     return entries
@@ -226,7 +232,7 @@ def strict_changes(rows: Iterable[tuple[str, str, Key, int, str]]) -> list[Stric
     return [
         StrictChanged(node, env_key, *_strict(key), distinct_answers=distinct, run_id=run_id)
         for node, env_key, key, distinct, run_id in sorted(
-            rows, key=lambda r: (r[0], r[2][0], r[2][1], r[2][2] or 0, r[2][3]))
+            rows, key=lambda r: (r[0], *_key_order(r[2])))
     ]
 
 

@@ -66,9 +66,9 @@ def read_history(session: Session, strict: Sequence[Held],
     results. A node answered unusually if its latest answer is not its environment's
     usual one, or if some answer in the window is no environment's usual answer; only
     those nodes' histories are read, so the cost follows the unusual, not the fleet."""
-    unusual_now = [h.outcome.id for h in strict
+    unusual_now = {h.outcome.id for h in strict
                    if usual[(h.environment, strict_key(h.outcome))].manifest_hash
-                   != h.outcome.manifest_hash]
+                   != h.outcome.manifest_hash}
     unusual_envs = {(h.environment, h.outcome.id) for h in strict if h.outcome.id in unusual_now}
     candidates = {row.name for row in repository.latest_holding(session, unusual_now)
                   if (row.environment_id, row.outcome_id) in unusual_envs}

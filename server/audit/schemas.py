@@ -54,7 +54,7 @@ class _Row(BaseModel):
 
 
 class NodeStatusCounts(_Row):
-    """Nodes and environments, and nodes per status (``analysis.audit.STATUSES``): what
+    """Nodes and environments, and nodes per status (``analysis.node_status.STATUSES``): what
     ``/metrics`` reads (``service.audit_summary``). A node can count under several."""
 
     nodes: int

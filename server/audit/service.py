@@ -29,7 +29,12 @@ from numparity_server.analysis.drift import attribute_changes, outputs_changed
 from numparity_server.analysis.environment import flatten_environment
 from numparity_server.analysis.fleet_policy import fleet_violations
 from numparity_server.analysis.inventory import INVENTORY_COLUMNS, inventory
-from numparity_server.analysis.node_status import node_statuses, stale_nodes, status_counts
+from numparity_server.analysis.node_status import (
+    StaleNode,
+    node_statuses,
+    stale_nodes,
+    status_counts,
+)
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit import repository
 from numparity_server.audit.fleet import Fleet, deviations, judged_fleet, strict_key
@@ -60,7 +65,7 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None) -> A
     env_keys = {env_id: row.env_key for env_id, row in environments.items()}
     suspects = _suspects(session, fleet, env_keys)
     nondeterministic = _nondeterministic(session, fleet, env_keys)
-    stale = _stale(session, fleet, now, policy)
+    stale = _stale(session, fleet, _stale_nodes(fleet, now, policy))
     policy_rows = [
         PolicyRow(node=node, env_key=environments[env_id].env_key, **violation.to_dict())
         for node, env_id, violation in fleet_violations(
@@ -96,16 +101,14 @@ def audit_summary(*, session: Session, policy: Policy, now: datetime | None = No
                   ) -> NodeStatusCounts:
     """The audit's node and status counts (the same as ``audit(...).summary``'s), without
     what only the full audit shows: no inventory, policy, broken inputs, drift or cost of
-    determinism, no environment documents, no comparison links or run ids."""
+    determinism, no environment documents, no comparison links, no stale nodes' runs."""
     now = now or datetime.now(timezone.utc)
     fleet = judged_fleet(session, policy, now)
     nondeterministic = _nondeterministic(session, fleet, repository.env_keys(session))
-    last_seen = {node.name: node.last_seen for node in fleet.nodes}
     return _counts(
         fleet, suspects=suspect_statuses(deviations(fleet.history.deviating), fleet.majority),
         nondeterministic={row.node for row in nondeterministic},
-        stale={entry.node for entry in stale_nodes(
-            last_seen, now=now, stale_after_hours=policy.stale_after_hours)})
+        stale={entry.node for entry in _stale_nodes(fleet, now, policy)})
 
 
 def _counts(fleet: Fleet, *, suspects: Mapping[str, str], nondeterministic: set[str],
@@ -169,10 +172,14 @@ def _nondeterministic(session: Session, fleet: Fleet, env_keys: Mapping[int, str
     return sorted(rows, key=lambda row: (row.node, row.reason, row.workload, row.variant))
 
 
-def _stale(session: Session, fleet: Fleet, now: datetime, policy: Policy) -> list[StaleRow]:
+def _stale_nodes(fleet: Fleet, now: datetime, policy: Policy) -> list[StaleNode]:
+    return stale_nodes({node.name: node.last_seen for node in fleet.nodes}, now=now,
+                       stale_after_hours=policy.stale_after_hours)
+
+
+def _stale(session: Session, fleet: Fleet, stale: Sequence[StaleNode]) -> list[StaleRow]:
+    """The stale nodes' rows, each with its newest run."""
     by_name = {node.name: node for node in fleet.nodes}
-    stale = stale_nodes({node.name: node.last_seen for node in fleet.nodes}, now=now,
-                        stale_after_hours=policy.stale_after_hours)
     run_ids = repository.newest_run_ids(session, [by_name[entry.node].id for entry in stale])
     return [StaleRow(node=entry.node, last_seen=entry.last_seen.isoformat(),
                      hours_since=entry.hours_since,
