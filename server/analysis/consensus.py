@@ -20,9 +20,9 @@ more than half of the nodes give it, and a node has at least ``min_peers`` peers
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 Answer = TypeVar("Answer", bound=Hashable)
 Inputs = tuple[str | None, str | None]  # (input_hash, param_hash)
@@ -93,3 +93,51 @@ def broken_inputs(own: Inputs, fleet: Inputs | None) -> list[str]:
     return [name for name, mine, theirs in (("input_hash", own[0], fleet[0]),
                                              ("param_hash", own[1], fleet[1]))
             if mine is not None and theirs is not None and mine != theirs]
+
+
+class VersionedResult(Protocol):
+    """What ``comparable`` reads of a result: its workload version and input bytes."""
+
+    @property
+    def workload_version(self) -> int | None: ...
+    @property
+    def input_hash(self) -> str | None: ...
+    @property
+    def param_hash(self) -> str | None: ...
+
+
+Result = TypeVar("Result", bound=VersionedResult)
+
+
+def newest_version(results: Iterable[VersionedResult]) -> int | None:
+    """The newest workload version the results report (None when none reports one)."""
+    versions = [r.workload_version for r in results if r.workload_version is not None]
+    return max(versions) if versions else None
+
+
+def comparable(results: Iterable[Result], *, version: int | None,
+               support_of: Callable[[Result], Support]
+               ) -> tuple[list[Result], list[tuple[Result, str]]]:
+    """The results ``/divergence`` compares: those of workload version ``version`` (all of
+    them when None) on the fleet's input and parameter bytes (``fleet_inputs`` among that
+    version's results, each counted with ``support_of``); and the others, each with why
+    it is left out, those of another version first."""
+    left_out: list[tuple[Result, str]] = []
+    same_version: list[Result] = []
+    for result in results:
+        if version is not None and result.workload_version != version:
+            left_out.append((result, f"workload version {result.workload_version}, "
+                                     f"not {version}"))
+        else:
+            same_version.append(result)
+    fleet = fleet_inputs(tally(((r.input_hash, r.param_hash), support_of(r))
+                               for r in same_version))
+    kept: list[Result] = []
+    for result in same_version:
+        broken = broken_inputs((result.input_hash, result.param_hash), fleet)
+        if broken:
+            left_out.append((result, f"{' and '.join(broken)} differ from the fleet's: "
+                                     "broken inputs, not a divergence"))
+        else:
+            kept.append(result)
+    return kept, left_out

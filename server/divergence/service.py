@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from sqlalchemy.orm import Session
 
 from numparity_server import analysis
@@ -30,8 +28,13 @@ def divergence(
     if not latest:
         raise NotFound(f"no ok results for suite {suite!r}, workload {workload!r}, "
                        f"variant {variant!r}")
-    version = workload_version if workload_version is not None else _newest_version(latest)
-    comparable, excluded = _comparable(latest, version)
+    version = (workload_version if workload_version is not None
+               else consensus.newest_version(latest))
+    # Other input or parameter bytes are a bug on that node, not a divergence (design
+    # §2.1): such results, and those of another version, are left out and named.
+    comparable, left_out = consensus.comparable(
+        latest, version=version, support_of=lambda r: consensus.Support(1, r.node))
+    excluded = [Excluded(node=r.node, run_id=r.run_id, reason=reason) for r, reason in left_out]
     if not comparable:
         raise NotFound(f"no ok results of {workload!r} version {version} for variant "
                        f"{variant!r}")
@@ -65,41 +68,6 @@ def divergence(
     key = DivergenceKey(suite=suite, workload=workload, workload_version=version,
                         variant=variant, tensor=tensor)
     return DivergenceOut.model_validate({"key": key, **report, "excluded": excluded})
-
-
-def _newest_version(results: Iterable[LatestResult]) -> int | None:
-    versions = [r.workload_version for r in results if r.workload_version is not None]
-    return max(versions) if versions else None
-
-
-def _comparable(results: list[LatestResult], version: int | None
-                ) -> tuple[list[LatestResult], list[Excluded]]:
-    """Results of one workload version on the fleet's inputs and parameters.
-
-    Different input or parameter bytes are a bug on that node, not a divergence
-    (design §2.1): such results are left out and named.
-    """
-    excluded: list[Excluded] = []
-    same_version = []
-    for result in results:
-        if version is not None and result.workload_version != version:
-            excluded.append(Excluded(node=result.node, run_id=result.run_id,
-                                     reason=f"workload version {result.workload_version}, "
-                                            f"not {version}"))
-        else:
-            same_version.append(result)
-    fleet = consensus.fleet_inputs(consensus.tally(
-        ((r.input_hash, r.param_hash), consensus.Support(1, r.node)) for r in same_version))
-    comparable = []
-    for result in same_version:
-        broken = consensus.broken_inputs((result.input_hash, result.param_hash), fleet)
-        if broken:
-            excluded.append(Excluded(node=result.node, run_id=result.run_id,
-                                     reason=f"{' and '.join(broken)} differ from the fleet's: "
-                                            "broken inputs, not a divergence"))
-        else:
-            comparable.append(result)
-    return comparable, excluded
 
 
 def _member(result: LatestResult) -> analysis.Member:

@@ -55,15 +55,11 @@ def result_groups(session: Session) -> dict[Key, int]:
 
 
 def _comparable(rows: Sequence[Any]) -> list[Any]:
-    """The rows /divergence compares (its service's ``_comparable``, on rows counting nodes)."""
-    versions = [row.workload_version for row in rows if row.workload_version is not None]
-    version = max(versions) if versions else None
-    same_version = [row for row in rows if version is None or row.workload_version == version]
-    fleet = consensus.fleet_inputs(consensus.tally(
-        ((row.input_hash, row.param_hash), consensus.Support(int(row.nodes), row.first_node))
-        for row in same_version))
-    return [row for row in same_version
-            if not consensus.broken_inputs((row.input_hash, row.param_hash), fleet)]
+    """The rows /divergence compares (``consensus.comparable``), on rows counting nodes."""
+    kept, _left_out = consensus.comparable(
+        rows, version=consensus.newest_version(rows),
+        support_of=lambda row: consensus.Support(int(row.nodes), row.first_node))
+    return kept
 
 
 class FleetCache:

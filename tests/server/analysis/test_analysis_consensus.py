@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from numparity_server.analysis.consensus import (
     Support,
     broken_inputs,
+    comparable,
     fleet_inputs,
     judges,
     majority,
+    newest_version,
     tally,
     usual,
 )
@@ -44,3 +48,29 @@ def test_a_majority_judges_only_with_a_quorum():
     assert majority({"a": Support(2, "n"), "b": Support(2, "m")}, min_peers=1) is None
     assert majority({"a": Support(3, "n")}, min_peers=3) is None  # two peers only
     assert judges(3, 4, min_peers=3) and not judges(2, 4, min_peers=1)
+
+
+@dataclass(frozen=True)
+class Result:
+    node: str
+    workload_version: int | None
+    input_hash: str | None
+    param_hash: str | None
+
+
+def test_comparable_results_are_the_newest_version_on_the_fleets_bytes():
+    results = [Result("n1", 2, "a", "p"), Result("n2", 2, "a", "p"), Result("n3", 2, "b", "p"),
+               Result("n4", 1, "b", "p"), Result("n5", 2, None, None)]
+    assert newest_version(results) == 2
+    assert newest_version([Result("n", None, "a", "p")]) is None
+    kept, left_out = comparable(results, version=2,
+                                support_of=lambda r: Support(1, r.node))
+    # Version 1's "b" does not vote: the fleet's bytes are those of version 2's results.
+    assert [r.node for r in kept] == ["n1", "n2", "n5"]
+    assert [(r.node, reason) for r, reason in left_out] == [
+        ("n4", "workload version 1, not 2"),
+        ("n3", "input_hash differ from the fleet's: broken inputs, not a divergence"),
+    ]
+    everything, none_left = comparable(results[:2] + results[4:], version=None,
+                                       support_of=lambda r: Support(1, r.node))
+    assert len(everything) == 3 and none_left == []
