@@ -269,7 +269,6 @@ def _migrated_engine(settings: Settings) -> Engine | None:
 
 def _missing_sqlite_file(url: str) -> bool:
     """A SQLite file that is not there (connecting would create it as a side effect)."""
-
     from sqlalchemy import make_url
 
     parsed = make_url(url)

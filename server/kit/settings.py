@@ -33,8 +33,8 @@ class Settings(BaseSettings):
     # The lab's policy (TOML): allowed versions, required knobs, tolerances per workload,
     # when a node is stale, how many peers suspect hardware needs. See the README.
     policy_file: Path | None = None
-    # GET /metrics reads the fleet's figures (an audit, the groups) from the database at
-    # most this often; scrapes in between answer the same figures.
+    # GET /metrics reads the fleet's figures (the audit's status counts, the groups) from the
+    # database at most this often; scrapes in between answer the same figures.
     metrics_cache_seconds: float = Field(default=15.0, ge=0)
 
 
