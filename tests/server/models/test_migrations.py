@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import Connection, Engine, inspect, text
 
 from numparity_server.kit import migrate
 from numparity_server.kit.db import create_engine_for
@@ -13,120 +16,131 @@ from numparity_server.models import Base
 
 TABLES = {"nodes", "environments", "runs", "results", "manifests", "fingerprints", "latest",
           "tokens"}
+NOW = "2026-11-21 10:00:00+00:00"  # a fixed timestamp for rows written by raw SQL
 
 
-def test_upgrade_to_head_and_back_down(database_url):
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    """An engine on the test database, one connection per use (as the CLI migrates)."""
     engine = create_engine_for(Settings(database_url=database_url), pooled=False)
-    try:
-        migrate.upgrade(database_url)
-        with engine.connect() as connection:
-            assert migrate.current_revision(connection) == migrate.head_revision()
-            assert TABLES <= set(inspect(connection).get_table_names())
-        migrate.downgrade(database_url, "base")
-        with engine.connect() as connection:
-            assert migrate.current_revision(connection) is None
-            assert not TABLES & set(inspect(connection).get_table_names())
-        migrate.upgrade(database_url)  # and up again, from a downgraded database
-    finally:
-        engine.dispose()
+    yield engine
+    engine.dispose()
 
 
-def test_models_and_migrations_describe_the_same_schema(migrated_database_url):
-    engine = create_engine_for(Settings(database_url=migrated_database_url), pooled=False)
-    try:
-        with engine.connect() as connection:
-            context = MigrationContext.configure(connection, opts={"compare_type": True})
-            assert compare_metadata(context, Base.metadata) == []
-    finally:
-        engine.dispose()
+def insert_one_result(connection: Connection) -> None:
+    """Node 1 on environment 7 ran run 3, whose result 11 says outcome 5 (a strict cnn):
+    rows as every revision before 0006 holds them."""
+    for statement in (
+        "INSERT INTO nodes (id, name, labels, first_seen, last_seen) "
+        f"VALUES (1, 'n', '{{}}', '{NOW}', '{NOW}')",
+        "INSERT INTO environments (id, env_key, document, first_seen) "
+        f"VALUES (7, 'e', '{{}}', '{NOW}')",
+        "INSERT INTO runs (id, run_id, node_id, environment_id, started_at, "
+        f"document_sha256, drill, received_at) VALUES (3, 'r', 1, 7, '{NOW}', 'x', "
+        f"false, '{NOW}')",
+        "INSERT INTO outcomes (id, hash, suite, workload, variant, device, status) "
+        "VALUES (5, 'h', 'standard', 'cnn', 'strict', 'cpu', 'ok')",
+        "INSERT INTO results (id, run_id, outcome_id, wall_s) VALUES (11, 3, 5, 0.25)",
+    ):
+        connection.execute(text(statement))
 
 
-def test_every_lookup_column_is_indexed(migrated_database_url):
-    engine = create_engine_for(Settings(database_url=migrated_database_url), pooled=False)
-    try:
-        inspector = inspect(engine)
-        def indexed(table: str) -> set[tuple[str, ...]]:
-            found = {tuple(ix["column_names"]) for ix in inspector.get_indexes(table)}
-            found |= {tuple(uq["column_names"]) for uq in inspector.get_unique_constraints(table)}
-            return found
-        assert ("suite", "workload", "variant") in indexed("outcomes")
-        assert ("hash",) in indexed("outcomes")
-        assert ("run_pk",) in indexed("results") and ("outcome_id",) in indexed("results")
-        assert ("suite", "workload", "variant") in indexed("latest")
-        assert ("node_id", "suite", "workload", "variant") in indexed("latest")
-        assert ("manifest_hash",) in indexed("outcomes")
-        assert ("run_id",) in indexed("runs") and ("env_key",) in indexed("environments")
-        assert ("sha256",) in indexed("tokens")
-    finally:
-        engine.dispose()
+def test_upgrade_to_head_and_back_down(database_url, engine):
+    migrate.upgrade(database_url)
+    with engine.connect() as connection:
+        assert migrate.current_revision(connection) == migrate.head_revision()
+        assert TABLES <= set(inspect(connection).get_table_names())
+    migrate.downgrade(database_url, "base")
+    with engine.connect() as connection:
+        assert migrate.current_revision(connection) is None
+        assert not TABLES & set(inspect(connection).get_table_names())
+    migrate.upgrade(database_url)  # and up again, from a downgraded database
 
 
-def test_0002_fills_latest_from_the_results_it_points_at(database_url):
+def test_models_and_migrations_describe_the_same_schema(migrated_database_url, engine):
+    with engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        assert compare_metadata(context, Base.metadata) == []
+
+
+def test_every_lookup_column_is_indexed(migrated_database_url, engine):
+    inspector = inspect(engine)
+
+    def indexed(table: str) -> set[tuple[str, ...]]:
+        found = {tuple(ix["column_names"]) for ix in inspector.get_indexes(table)}
+        found |= {tuple(uq["column_names"]) for uq in inspector.get_unique_constraints(table)}
+        return found
+
+    assert ("suite", "workload", "variant") in indexed("outcomes")
+    assert ("hash",) in indexed("outcomes")
+    assert ("run_pk",) in indexed("results") and ("outcome_id",) in indexed("results")
+    assert ("suite", "workload", "variant") in indexed("latest")
+    assert ("node_id", "suite", "workload", "variant") in indexed("latest")
+    assert ("manifest_hash",) in indexed("outcomes")
+    assert ("run_id",) in indexed("runs") and ("env_key",) in indexed("environments")
+    assert ("sha256",) in indexed("tokens")
+
+
+def test_0002_fills_latest_from_the_results_it_points_at(database_url, engine):
     """A database with runs at 0001 keeps its answers: latest's new copies are filled."""
-    from sqlalchemy import text
-
-    engine = create_engine_for(Settings(database_url=database_url), pooled=False)
-    try:
-        migrate.upgrade(database_url, "0001")
-        now = "2026-11-21 10:00:00+00:00"
-        with engine.begin() as connection:
-            for statement in (
-                "INSERT INTO nodes (id, name, labels, first_seen, last_seen) "
-                f"VALUES (1, 'n', '{{}}', '{now}', '{now}')",
-                "INSERT INTO environments (id, env_key, document, first_seen) "
-                f"VALUES (7, 'e', '{{}}', '{now}')",
-                "INSERT INTO runs (id, run_id, node_id, environment_id, started_at, "
-                f"document_sha256, drill, received_at) VALUES (3, 'r', 1, 7, '{now}', 'x', "
-                f"false, '{now}')",
-                "INSERT INTO outcomes (id, hash, suite, workload, variant, device, status) "
-                "VALUES (5, 'h', 'standard', 'cnn', 'strict', 'cpu', 'ok')",
-                "INSERT INTO results (id, run_id, outcome_id, wall_s) VALUES (11, 3, 5, 0.25)",
-                "INSERT INTO latest (id, node_id, suite, workload, variant, result_id, "
-                f"started_at) VALUES (1, 1, 'standard', 'cnn', 'strict', 11, '{now}')",
-            ):
-                connection.execute(text(statement))
-        migrate.upgrade(database_url)
-        with engine.connect() as connection:
-            row = connection.execute(
-                text("SELECT outcome_id, environment_id, wall_s FROM latest")).one()
-        assert tuple(row) == (5, 7, 0.25)
-        migrate.downgrade(database_url, "0001")
-        with engine.connect() as connection:
-            columns = {c["name"] for c in inspect(connection).get_columns("latest")}
-        assert "outcome_id" not in columns and "result_id" in columns
-    finally:
-        engine.dispose()
+    migrate.upgrade(database_url, "0001")
+    with engine.begin() as connection:
+        insert_one_result(connection)
+        connection.execute(text(  # latest at 0001: only the result it points at
+            "INSERT INTO latest (id, node_id, suite, workload, variant, result_id, "
+            f"started_at) VALUES (1, 1, 'standard', 'cnn', 'strict', 11, '{NOW}')"))
+    migrate.upgrade(database_url)
+    with engine.connect() as connection:
+        row = connection.execute(
+            text("SELECT outcome_id, environment_id, wall_s FROM latest")).one()
+    assert tuple(row) == (5, 7, 0.25)
+    migrate.downgrade(database_url, "0001")
+    with engine.connect() as connection:
+        columns = {c["name"] for c in inspect(connection).get_columns("latest")}
+    assert "outcome_id" not in columns and "result_id" in columns
 
 
-def test_0004_gives_nodes_their_newest_environment_and_marks_changes(database_url):
-    from sqlalchemy import text
+def test_0004_gives_nodes_their_newest_environment_and_marks_changes(database_url, engine):
+    migrate.upgrade(database_url, "0003")
+    with engine.begin() as connection:
+        for statement in (
+            "INSERT INTO nodes (id, name, labels, first_seen, last_seen) VALUES "
+            "(1, 'moved', '{}', '2026-11-20 00:00:00+00:00', '2026-11-20 00:00:00+00:00'),"
+            "(2, 'stayed', '{}', '2026-11-20 00:00:00+00:00', '2026-11-20 00:00:00+00:00')",
+            "INSERT INTO environments (id, env_key, document, first_seen) VALUES "
+            "(7, 'e7', '{}', '2026-11-20 00:00:00+00:00'),"
+            "(8, 'e8', '{}', '2026-11-20 00:00:00+00:00')",
+            "INSERT INTO runs (id, run_id, node_id, environment_id, started_at, "
+            "document_sha256, drill, received_at) VALUES "
+            "(1, 'm1', 1, 7, '2026-11-20 01:00:00+00:00', 'x', false, "
+            "'2026-11-20 01:00:00+00:00'),"
+            "(2, 'm2', 1, 8, '2026-11-20 02:00:00+00:00', 'x', false, "
+            "'2026-11-20 02:00:00+00:00'),"
+            "(3, 's1', 2, 7, '2026-11-20 01:00:00+00:00', 'x', false, "
+            "'2026-11-20 01:00:00+00:00')",
+        ):
+            connection.execute(text(statement))
+    migrate.upgrade(database_url)
+    with engine.connect() as connection:
+        rows = {name: (env, changed is not None) for name, env, changed in connection.execute(
+            text("SELECT name, environment_id, environment_changed_at FROM nodes"))}
+    assert rows == {"moved": (8, True), "stayed": (7, False)}
+    migrate.downgrade(database_url, "0003")
 
-    engine = create_engine_for(Settings(database_url=database_url), pooled=False)
-    try:
-        migrate.upgrade(database_url, "0003")
-        with engine.begin() as connection:
-            for statement in (
-                "INSERT INTO nodes (id, name, labels, first_seen, last_seen) VALUES "
-                "(1, 'moved', '{}', '2026-11-20 00:00:00+00:00', '2026-11-20 00:00:00+00:00'),"
-                "(2, 'stayed', '{}', '2026-11-20 00:00:00+00:00', '2026-11-20 00:00:00+00:00')",
-                "INSERT INTO environments (id, env_key, document, first_seen) VALUES "
-                "(7, 'e7', '{}', '2026-11-20 00:00:00+00:00'),"
-                "(8, 'e8', '{}', '2026-11-20 00:00:00+00:00')",
-                "INSERT INTO runs (id, run_id, node_id, environment_id, started_at, "
-                "document_sha256, drill, received_at) VALUES "
-                "(1, 'm1', 1, 7, '2026-11-20 01:00:00+00:00', 'x', false, "
-                "'2026-11-20 01:00:00+00:00'),"
-                "(2, 'm2', 1, 8, '2026-11-20 02:00:00+00:00', 'x', false, "
-                "'2026-11-20 02:00:00+00:00'),"
-                "(3, 's1', 2, 7, '2026-11-20 01:00:00+00:00', 'x', false, "
-                "'2026-11-20 01:00:00+00:00')",
-            ):
-                connection.execute(text(statement))
-        migrate.upgrade(database_url)
-        with engine.connect() as connection:
-            rows = {name: (env, changed is not None) for name, env, changed in connection.execute(
-                text("SELECT name, environment_id, environment_changed_at FROM nodes"))}
-        assert rows == {"moved": (8, True), "stayed": (7, False)}
-        migrate.downgrade(database_url, "0003")
-    finally:
-        engine.dispose()
+
+def test_0006_renames_results_run_id_to_run_pk_keeping_every_result(database_url, engine):
+    """The rename keeps the values, and the foreign key still drops a run's results with
+    it (on SQLite the table is copied to rename the constraint)."""
+    migrate.upgrade(database_url, "0005")
+    with engine.begin() as connection:
+        insert_one_result(connection)
+    migrate.upgrade(database_url, "0006")
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT id, run_pk FROM results")).all() == [(11, 3)]
+    migrate.downgrade(database_url, "0005")
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT id, run_id FROM results")).all() == [(11, 3)]
+    migrate.upgrade(database_url, "0006")
+    with engine.begin() as connection:
+        connection.execute(text("DELETE FROM runs WHERE id = 3"))
+        assert connection.execute(text("SELECT count(*) FROM results")).scalar() == 0
