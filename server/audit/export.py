@@ -1,5 +1,13 @@
 """The audit as text: its findings, a line per node and finding, and its tables as CSV
-(``?format=csv&table=NAME`` and the dashboard's ``/audit.csv``)."""
+(``?format=csv&table=NAME`` and the dashboard's ``/audit.csv``).
+
+Node names, label and environment values come from the agents, so a cell may hold what a
+spreadsheet would run as a formula (``=HYPERLINK(...)``): every text cell that starts
+with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return gets a leading ``'`` (OWASP's
+rule against CSV injection). Numbers the server computed (hours, seconds, ratios, counts)
+are written as numbers and never escaped: a number cannot hold a formula. A text that
+only looks like a number (``-1`` sent by an agent) is text, and escaped.
+"""
 
 from __future__ import annotations
 
@@ -61,6 +69,18 @@ def findings(report: AuditOut) -> list[dict[str, str]]:
     return rows
 
 
+# The first characters that make a spreadsheet read a cell as a formula (OWASP).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutralised(cell: Any) -> Any:
+    """``cell`` as a spreadsheet may open it: a text that would start a formula gets a
+    leading ``'``; numbers (and booleans) pass as they are."""
+    if isinstance(cell, str) and cell.startswith(FORMULA_STARTS):
+        return "'" + cell
+    return cell
+
+
 def _cell(value: Any) -> Any:
     """A CSV cell: lists joined by "; ", an attribute change as ``name: before -> after``,
     another row as its values joined by "/"."""
@@ -94,8 +114,10 @@ def to_csv(report: AuditOut, table: str) -> str:
         table_rows: list[BaseModel] = getattr(report, table)
         rows = [row.model_dump(mode="json") for row in table_rows]
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    # RFC 4180's CRLF: the writer quotes a cell that holds any character of the line
+    # terminator, so a name with a bare CR (or LF) in it cannot start a row of its own.
+    writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(columns)
     for row in rows:
-        writer.writerow([_cell(row.get(column)) for column in columns])
+        writer.writerow([neutralised(_cell(row.get(column))) for column in columns])
     return out.getvalue()

@@ -187,3 +187,40 @@ def test_the_current_environment_is_the_newest_runs(make_api, tmp_path):
         ("mover", "COMPATIBLE")]
     assert report["summary"]["environments"] == 1
     assert report["inventory"]["torch"] == [{"value": "2.13.0", "nodes": 1}]
+
+
+
+FORMULA = '=HYPERLINK("http://x","y")'
+
+
+@pytest.mark.parametrize("path", ["/api/v1/audit?format=csv&table={table}",
+                                  "/audit.csv?table={table}"])
+def test_csv_cells_that_a_spreadsheet_would_run_as_formulas_start_with_a_quote(fleet, path):
+    """OWASP's rule: a text cell starting with = + - @, a tab or a CR gets a leading '.
+    Numbers the server computed stay numbers."""
+    mkl = {"MKL_CBWR": "+SUM(1,2)"}  # the policy wants it unset: a violation naming the value
+    uploads = [document(FORMULA, 2, env_vars=mkl, repeats_agree=False),
+               document("@flaky", 2, repeats_agree=False),
+               document("-flaky", 2, repeats_agree=False),
+               document("\tflaky", 2, repeats_agree=False),
+               document("\rflaky", 2, repeats_agree=False)]
+    for upload in uploads:
+        assert fleet.post_run(upload).status_code == 201
+
+    def table(name):
+        response = fleet.client.get(path.format(table=name), headers=fleet.reader)
+        assert response.status_code == 200, response.text
+        return list(csv.DictReader(io.StringIO(response.text, newline="")))
+
+    escaped = {"'" + FORMULA, "'@flaky", "'-flaky", "'\tflaky", "'\rflaky"}
+    assert {row["node"] for row in table("nondeterministic")} >= escaped
+    assert {row["node"] for row in table("findings")} >= escaped
+    assert [row["value"] for row in table("policy") if row["node"] == "'" + FORMULA] == [
+        "'+SUM(1,2)"]
+    for name in ("findings", "nondeterministic", "policy"):
+        for row in table(name):
+            for cell in row.values():
+                assert not cell.startswith(("=", "+", "-", "@", "\t", "\r")), (name, row)
+    # Numbers the server computed are written as numbers.
+    cost = table("determinism_cost")
+    assert cost and all(float(row["ratio"]) > 0 and int(row["nodes"]) > 0 for row in cost)
