@@ -6,13 +6,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
 import numparity_server
 from numparity_server.audit.api import router as audit_router
 from numparity_server.compare.api import router as compare_router
 from numparity_server.dashboard import api as dashboard
+from numparity_server.deps import reject_nul
 from numparity_server.divergence.api import router as divergence_router
 from numparity_server.environments.api import router as environments_router
 from numparity_server.health.api import router as health_router
@@ -41,6 +42,7 @@ def create_app(settings: Settings) -> FastAPI:
         version=getattr(numparity_server, "__version__", "0.1.0"),
         description="Do your machines compute the same numbers? Runs, divergence, audit.",
         lifespan=lifespan,
+        dependencies=[Depends(reject_nul)],
     )
     app.state.settings = settings
     app.state.engine = get_engine(settings)

@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session
 from numparity_server.analysis.policy import Policy
 from numparity_server.auth.schemas import Principal
 from numparity_server.auth.service import authenticate
-from numparity_server.kit.errors import InvalidDocument
+from numparity_server.kit.errors import InvalidDocument, NotFound
 from numparity_server.kit.ingest_meter import IngestMeter
-from numparity_server.kit.pagination import PageParams
+from numparity_server.kit.pagination import MAX_OFFSET, PageParams
 from numparity_server.kit.settings import Settings
 
 
@@ -72,7 +72,7 @@ AdminAuth = Annotated[Principal, Depends(require_admin)]
 def page_params(
     settings: SettingsDep,
     limit: Annotated[int | None, Query(ge=1, description="items per page")] = None,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="items to skip")] = 0,
 ) -> PageParams:
     if limit is not None and limit > settings.page_max:
         raise InvalidDocument.at(["query", "limit"],
@@ -81,6 +81,24 @@ def page_params(
 
 
 Pagination = Annotated[PageParams, Depends(page_params)]
+
+
+def reject_nul(request: Request) -> None:
+    """No path or query value may hold a NUL character (``%00``), on every route (the app
+    installs this for all of them).
+
+    PostgreSQL's text cannot hold NUL: a query comparing with such a value fails inside
+    the driver (a 500 before this check). No stored name can hold one, so in the path it
+    names nothing (404); in the query it is a wrong value (422 naming the parameter).
+    """
+    for name, value in request.path_params.items():
+        if isinstance(value, str) and "\x00" in value:
+            raise NotFound(f"path parameter {name} {value!r} names nothing: no name "
+                           "contains a NUL character (%00)")
+    for name, value in request.query_params.multi_items():
+        if "\x00" in name or "\x00" in value:
+            raise InvalidDocument.at(["query", name.replace("\x00", "%00")],
+                                     "must not contain a NUL character (%00)")
 
 
 async def meter_ingest() -> AsyncIterator[IngestMeter]:

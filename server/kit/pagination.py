@@ -9,6 +9,11 @@ from pydantic import BaseModel
 
 Item = TypeVar("Item")
 
+# The largest offset a list accepts: far beyond any table, far below the int64 the
+# databases take (past 2^63 SQLite raises OverflowError and PostgreSQL an out-of-range
+# error, which were 500s).
+MAX_OFFSET = 1_000_000_000
+
 
 @dataclass(frozen=True)
 class PageParams:
