@@ -7,11 +7,16 @@ with SQLITE_BUSY when another writer committed in between, and the busy timeout 
 help there), and the writers of one process queue on a lock instead of polling the
 database file with the busy handler's sleeps, which is what made p99 latency long.
 PostgreSQL goes through psycopg 3 with a connection pool.
+
+A SQLite file the server creates is readable by its owner only (0600, whatever the
+umask): it holds the tokens' hashes and the fleet's data. SQLite gives its -wal and -shm
+files the mode of the database file. A file that exists keeps the mode it has.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -67,6 +72,16 @@ def _sqlite_engine(url: URL, settings: Settings, *, pooled: bool) -> Engine:
         kwargs["poolclass"] = NullPool
     engine = create_engine(url, **kwargs)
     busy_timeout = settings.sqlite_busy_timeout_ms
+    if not memory and not str(url.database).startswith("file:"):
+        path = str(url.database)
+
+        @event.listens_for(engine, "do_connect")
+        def _create_private(*_args: Any) -> None:
+            # Created here, empty (a valid SQLite database), rather than by sqlite3's
+            # open, which would make it 0644 under the usual umask. Where it cannot be
+            # (no such folder, no permission), sqlite3 fails next with its own error.
+            with contextlib.suppress(OSError):
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:

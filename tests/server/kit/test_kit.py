@@ -54,3 +54,43 @@ def test_openapi_documents_the_run_document(api):
     assert body["content"]["application/json"]["schema"]["$ref"].endswith("/RunDocument")
     assert "TensorEntry" in schema["components"]["schemas"]
     assert api.client.get("/docs").status_code == 200
+
+
+def test_the_sqlite_file_and_its_wal_and_shm_are_readable_by_the_owner_only(tmp_path):
+    """Tokens' hashes and the fleet's data: a database the server creates is mode 0600,
+    whatever the umask, and SQLite gives its -wal and -shm files the same mode."""
+    import os
+    import stat
+
+    from numparity_server.kit import migrate
+
+    database = tmp_path / "numparity.db"
+    previous = os.umask(0o022)  # the usual umask: files come out 0644
+    try:
+        migrate.upgrade(f"sqlite:///{database}")
+        engine = create_engine_for(Settings(database_url=f"sqlite:///{database}"))
+        with engine.connect() as connection:
+            connection.execute(text("CREATE TABLE probe (x INTEGER)"))
+            connection.commit()
+            modes = {path.name: stat.S_IMODE(path.stat().st_mode)
+                     for path in tmp_path.iterdir()}
+        engine.dispose()
+    finally:
+        os.umask(previous)
+    assert modes == {"numparity.db": 0o600, "numparity.db-wal": 0o600,
+                     "numparity.db-shm": 0o600}
+
+
+def test_an_existing_sqlite_file_keeps_the_mode_its_owner_gave_it(tmp_path):
+    import os
+    import stat
+
+    database = tmp_path / "numparity.db"
+    database.touch()
+    os.chmod(database, 0o640)  # e.g. readable by a backup group
+    engine = create_engine_for(Settings(database_url=f"sqlite:///{database}"))
+    with engine.connect() as connection:
+        connection.execute(text("CREATE TABLE probe (x INTEGER)"))
+        connection.commit()
+    engine.dispose()
+    assert stat.S_IMODE(database.stat().st_mode) == 0o640
