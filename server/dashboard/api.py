@@ -25,6 +25,7 @@ from numparity_server.audit import export as audit_export
 from numparity_server.audit import service as audit_service
 from numparity_server.auth.service import authenticate
 from numparity_server.dashboard import service
+from numparity_server.dashboard.origin import same_origin, serialise
 from numparity_server.deps import DbSession, PolicyDep, SettingsDep, require_reader
 from numparity_server.kit.errors import Forbidden, Unauthorized
 from numparity_server.kit.pagination import MAX_OFFSET
@@ -73,6 +74,26 @@ def page_reader(request: Request, session: DbSession, settings: SettingsDep) -> 
 
 
 PageReader = Annotated[None, Depends(page_reader)]
+
+
+def posted_here(request: Request, settings: SettingsDep) -> None:
+    """A form posted by another site is refused: 403, the page saying why (see
+    ``dashboard.origin``)."""
+    origin = request.headers.get("origin")
+    source = origin if origin is not None else request.headers.get("referer")
+    here = settings.public_url or request.headers.get("host") or "this server"
+    if source is None:
+        raise Forbidden(f"Refused: the request names neither Origin nor Referer, so it "
+                        f"cannot be told from a form another site posted. Sign in from "
+                        f"this server's own page ({here}) in a browser.")
+    if not same_origin(source, host=request.headers.get("host"),
+                       public_url=settings.public_url):
+        raise Forbidden(f"Refused: this form was sent from {serialise(source)}, not from "
+                        f"this server ({here}); a site cannot sign you in or out here. "
+                        f"Sign in from this server's own page.")
+
+
+PostedHere = Annotated[None, Depends(posted_here)]
 
 
 def _fmt_time(value: Any) -> str:
@@ -192,7 +213,8 @@ def login_form(request: Request, next: str = "/", why: str = "") -> HTMLResponse
 
 
 @router.post("/login", response_model=None)
-def login(request: Request, session: DbSession, token: Annotated[str, Form()] = "",
+def login(request: Request, session: DbSession, _here: PostedHere,
+          token: Annotated[str, Form()] = "",
           next: Annotated[str, Form()] = "/") -> Response:  # noqa: A002
     target = _local(next)
     try:
@@ -208,7 +230,7 @@ def login(request: Request, session: DbSession, token: Annotated[str, Form()] = 
 
 
 @router.post("/logout")
-def logout() -> Response:
+def logout(_here: PostedHere) -> Response:
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(COOKIE, path="/")
     return response

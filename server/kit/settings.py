@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     # GET /metrics reads the fleet's figures (the audit's status counts, the groups) from the
     # database at most this often; scrapes in between answer the same figures.
     metrics_cache_seconds: float = Field(default=15.0, ge=0)
+    # The URL browsers use to reach the server (e.g. https://numparity.lab.example) when a
+    # proxy in front rewrites the Host header: the dashboard's sign-in and sign-out forms
+    # are accepted from this origin as well as from the Host the browser asked for.
+    public_url: str | None = None
 
 
 def worker_environment(settings: Settings) -> dict[str, str]:

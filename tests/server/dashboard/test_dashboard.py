@@ -223,6 +223,7 @@ def test_the_audit_page_shows_what_the_audit_says(fleet):
 def test_pages_ask_for_a_reader_token_once_and_keep_it_in_a_cookie(split_fleet):
     api = split_fleet
     client = api.client
+    client.headers["Origin"] = "http://testserver"  # as a browser posts a form
     reader = api.reader["Authorization"].split()[1]
     agent = api.agent["Authorization"].split()[1]
 
@@ -281,6 +282,61 @@ def _local_target(client, api, target):
     response = client.post("/login", data={"token": _new_reader(api), "next": target},
                            follow_redirects=False)
     return response.headers["location"]
+
+
+def _sign_in(client, token, **headers):
+    return client.post("/login", data={"token": token, "next": "/"}, headers=headers,
+                       follow_redirects=False)
+
+
+def test_sign_in_and_sign_out_refuse_cross_site_posts(api):
+    """A form another site posts (login CSRF, or signing a user out) is refused with a
+    403 page saying why: Origin (else Referer) must be this server."""
+    client = api.client
+    for headers, named in (({"Origin": "http://evil.example"}, "http://evil.example"),
+                           ({"Origin": "http://testserver:8080"}, "http://testserver:8080"),
+                           ({"Origin": "null"}, "null"),
+                           ({"Referer": "https://evil.example/page"}, "https://evil.example"),
+                           ({"Origin": "http://evil.example",
+                             "Referer": "http://testserver/login"}, "http://evil.example")):
+        refused = _sign_in(client, _new_reader(api), **headers)
+        assert refused.status_code == 403, headers
+        assert refused.headers["content-type"].startswith("text/html")
+        assert "set-cookie" not in refused.headers
+        (message,) = errors_of(refused.text)
+        assert f"sent from {named}" in message and "testserver" in message, message
+    unnamed = _sign_in(client, _new_reader(api))
+    assert unnamed.status_code == 403 and "set-cookie" not in unnamed.headers
+    assert "neither Origin nor Referer" in errors_of(unnamed.text)[0]
+
+    # The server's own form: Origin, or only a Referer (an older browser).
+    for headers in ({"Origin": "http://testserver"},
+                    {"Referer": "http://testserver/login?next=/"},
+                    {"Origin": "HTTP://TestServer:80"}):
+        signed_in = _sign_in(client, _new_reader(api), **headers)
+        assert signed_in.status_code == 303, (headers, signed_in.text[:500])
+        assert "numparity_token" in client.cookies
+
+    # Signing out from another site leaves the cookie; from this one it goes.
+    out = client.post("/logout", headers={"Origin": "http://evil.example"},
+                      follow_redirects=False)
+    assert out.status_code == 403 and "numparity_token" in client.cookies
+    assert client.get("/", follow_redirects=False).status_code == 200
+    out = client.post("/logout", headers={"Origin": "http://testserver"},
+                      follow_redirects=False)
+    assert out.status_code == 303 and "numparity_token" not in client.cookies
+
+
+def test_behind_a_proxy_the_public_url_is_this_server(make_api):
+    """A proxy that rewrites Host: NUMPARITY_PUBLIC_URL names the origin browsers use."""
+    api = make_api(public_url="https://numparity.lab.example/")
+    assert _sign_in(api.client, _new_reader(api),
+                    Origin="https://numparity.lab.example").status_code == 303
+    assert _sign_in(api.client, _new_reader(api),
+                    Referer="https://numparity.lab.example/login").status_code == 303
+    assert _sign_in(api.client, _new_reader(api),
+                    Origin="http://numparity.lab.example").status_code == 403
+    assert _sign_in(api.client, _new_reader(api), Origin="http://testserver").status_code == 303
 
 
 def test_open_reads_need_no_token(make_api):
