@@ -28,7 +28,10 @@ setup(
     packages=_packages(),
     package_dir=ROOTS,
     package_data={
-        "numparity_server": ["**/*.html", "**/*.js", "**/*.css", "**/*.LICENSE"],
+        # The dashboard's templates and static files; the vendored libraries (uPlot,
+        # Swagger UI, ReDoc) with their licences and notices, and Swagger UI's favicon.
+        "numparity_server": ["**/*.html", "**/*.js", "**/*.css", "**/*.png", "**/*.LICENSE",
+                             "**/*.LICENSE.txt", "**/*.NOTICE"],
         "numparity_server.migrations": ["*.mako"],
     },
 )

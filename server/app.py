@@ -13,6 +13,7 @@ import numparity_server
 from numparity_server.audit.api import router as audit_router
 from numparity_server.compare.api import router as compare_router
 from numparity_server.dashboard import api as dashboard
+from numparity_server.dashboard.api_docs import install_api_docs
 from numparity_server.deps import reject_nul
 from numparity_server.divergence.api import router as divergence_router
 from numparity_server.environments.api import router as environments_router
@@ -21,6 +22,7 @@ from numparity_server.kit import migrate
 from numparity_server.kit.db import get_engine, session_factory
 from numparity_server.kit.handlers import install_error_handlers
 from numparity_server.kit.policy_file import load_policy
+from numparity_server.kit.security_headers import SecurityHeaders
 from numparity_server.kit.settings import Settings
 from numparity_server.metrics.api import router as metrics_router
 from numparity_server.nodes.api import router as nodes_router
@@ -43,7 +45,13 @@ def create_app(settings: Settings) -> FastAPI:
         description="Do your machines compute the same numbers? Runs, divergence, audit.",
         lifespan=lifespan,
         dependencies=[Depends(reject_nul)],
+        # /docs and /redoc are served from the package's own Swagger UI and ReDoc
+        # (install_api_docs), not FastAPI's CDN pages; no OAuth, so no redirect page.
+        docs_url=None,
+        redoc_url=None,
+        swagger_ui_oauth2_redirect_url=None,
     )
+    app.add_middleware(SecurityHeaders)
     app.state.settings = settings
     app.state.engine = get_engine(settings)
     app.state.session_factory = session_factory(app.state.engine)
@@ -58,6 +66,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(audit_router)
     app.include_router(metrics_router)
     dashboard.install(app)
+    install_api_docs(app)
     _document_models(app)
     return app
 

@@ -34,9 +34,16 @@ def test_wheel_maps_the_folders_to_their_import_names(wheel: Path) -> None:
     assert "numparity_server/migrations/env.py" in names
     assert any(n.startswith("numparity_server/migrations/versions/") and n.endswith(".py")
                and not n.endswith("__init__.py") for n in names)
-    # The dashboard's pages and the chart library it serves (no CDN), with its licence.
+    # The dashboard's pages, the chart library and the OpenAPI pages' libraries it
+    # serves (no CDN), with their licences.
     for name in ("templates/overview.html", "templates/compare.html", "static/dashboard.js",
-                 "static/vendor/uPlot.iife.min.js", "static/vendor/uPlot.LICENSE"):
+                 "static/vendor/uPlot.iife.min.js", "static/vendor/uPlot.LICENSE",
+                 "static/vendor/swagger-ui-bundle.js", "static/vendor/swagger-ui.css",
+                 "static/vendor/swagger-ui-favicon-32x32.png",
+                 "static/vendor/swagger-ui.LICENSE", "static/vendor/swagger-ui.NOTICE",
+                 "static/vendor/swagger-ui-bundle.js.LICENSE.txt",
+                 "static/vendor/redoc.standalone.js", "static/vendor/redoc.LICENSE",
+                 "static/vendor/redoc.standalone.js.LICENSE.txt"):
         assert f"numparity_server/dashboard/{name}" in names, name
     # Bare names would collide with user code in the environments the agent lives in.
     assert not any(n.startswith(("agent/", "server/", "migrations/")) for n in names)
