@@ -62,12 +62,13 @@ class Phase:
     latencies: list[float] = field(default_factory=list)
     uploads: Counter[int] = field(default_factory=Counter)
     reads: Counter[str] = field(default_factory=Counter)
+    read_latencies: list[float] = field(default_factory=list)
     accepted: dict[str, set[str]] = field(default_factory=dict)  # node -> run_ids
     rss_before: int = 0
     rss_after: int = 0
 
-    def p(self, q: float) -> float:
-        ordered = sorted(self.latencies) or [0.0]
+    def p(self, q: float, reads: bool = False) -> float:
+        ordered = sorted(self.read_latencies if reads else self.latencies) or [0.0]
         return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
@@ -138,12 +139,14 @@ def honest_load(base_url: str, tokens: list[str], template: dict[str, Any], seco
             while time.monotonic() < stop:
                 path = paths[i % len(paths)]
                 i += 1
+                began = time.perf_counter()
                 try:
                     status = str(client.get(path).status_code)
                 except httpx.HTTPError as exc:
                     status = type(exc).__name__
                 with lock:
                     phase.reads[status] += 1
+                    phase.read_latencies.append(time.perf_counter() - began)
                 time.sleep(0.2)
 
     threads = [threading.Thread(target=agent, args=(i,)) for i in range(len(tokens))]
@@ -318,7 +321,8 @@ def run_phase(label: str, server: Any, tokens: list[str], reader: str, hostile_t
           f"(answers {dict(sorted(phase.uploads.items()))})  "
           f"p50 {statistics.median(phase.latencies or [0]) * 1000:7.1f} ms  "
           f"p99 {phase.p(0.99) * 1000:7.1f} ms  reads 200 {reads_ok} other "
-          f"{reads_bad} {dict(phase.reads) if reads_bad else ''}  "
+          f"{reads_bad} {dict(phase.reads) if reads_bad else ''} "
+          f"(p99 {phase.p(0.99, reads=True) * 1000:.0f} ms)  "
           f"RSS {phase.rss_before / 2**20:6.1f} -> {phase.rss_after / 2**20:6.1f} MiB  "
           f"lost {lost}", flush=True)
     if attacks:
