@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (args.command == "token" and args.token_command == "create" and args.role != "agent"
             and (args.node or args.node_pattern)):
         parser.error(f"--node and --node-pattern bind agent tokens to nodes; a {args.role} "
-                     "token writes no runs of its own (use --role agent)")
+                     "token is never bound (use --role agent)")
     database_url = getattr(args, "database_url", None)
     settings = Settings(database_url=database_url) if database_url else Settings()
     try:
