@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
+from numparity_server.auth.service import require_node
 from numparity_server.deps import (
     AgentAuth,
     DbSession,
@@ -52,10 +53,11 @@ _RUN_BODY: dict[str, Any] = {
 )
 async def upload_run(
     request: Request, response: Response, ingest: MeteredIngest, session: DbSession,
-    settings: SettingsDep, _principal: AgentAuth,
+    settings: SettingsDep, principal: AgentAuth,
 ) -> RunCreated:
     # ``ingest`` comes first: it times and counts the refusals of the token checks too.
     document = parse_json_object(await read_body(request, limit=settings.max_body_bytes))
+    require_node(principal, service.node_name(document))  # a bound token: its nodes only
     # The service is synchronous (SQLAlchemy); keep the event loop free while it runs.
     outcome = await run_in_threadpool(service.ingest_run, session=session, document=document)
     ingest.stored(created=outcome.created)
