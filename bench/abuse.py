@@ -13,7 +13,8 @@ honest load twice, for ``--seconds`` each:
   stalled bodies (sockets that send headers and part of a body, then nothing, reopened
   when the server drops them), huge strings (a body of a million short strings with a
   NUL escape), poison shapes (a shape whose element count overflows int64), future
-  timestamps (a run for an honest node, started in year 9999), and floods of
+  timestamps (a run for an honest node, started in year 9999), impersonation (a token
+  bound to its own node writing as an honest one), and floods of
   ``/fingerprints/missing`` with 100,000 hashes.
 
 It prints, per phase, honest-run p50/p99 latency, reads answered vs 503 (or failed),
@@ -185,11 +186,10 @@ def lost_runs(base_url: str, reader_token: str, phase: Phase) -> int:
 
 # -- hostile side (its own process) -------------------------------------------------------
 
-def hostile(base_url: str, token: str, template: dict[str, Any], seconds: float,
-            stalled: int, counts: Any) -> None:
+def hostile(base_url: str, token: str, bound_token: str, template: dict[str, Any],
+            seconds: float, stalled: int, counts: Any) -> None:
     stop = time.monotonic() + seconds
     host, port = urlsplit(base_url).hostname, urlsplit(base_url).port
-    auth = {"Authorization": f"Bearer {token}"}
 
     def tally(name: str) -> None:
         counts[name] = counts.get(name, 0) + 1
@@ -244,16 +244,21 @@ def hostile(base_url: str, token: str, template: dict[str, Any], seconds: float,
         return json.dumps(document).encode()
 
     flood = json.dumps({"hashes": [secrets.token_hex(32) for _ in range(100_000)]}).encode()
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     attacks = {
-        "huge strings": ("/api/v1/runs", lambda: huge_strings),
+        "huge strings": ("/api/v1/runs", lambda: huge_strings, token),
         "poison shape": ("/api/v1/runs",
-                         lambda: poison("2026-11-21T10:00:00Z", HOSTILE_NODE, [2**62, 3])),
+                         lambda: poison("2026-11-21T10:00:00Z", HOSTILE_NODE, [2**62, 3]),
+                         token),
         "future timestamp": ("/api/v1/runs",
-                             lambda: poison("9999-01-01T00:00:00Z", "honest-000", None)),
-        "missing flood": ("/api/v1/fingerprints/missing", lambda: flood),
+                             lambda: poison("9999-01-01T00:00:00Z", "honest-000", None), token),
+        # A token bound to its own node writing as another.
+        "impersonation": ("/api/v1/runs", lambda: poison(now, "honest-001", None), bound_token),
+        "missing flood": ("/api/v1/fingerprints/missing", lambda: flood, token),
     }
 
-    def attack(name: str, path: str, body: Any) -> None:
+    def attack(name: str, path: str, body: Any, token: str) -> None:
+        auth = {"Authorization": f"Bearer {token}"}
         with httpx.Client(base_url=base_url, headers=auth, timeout=120) as client:
             while time.monotonic() < stop:
                 try:
@@ -264,8 +269,8 @@ def hostile(base_url: str, token: str, template: dict[str, Any], seconds: float,
                     tally(f"{name} {type(exc).__name__}")
 
     threads = [threading.Thread(target=stall)]
-    threads += [threading.Thread(target=attack, args=(name, path, body))
-                for name, (path, body) in attacks.items()]
+    threads += [threading.Thread(target=attack, args=(name, *how))
+                for name, how in attacks.items()]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -294,7 +299,8 @@ def database(args: argparse.Namespace, workdir: Path) -> Any:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def run_phase(label: str, server: Any, tokens: list[str], reader: str, hostile_token: str,
+def run_phase(label: str, server: Any, tokens: list[str], reader: str,
+              hostile_tokens: tuple[str, str],
               template: dict[str, Any], args: argparse.Namespace, minute0: int,
               with_hostile: bool) -> tuple[Phase, dict[str, int]]:
     phase = Phase(rss_before=rss_bytes(server.process.pid))
@@ -303,7 +309,7 @@ def run_phase(label: str, server: Any, tokens: list[str], reader: str, hostile_t
     attacker = None
     if with_hostile:
         attacker = multiprocessing.Process(target=hostile, args=(
-            server.base_url, hostile_token, template, args.seconds, args.stalled, counts))
+            server.base_url, *hostile_tokens, template, args.seconds, args.stalled, counts))
         attacker.start()
         time.sleep(2)  # the stalled sockets are open before the honest load starts
     honest_load(server.base_url, tokens, template, args.seconds, phase, reader, minute0)
@@ -354,9 +360,10 @@ def main() -> int:
             reader = create_token(env, "--role", "reader")
             seed = upload_document(template, server=server.base_url, token=server.token)
             assert seed.ok, seed
-            quiet, _ = run_phase("quiet", server, tokens, reader, server.token, template,
+            hostile_tokens = (server.token, honest_token(env, HOSTILE_NODE))
+            quiet, _ = run_phase("quiet", server, tokens, reader, hostile_tokens, template,
                                  args, 0, with_hostile=False)
-            loud, figures = run_phase("hostile", server, tokens, reader, server.token,
+            loud, figures = run_phase("hostile", server, tokens, reader, hostile_tokens,
                                       template, args, 100_000, with_hostile=True)
             ratio = loud.p(0.99) / max(quiet.p(0.99), 1e-9)
             growth = (loud.rss_after - quiet.rss_before) / 2**20
