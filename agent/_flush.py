@@ -12,8 +12,9 @@ What becomes of a spooled file:
   and the rest stays spooled: the next run tries again, and a server that is down is
   not hammered with every file. A TLS failure stops at once (waiting fixes no
   certificate).
-- 401/403: the token is bad or revoked. The document stays in the spool, the flush
-  stops (every other document would be refused the same way) and says so loudly.
+- 401/403: the token is bad, revoked, or bound to other nodes than the run's. The
+  document stays in the spool, the flush stops (every other document would be refused
+  the same way) and says so loudly, with the server's reason.
 - Any other 4xx (400, 409, 413, 422 ...): the server refuses this document for good: it
   moves to `rejected/` with a `.reason` file, and the others go on.
 - Not a run document (truncated, not JSON, not ours): moved to `quarantine/` with a
@@ -155,8 +156,8 @@ def _settle(path: Path, outcome: ServerAnswer, result: FlushResult, server: str,
         result.refused.append(path)
         log_line(f"error: {server} refused the agent token for {path.name} "
                  f"({_describe(outcome)}); it stays in the spool: check the token "
-                 "(--token-file, NUMPARITY_TOKEN_FILE or token_file), then run "
-                 "`numparity-agent flush`")
+                 "(--token-file, NUMPARITY_TOKEN_FILE or token_file; a token bound to "
+                 "nodes must name this run's node), then run `numparity-agent flush`")
     elif outcome.retry:
         result.kept.append(path)
         log_line(f"kept {path.name} in the spool: {_describe(outcome)}")

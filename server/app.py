@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
 import numparity_server
+from numparity_server import openapi
 from numparity_server.audit.api import router as audit_router
 from numparity_server.compare.api import router as compare_router
 from numparity_server.dashboard import api as dashboard
@@ -67,7 +67,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(metrics_router)
     dashboard.install(app)
     install_api_docs(app)
-    _document_models(app)
+    openapi.install(app, models=OPENAPI_MODELS)
     return app
 
 
@@ -75,24 +75,3 @@ def create_app_from_environment() -> FastAPI:
     """uvicorn's factory for ``serve --workers N``: each worker process reads the settings
     the parent exported (``kit.settings.worker_environment``)."""
     return create_app(Settings())
-
-
-def _document_models(app: FastAPI) -> None:
-    """Add models of hand-read request bodies (the run document) to the OpenAPI schema."""
-    default_openapi = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema:
-            return app.openapi_schema
-        schema = default_openapi()
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in OPENAPI_MODELS:
-            definition = model.model_json_schema(
-                by_alias=True, ref_template="#/components/schemas/{model}"
-            )
-            components.update(definition.pop("$defs", {}))
-            components[model.__name__] = definition
-        app.openapi_schema = schema
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]

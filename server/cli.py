@@ -14,6 +14,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from numparity_server.auth.schemas import CreatedToken, TokenOut, binding_text
 from numparity_server.kit.settings import Settings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -50,6 +51,12 @@ def _parser() -> argparse.ArgumentParser:
                                        help="create a token and print it (shown once)")
     create.add_argument("--role", required=True, choices=["agent", "reader", "admin"])
     create.add_argument("--label", default="", help="who or what the token is for")
+    create.add_argument("--node", action="append", default=[], metavar="NAME",
+                        help="agent tokens: write runs of this node only (repeatable; with "
+                             "neither --node nor --node-pattern the token writes any node)")
+    create.add_argument("--node-pattern", action="append", default=[], metavar="GLOB",
+                        help="agent tokens: write runs of the nodes this shell-style pattern "
+                             "matches, e.g. 'gpu-*' (repeatable, case-sensitive)")
     token_commands.add_parser("list", parents=[common], help="list tokens (never the tokens "
                                                              "themselves)")
     revoke = token_commands.add_parser("revoke", parents=[common], help="revoke a token by id")
@@ -100,7 +107,12 @@ def _split_demo(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     head, demo_args = _split_demo(list(sys.argv[1:] if argv is None else argv))
-    args = _parser().parse_args(head)
+    parser = _parser()
+    args = parser.parse_args(head)
+    if (args.command == "token" and args.token_command == "create" and args.role != "agent"
+            and (args.node or args.node_pattern)):
+        parser.error(f"--node and --node-pattern bind agent tokens to nodes; a {args.role} "
+                     "token is never bound (use --role agent)")
     database_url = getattr(args, "database_url", None)
     settings = Settings(database_url=database_url) if database_url else Settings()
     try:
@@ -203,10 +215,11 @@ def _token(settings: Settings, args: argparse.Namespace) -> int:
         with session_factory(engine)() as session:
             if args.token_command == "create":
                 created = service.create_token(session=session, role=args.role,
-                                               label=args.label)
+                                               label=args.label, node_names=args.node,
+                                               node_patterns=args.node_pattern)
                 print(created.token)
-                print(f"created token {created.id} ({created.role}, {created.label!r}); it is "
-                      "shown only once", file=sys.stderr)
+                print(f"created token {created.id} ({created.role}, {created.label!r}"
+                      f"{_nodes_said(created)}); it is shown only once", file=sys.stderr)
             elif args.token_command == "list":
                 _print_tokens(service.list_tokens(session=session))
             else:
@@ -277,12 +290,25 @@ def _missing_sqlite_file(url: str) -> bool:
             and not database.startswith("file:") and not Path(database).exists())
 
 
-def _print_tokens(tokens: Sequence[object]) -> None:
-    header = ("ID", "ROLE", "LABEL", "CREATED", "REVOKED")
+def _nodes_said(token: CreatedToken) -> str:
+    if token.role != "agent":
+        return ""
+    bound = binding_text(token.node_names, token.node_patterns)
+    return f", bound to {bound}" if bound else ", writes runs of any node"
+
+
+def _nodes_column(token: TokenOut) -> str:
+    if token.role != "agent":
+        return "-"
+    return binding_text(token.node_names, token.node_patterns) or "any node"
+
+
+def _print_tokens(tokens: Sequence[TokenOut]) -> None:
+    header = ("ID", "ROLE", "LABEL", "CREATED", "REVOKED", "NODES")
     rows = [header] + [
-        (str(t.id), t.role, t.label or "-",  # type: ignore[attr-defined]
-         t.created_at.strftime("%Y-%m-%d %H:%M:%SZ"),  # type: ignore[attr-defined]
-         t.revoked_at.strftime("%Y-%m-%d %H:%M:%SZ") if t.revoked_at else "-")  # type: ignore[attr-defined]
+        (str(t.id), t.role, t.label or "-", t.created_at.strftime("%Y-%m-%d %H:%M:%SZ"),
+         t.revoked_at.strftime("%Y-%m-%d %H:%M:%SZ") if t.revoked_at else "-",
+         _nodes_column(t))
         for t in tokens
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from typing import Annotated
 
-from fastapi import Depends, Header, Query, Request
+from fastapi import Depends, Query, Request, Security
+from fastapi.security import HTTPBearer
 from sqlalchemy.orm import Session
 
 from numparity_server.analysis.policy import Policy
@@ -42,8 +43,20 @@ SettingsDep = Annotated[Settings, Depends(get_request_settings)]
 DbSession = Annotated[Session, Depends(get_session)]
 PolicyDep = Annotated[Policy, Depends(get_policy)]
 
+class BearerToken(HTTPBearer):
+    """The ``Authorization`` header as sent: ``authenticate`` tells a missing header from a
+    malformed one. Declared as HTTPBearer so the OpenAPI schema names the bearer scheme
+    (and the routes that need it)."""
+
+    async def __call__(self, request: Request) -> str | None:  # type: ignore[override]
+        return request.headers.get("authorization")
+
+
 AuthorizationHeader = Annotated[
-    str | None, Header(description="Bearer token: `Authorization: Bearer <token>`")
+    str | None,
+    Security(BearerToken(auto_error=False,
+                         description="`Authorization: Bearer <token>`, a token made by "
+                                     "`numparity-server token create`")),
 ]
 
 

@@ -13,7 +13,8 @@ from numparity_server.divergence.schemas import DivergenceOut
 router = APIRouter(prefix="/api/v1", tags=["analysis"])
 
 
-@router.get("/divergence", response_model=DivergenceOut)
+@router.get("/divergence", response_model=DivergenceOut, responses={
+    404: {"description": "No result of this key, or none with `tensor`"}})
 def get_divergence(
     session: DbSession,
     policy: PolicyDep,

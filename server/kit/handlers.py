@@ -9,8 +9,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from numparity_server.kit.errors import DomainError
 
@@ -24,6 +26,25 @@ RETRY_AFTER_S = 5
 # should retry later (the agent keeps the run in its spool), so 503, never 500.
 DATABASE_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError,
                         sa_exc.DisconnectionError)
+
+
+class ErrorLocation(BaseModel):
+    """One invalid parameter or field: where (``["query", "limit"]``, ``["body",
+    "results", 0, "status"]``) and what is wrong."""
+
+    loc: list[str | int]
+    msg: str
+
+
+class ErrorBody(BaseModel):
+    """Every error this server answers in JSON (the OpenAPI schema of every error status)."""
+
+    error: str = Field(description="A stable code: validation_error, not_found, "
+                                   "unauthorized, database_unavailable, ...",
+                       examples=["not_found"])
+    detail: str | list[ErrorLocation] = Field(
+        description="A message naming the problem; for 422 (validation_error), the list of "
+                    "invalid parameters or fields")
 
 
 def validation_details(errors: Sequence[Any]) -> list[dict[str, Any]]:
@@ -40,6 +61,18 @@ def error_response(status_code: int, code: str, detail: Any,
 _HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
                405: "method_not_allowed", 409: "conflict", 413: "payload_too_large",
                415: "unsupported_media_type", 422: "validation_error", 503: "unavailable"}
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route answers at this path. Starlette's 405 names only the
+    methods of the first route that matched the path, and GET and POST of one path
+    (``/api/v1/runs``, ``/login``) are two routes."""
+    return [method for method in _METHODS
+            if any(route.matches({**request.scope, "method": method})[0] is Match.FULL
+                   for route in request.app.router.routes)]
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 # A page's error as HTML: (request) -> whether it asked for a page, and the renderer.
@@ -73,7 +106,11 @@ def install_error_handlers(app: FastAPI, pages: PageErrors | None = None) -> Non
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         code = _HTTP_CODES.get(exc.status_code, "error")
-        return respond(request, exc.status_code, code, exc.detail, getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        allowed = allowed_methods(request) if exc.status_code == 405 else []
+        if allowed:
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)}
+        return respond(request, exc.status_code, code, exc.detail, headers)
 
     async def on_database_unavailable(request: Request, exc: Exception) -> Response:
         cause = getattr(exc, "orig", None) or exc

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Integer, String
+from sqlalchemy import JSON, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from numparity_server.models.base import Base, UTCDateTime, utcnow
@@ -19,3 +19,8 @@ class Token(Base):
     label: Mapped[str] = mapped_column(String(255), default="")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The nodes an agent token may write runs for (design §3.6): exact names and
+    # shell-style patterns. Both NULL: an unbound token, which writes any node. On the
+    # token's row, so that authentication stays one look-up by ``sha256``.
+    node_names: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True))
+    node_patterns: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True))

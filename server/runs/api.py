@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
+from numparity_server.auth.service import require_node
 from numparity_server.deps import (
     AgentAuth,
     DbSession,
@@ -29,8 +30,6 @@ from numparity_server.runs.schemas import (
 
 router = APIRouter(prefix="/api/v1", tags=["runs"])
 
-_ERROR = {"content": {"application/json": {"example": {"error": "code", "detail": "..."}}}}
-
 # The body is read by hand (size limit, gzip); this documents it in OpenAPI all the same.
 _RUN_BODY: dict[str, Any] = {
     "requestBody": {
@@ -47,15 +46,20 @@ _RUN_BODY: dict[str, Any] = {
     response_model=RunCreated,
     status_code=status.HTTP_201_CREATED,
     openapi_extra=_RUN_BODY,
+    # Error bodies and the statuses every route shares: numparity_server.openapi.
     responses={200: {"model": RunCreated, "description": "The same document was already stored"},
-               400: _ERROR, 401: _ERROR, 403: _ERROR, 409: _ERROR, 413: _ERROR, 422: _ERROR},
+               400: {"description": "An unsupported `schema` version, or corrupt gzip"},
+               409: {"description": "Another document is stored under this `run_id`"},
+               413: {"description": "The body is over NUMPARITY_MAX_BODY_BYTES"},
+               415: {"description": "A Content-Encoding other than gzip"}},
 )
 async def upload_run(
     request: Request, response: Response, ingest: MeteredIngest, session: DbSession,
-    settings: SettingsDep, _principal: AgentAuth,
+    settings: SettingsDep, principal: AgentAuth,
 ) -> RunCreated:
     # ``ingest`` comes first: it times and counts the refusals of the token checks too.
     document = parse_json_object(await read_body(request, limit=settings.max_body_bytes))
+    require_node(principal, service.node_name(document))  # a bound token: its nodes only
     # The service is synchronous (SQLAlchemy); keep the event loop free while it runs.
     outcome = await run_in_threadpool(service.ingest_run, session=session, document=document)
     ingest.stored(created=outcome.created)

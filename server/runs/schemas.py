@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -51,9 +52,31 @@ MAX_MESSAGE_CHARS = 16_384
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 
+
+
+def _integral(value: Any) -> Any:
+    """JSON has one number type: 3.0 is an integer to JSON Schema (and to orjson a float)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _time_string(value: Any) -> Any:
+    """A time travels as an RFC 3339 string; a bare number is not read as a timestamp."""
+    if value is not None and not isinstance(value, str):
+        raise ValueError("a time is an RFC 3339 string")
+    return value
+
+
+# Integer fields: strict (no "3", no true) but 3.0 is 3. The bounds come before the
+# validator so that the OpenAPI schema shows them (minimum, maximum).
+Int32 = Annotated[int, Field(ge=0, le=INT32_MAX), BeforeValidator(_integral)]
+Time = Annotated[datetime, Field(strict=False), BeforeValidator(_time_string)]
+
 LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 LabelValue = Annotated[str, StringConstraints(max_length=1024)] | int | float | bool | None
-Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+Count = Annotated[int, Field(ge=0, le=INT64_MAX), BeforeValidator(_integral)]
+Dimension = Annotated[int, Field(le=INT64_MAX), BeforeValidator(_integral)]
 # Tensors up to this many elements always travel with their values (the agent's
 # VALUES_MAX); the values of a larger one travel only when the server asked for them,
 # and are checked against the hash.
@@ -62,8 +85,10 @@ VALUES_ALWAYS_MAX = 4096
 
 class _Wire(BaseModel):
     # Unknown fields are ignored: a new field is not a new schema version (design §2.7).
-    # JSON has no NaN or Infinity; pydantic would still read them from strings.
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    # JSON has no NaN or Infinity; pydantic would still read them from strings. Strict:
+    # a value of another JSON type than the OpenAPI schema says is refused ("1" for a
+    # number, 1 for a boolean), not coerced; times are read from strings (not strict).
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
 
 class WireArray(_Wire):
@@ -97,11 +122,11 @@ class WireArray(_Wire):
 
 
 class SketchArray(WireArray):
-    k: int = Field(gt=0, le=INT32_MAX)
+    k: Annotated[int, Field(gt=0, le=INT32_MAX), BeforeValidator(_integral)]
 
 
 class SampleArray(WireArray):
-    m: int = Field(ge=0, le=INT32_MAX)
+    m: Int32
 
 
 class TensorStats(_Wire):
@@ -125,13 +150,25 @@ class TensorStats(_Wire):
 class TensorEntry(_Wire):
     """A fingerprint (design §2.4), or a bare reference to one: name, kind, order, hash."""
 
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        {"title": "reference", "description": "name, kind, order and hash of a fingerprint "
+                                              "the server holds",
+         "properties": {field: {"type": "null"} for field in
+                        ("dtype", "shape", "stats", "sketch", "sample", "values")}},
+        {"title": "fingerprint", "description": "sketch.k, sample.m and the values' length "
+                                                "match their data; values' sha256 is hash",
+         "required": ["dtype", "shape"],
+         "properties": {"dtype": {"enum": list(ITEMSIZE)},
+                        "shape": {"type": "array", "items": {"type": "integer",
+                                                             "minimum": 0}}}},
+    ]})
+
     name: str = Field(min_length=1, max_length=512)
     kind: Literal["output", "layer", "grad", "param", "loss", "probe"]
-    order: int = Field(ge=0, le=INT32_MAX)
+    order: Int32
     hash: str = Field(pattern=SHA256_HEX)
     dtype: str | None = Field(default=None, max_length=32)
-    shape: list[Annotated[int, Field(le=INT64_MAX)]] | None = Field(default=None,
-                                                                     max_length=MAX_DIMS)
+    shape: list[Dimension] | None = Field(default=None, max_length=MAX_DIMS)
     stats: TensorStats | None = None
     sketch: SketchArray | None = None
     sample: SampleArray | None = None
@@ -191,9 +228,15 @@ _FULL_FIELDS = ("dtype", "shape", "stats", "sketch", "sample", "values")
 
 
 class ResultDoc(_Wire):
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        {"if": {"properties": {"status": {"const": status}}},
+         "then": {"required": [needs], "properties": {needs: {"type": "string",
+                                                             "minLength": 1}}}}
+        for status, needs in (("skipped", "reason"), ("failed", "error"))]})
+
     suite: str = Field(default="standard", min_length=1, max_length=64)
     workload: str = Field(min_length=1, max_length=128)
-    workload_version: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    workload_version: Int32 | None = None
     variant: str = Field(min_length=1, max_length=64)
     device: str = Field(default="", max_length=64)
     status: Literal["ok", "skipped", "failed"]
@@ -201,7 +244,7 @@ class ResultDoc(_Wire):
     error: str | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)
     input_hash: str | None = Field(default=None, max_length=128)
     param_hash: str | None = Field(default=None, max_length=128)
-    repeats: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    repeats: Int32 | None = None
     repeats_agree: bool | None = None
     wall_s: float | None = Field(default=None, ge=0)
     knobs: dict[str, Any] | None = None
@@ -239,12 +282,14 @@ class EnvironmentDoc(BaseModel):
 
 
 class RunDocument(_Wire):
-    schema_: str = Field(alias="schema")
+    # Any string reads (an unknown version is a 400 naming the supported ones); the
+    # OpenAPI schema says which versions are supported.
+    schema_: str = Field(alias="schema", json_schema_extra={"enum": list(SUPPORTED_SCHEMAS)})
     run_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
     node: NodeDoc
     agent_version: str | None = Field(default=None, max_length=64)
-    started_at: datetime
-    finished_at: datetime | None = None
+    started_at: Time
+    finished_at: Time | None = None
     drill: bool = False
     environment: EnvironmentDoc
     results: list[ResultDoc] = Field(default_factory=list, max_length=MAX_RESULTS_PER_RUN)

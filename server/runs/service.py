@@ -94,6 +94,15 @@ def validate_document(document: dict[str, Any]) -> RunDocument:
         ) from None
 
 
+def node_name(document: dict[str, Any]) -> str:
+    """The run's node name as sent, read before validation for the token's node binding.
+    Validation takes only a string there, unchanged, so this is the name that would be
+    stored; anything else reads as "", a name no binding lists (validation refuses it)."""
+    node = document.get("node")
+    name = node.get("name") if isinstance(node, dict) else None
+    return name if isinstance(name, str) else ""
+
+
 def ingest_run(*, session: Session, document: dict[str, Any]) -> Ingested:
     run = validate_document(document)
     digests = tensor_manifests(run)

@@ -74,6 +74,34 @@ def test_a_cron_run_with_no_environment_at_all(live_server, tmp_path):
     assert live_server.agent_token not in done.stdout + done.stderr
 
 
+def test_a_token_bound_to_another_node_keeps_the_run_and_says_why(live_server, tmp_path):
+    """A 403 of a node-bound token is a refusal of the token, not of the run: the run
+    stays spooled with a log line naming the node, and goes once the token is right."""
+    spool = tmp_path / "spool"
+    flags = ["--server", live_server.base_url, "--spool", str(spool)]
+    done = run_cli("token", "create", "--role", "agent", "--node", "gpu-01",
+                   database_url=live_server.database_url)
+    wrong, (wrong_id,) = done.stdout.strip(), re.findall(r"created token (\d+)", done.stderr)
+    spooled_run = spool_document(valid_document("gpu-02"), spool)
+    done = agent("flush", *flags, "--token-file", str(token_file(tmp_path, wrong)))
+    assert done.returncode == 5, done.stderr
+    assert (f"refused the agent token for {spooled_run.name} (HTTP 403, forbidden: token "
+            f"{wrong_id} is bound to gpu-01: it may not write runs of node 'gpu-02')"
+            in done.stderr)
+    assert "a token bound to nodes must name this run's node" in done.stderr
+    assert wrong not in done.stderr
+    assert spooled(spool) == [spooled_run] and not (spool / "rejected").exists()
+    assert stored_run(live_server, spooled_run.stem[17:]).status_code == 404
+
+    done = run_cli("token", "create", "--role", "agent", "--node-pattern", "gpu-*",
+                   database_url=live_server.database_url)
+    done = agent("flush", *flags, "--token-file",
+                 str(token_file(tmp_path, done.stdout.strip(), "gpus.token")))
+    assert done.returncode == 0, done.stderr
+    assert spooled(spool) == []
+    assert stored_run(live_server, spooled_run.stem[17:]).status_code == 200
+
+
 def test_a_revoked_token_keeps_runs_until_it_is_fixed(live_server, tmp_path):
     spool = tmp_path / "spool"
     doomed, doomed_id = create_agent_token(live_server.database_url, "doomed")

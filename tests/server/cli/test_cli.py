@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+from pathlib import Path
+
 import pytest
+from helpers.processes import server_command
 
 from numparity_server.cli import main
 
@@ -39,6 +45,61 @@ def test_token_lifecycle(cli, capsys):
     assert listing.splitlines()[1] != capsys.readouterr().out.splitlines()[1]  # revoked date
     assert cli("token", "revoke", "99") == 1
     assert "no token with id 99" in capsys.readouterr().err
+
+
+def test_agent_tokens_bound_to_nodes_are_created_and_listed(cli, capsys):
+    assert cli("migrate") == 0
+    assert cli("token", "create", "--role", "agent", "--label", "fleet") == 0
+    assert "(agent, 'fleet', writes runs of any node)" in capsys.readouterr().err
+    assert cli("token", "create", "--role", "agent", "--label", "gpu-01", "--node", "gpu-01",
+               "--node", "gpu-01b") == 0
+    created = capsys.readouterr()
+    assert "(agent, 'gpu-01', bound to gpu-01, gpu-01b); it is shown only once" in created.err
+    assert cli("token", "create", "--role", "agent", "--label", "gpus",
+               "--node-pattern", "gpu-*", "--node-pattern", "a100-?") == 0
+    assert "bound to pattern gpu-*, pattern a100-?" in capsys.readouterr().err
+    assert cli("token", "create", "--role", "reader", "--label", "grafana") == 0
+    capsys.readouterr()
+
+    assert cli("token", "list") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["ID", "ROLE", "LABEL", "CREATED", "REVOKED", "NODES"]
+    rows = {line.split()[0]: line for line in lines[1:]}
+    assert rows["1"].endswith("  any node")
+    assert rows["2"].endswith("  gpu-01, gpu-01b")
+    assert rows["3"].endswith("  pattern gpu-*, pattern a100-?")
+    assert rows["4"].endswith("  -")  # a reader token writes no runs
+    assert created.out.strip() not in "\n".join(lines)
+
+
+@pytest.mark.parametrize("role", ["reader", "admin"])
+def test_a_node_binding_on_another_role_is_a_usage_error(cli, capsys, role):
+    for option in ("--node", "--node-pattern"):
+        with pytest.raises(SystemExit) as exit_info:
+            cli("token", "create", "--role", role, option, "gpu-01")
+        assert exit_info.value.code == 2
+        assert (f"--node and --node-pattern bind agent tokens to nodes; a {role} token"
+                in capsys.readouterr().err)
+
+
+def test_the_readmes_per_node_token_loop_binds_one_token_to_each_host(
+        migrated_database_url, tmp_path):
+    """The shell loop of README's "Per-node tokens", run as written."""
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    (script,) = [block for block in re.findall(r"```sh\n(.*?)```", readme, re.DOTALL)
+                 if "hosts.txt" in block]
+    (tmp_path / "hosts.txt").write_text("gpu-node-1\ngpu-node-2\n")
+    bin_dir = Path(server_command()[0]).parent
+    env = {**os.environ, "NUMPARITY_DATABASE_URL": migrated_database_url,
+           "PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    for node in ("gpu-node-1", "gpu-node-2"):
+        token_file = tmp_path / "tokens" / f"{node}.token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        assert token_file.read_text().startswith("np_")
+        assert re.search(rf"  {node}  .*  {node}$", done.stdout, re.MULTILINE), done.stdout
 
 
 def test_unknown_role_is_a_usage_error(cli):

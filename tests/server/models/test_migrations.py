@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -144,3 +145,36 @@ def test_0006_renames_results_run_id_to_run_pk_keeping_every_result(database_url
     with engine.begin() as connection:
         connection.execute(text("DELETE FROM runs WHERE id = 3"))
         assert connection.execute(text("SELECT count(*) FROM results")).scalar() == 0
+
+
+def test_0007_binds_tokens_to_nodes_and_its_downgrade_revokes_the_bound(database_url, engine):
+    """Tokens of 0006 stay unbound; a downgrade cannot keep a binding, so it revokes the
+    live bound tokens rather than let them write runs of any node."""
+    migrate.upgrade(database_url, "0006")
+    with engine.begin() as connection:
+        connection.execute(text(
+            "INSERT INTO tokens (id, sha256, role, label, created_at) VALUES "
+            f"(1, 'a', 'agent', 'fleet', '{NOW}'), (2, 'r', 'reader', 'grafana', '{NOW}')"))
+    migrate.upgrade(database_url, "0007")
+    with engine.begin() as connection:
+        assert connection.execute(text(
+            "SELECT id, node_names, node_patterns FROM tokens ORDER BY id")).all() == [
+            (1, None, None), (2, None, None)]
+        connection.execute(text(
+            "INSERT INTO tokens (id, sha256, role, label, created_at, node_names, "
+            f"node_patterns) VALUES (3, 'b', 'agent', 'gpu-01', '{NOW}', '[\"gpu-01\"]', "
+            f"NULL), (4, 'p', 'agent', 'gpus', '{NOW}', NULL, '[\"gpu-*\"]')"))
+    with engine.connect() as connection:
+        rows = connection.execute(text("SELECT node_names, node_patterns FROM tokens "
+                                       "WHERE id IN (3, 4) ORDER BY id")).all()
+    # Raw SQL: SQLite gives the JSON text, PostgreSQL the parsed value.
+    assert [tuple(json.loads(v) if isinstance(v, str) else v for v in row) for row in rows] == [
+        (["gpu-01"], None), (None, ["gpu-*"])]
+    migrate.downgrade(database_url, "0006")
+    with engine.connect() as connection:
+        revoked = dict(connection.execute(
+            text("SELECT id, revoked_at IS NOT NULL FROM tokens ORDER BY id")).all())
+        columns = {c["name"] for c in inspect(connection).get_columns("tokens")}
+    assert revoked == {1: False, 2: False, 3: True, 4: True}
+    assert not {"node_names", "node_patterns"} & columns
+    migrate.upgrade(database_url, "0007")
