@@ -40,7 +40,8 @@ def test_worker_processes_rebuild_the_parents_settings(monkeypatch, tmp_path):
     what a worker reads back is what the parent had, flags and file paths included."""
     parent = Settings(database_url="postgresql+psycopg://u@h/db", open_reads=True,
                       policy_file=tmp_path / "policy.toml", retention_days=30,
-                      metrics_cache_seconds=2.5)
+                      metrics_cache_seconds=2.5,
+                      public_url="https://numparity.lab.example")
     for name in list(worker_environment(Settings())):
         monkeypatch.delenv(name, raising=False)
     for name, value in worker_environment(parent).items():
