@@ -146,7 +146,7 @@ def check_bounds(document: dict[str, Any], *, strings: bool) -> None:
                 continue
             for text in (key, item):
                 if isinstance(text, str) and (problem := _string_problem(text)):
-                    raise InvalidDocument.at([*loc, key], problem)
+                    raise InvalidDocument.at([*loc, _printable(key)], problem)
 
 
 def _string_problem(text: str) -> str | None:
@@ -158,3 +158,11 @@ def _string_problem(text: str) -> str | None:
         except UnicodeEncodeError:
             return "strings must not contain a lone UTF-16 surrogate"
     return None
+
+
+def _printable(key: str | int) -> str | int:
+    """A key as the error can name it: a lone surrogate, which no UTF-8 answer can carry,
+    written as its escape."""
+    if isinstance(key, str):
+        return key.encode("utf-8", "backslashreplace").decode("utf-8")
+    return key

@@ -91,6 +91,17 @@ def test_a_document_of_millions_of_values_is_a_cheap_422(api):
     assert stored_runs(api) == 0
 
 
+@pytest.mark.parametrize("path", ["/api/v1/runs", "/api/v1/fingerprints/missing"])
+def test_a_lone_surrogate_in_a_key_is_422_naming_it(api, path):
+    prefix = json.dumps(run_document())[:-1] + ", " if path.endswith("runs") else '{"hashes": [], '
+    response = api.client.post(path, content=(prefix + '"x": {"\\ud800": 1}}').encode(),
+                               headers={**api.agent, "Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["detail"]
+    assert error["loc"] == ["body", "x", "\\ud800"]
+    assert "surrogate" in error["msg"]
+
+
 def test_gzip_trailing_data_is_400(api):
     body = gzip.compress(json.dumps(run_document()).encode())
     for trailer in (b"garbage", gzip.compress(b"{}")):
