@@ -195,7 +195,8 @@ class TensorEntry(_Wire):
         """Values (always those of a small tensor, a large one's when the server asked)
         must be the bytes the hash names: same dtype, and the agent's sha256 over
         ``dtype;dims;bytes``. A node that sends other bytes under a hash would poison
-        every comparison with that hash. ~2 µs a small tensor."""
+        every comparison with that hash. Up to ~3 ms of a new environment's run (174
+        tensors with values, bench/ingest.py's document)."""
         assert self.values is not None and self.shape is not None
         if self.values.dtype != self.dtype:
             raise ValueError(f"{what} values: dtype {self.values.dtype!r}, but the tensor is "
