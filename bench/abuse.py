@@ -186,8 +186,12 @@ def lost_runs(base_url: str, reader_token: str, phase: Phase) -> int:
 
 # -- hostile side (its own process) -------------------------------------------------------
 
+ATTACKS = ("stalled bodies", "huge strings", "poison shape", "future timestamp",
+           "impersonation", "missing flood")
+
+
 def hostile(base_url: str, token: str, bound_token: str, template: dict[str, Any],
-            seconds: float, stalled: int, counts: Any) -> None:
+            seconds: float, stalled: int, counts: Any, chosen: tuple[str, ...]) -> None:
     stop = time.monotonic() + seconds
     host, port = urlsplit(base_url).hostname, urlsplit(base_url).port
 
@@ -268,9 +272,9 @@ def hostile(base_url: str, token: str, bound_token: str, template: dict[str, Any
                 except httpx.HTTPError as exc:
                     tally(f"{name} {type(exc).__name__}")
 
-    threads = [threading.Thread(target=stall)]
+    threads = [threading.Thread(target=stall)] if "stalled bodies" in chosen else []
     threads += [threading.Thread(target=attack, args=(name, *how))
-                for name, how in attacks.items()]
+                for name, how in attacks.items() if name in chosen]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -309,7 +313,8 @@ def run_phase(label: str, server: Any, tokens: list[str], reader: str,
     attacker = None
     if with_hostile:
         attacker = multiprocessing.Process(target=hostile, args=(
-            server.base_url, *hostile_tokens, template, args.seconds, args.stalled, counts))
+            server.base_url, *hostile_tokens, template, args.seconds, args.stalled, counts,
+            tuple(args.attacks)))
         attacker.start()
         time.sleep(2)  # the stalled sockets are open before the honest load starts
     honest_load(server.base_url, tokens, template, args.seconds, phase, reader, minute0)
@@ -343,6 +348,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=40.0, help="length of each phase")
     parser.add_argument("--stalled", type=int, default=30, help="stalled bodies held open")
     parser.add_argument("--workers", type=int, default=1, help="server processes")
+    parser.add_argument("--attacks", nargs="+", choices=ATTACKS, default=list(ATTACKS),
+                        help="which attacks the hostile client makes (default: all)")
     parser.add_argument("--postgres-url",
                         default=os.environ.get("NUMPARITY_TEST_DATABASE_URL",
                                                "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
