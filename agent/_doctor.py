@@ -55,7 +55,7 @@ def _check_seeds(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
         f"device); and PYTHONHASHSEED=0 in the environment ({NUMERIC_ENV_FILE})"
     )
     seed = environ.get("PYTHONHASHSEED")
-    if seed is None or seed == "random":
+    if not seed or seed == "random":  # Python reads an empty value as unset
         return Check(
             "seeds",
             "warn",

@@ -71,6 +71,9 @@ def test_seeds_ok_with_pythonhashseed(monkeypatch):
     monkeypatch.setenv("PYTHONHASHSEED", "0")
     item = check("seeds")
     assert item.status == "ok" and "must still seed" in item.message
+    for random_seed in ("", "random"):  # both mean a random seed to Python
+        monkeypatch.setenv("PYTHONHASHSEED", random_seed)
+        assert check("seeds").status == "warn"
 
 
 def test_deterministic_algorithms_off_by_default_is_a_fact_of_every_process():
