@@ -21,7 +21,7 @@ WORKDIR /build
 
 # Dependencies first, from pyproject.toml alone: editing the code does not reinstall them.
 # The `server` extra only: no torch (the server never imports it).
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml setup.py README.md LICENSE ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 print('\n'.join(p['dependencies'] + p['optional-dependencies']['server']))" > requirements.txt \
     && pip install -r requirements.txt

@@ -24,12 +24,19 @@ lint: $(STAMP)
 
 venv: $(STAMP)
 
+# A line per stage, and pip's own output (each package as it is collected, download
+# progress on a terminal) for the two long ones: a first run takes minutes.
 $(STAMP): pyproject.toml setup.py
+	@echo "==> [1/4] the virtual environment $(VENV)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "==> [2/4] pip, upgraded"
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[agent,server,dev,browser]'
+	@echo "==> [3/4] torch 2.13.0, the CPU build (the largest download)"
+	$(PY) -m pip install torch==2.13.0
+	@echo "==> [4/4] numparity, editable, with its extras agent, server, dev, browser"
+	$(PY) -m pip install -e '.[agent,server,dev,browser]'
 	touch $(STAMP)
+	@echo "==> $(VENV) is ready"
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -5,9 +5,14 @@ environments the agent is installed into (design §1), so the folders are mapped
 ``numparity_agent`` and ``numparity_server``. The Alembic environment in
 ``migrations/`` ships inside the server as ``numparity_server.migrations`` so an
 installed server can migrate its own database.
+
+Folders that hold only data (the dashboard's templates and static files) are packages
+too: setuptools installs files from packages only, and warns ("Package would be
+ignored") about data files in a folder that is not one, so every folder is found as a
+namespace package.
 """
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 ROOTS = {
     "numparity_agent": "agent",
@@ -20,7 +25,8 @@ def _packages() -> list[str]:
     found = []
     for name, folder in ROOTS.items():
         found.append(name)
-        found += [f"{name}.{sub}" for sub in find_packages(where=folder)]
+        subs = find_namespace_packages(where=folder, exclude=["__pycache__", "*.__pycache__"])
+        found += [f"{name}.{sub}" for sub in subs]
     return sorted(set(found))
 
 

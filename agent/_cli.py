@@ -36,6 +36,9 @@ EXIT_REFUSED = 5
 EXIT_SPOOL_UNWRITABLE = 6
 EXIT_LOCKED = 7
 EXIT_QUARANTINED = 8
+# stdout closed before the output was written (`doctor | head -1`): what a shell reports
+# for a command killed by SIGPIPE (128 + 13), as `yes | head -1` ends.
+EXIT_BROKEN_PIPE = 141
 # When several apply, the first of these wins: what needs a person most comes first;
 # 3 last, as the agent retries it by itself.
 PRECEDENCE = (EXIT_SPOOL_UNWRITABLE, EXIT_VARIANT_FAILED, EXIT_REFUSED, EXIT_QUARANTINED,
@@ -44,7 +47,8 @@ PRECEDENCE = (EXIT_SPOOL_UNWRITABLE, EXIT_VARIANT_FAILED, EXIT_REFUSED, EXIT_QUA
 EXIT_CODES_HELP = """\
 exit codes:
   0  ok: uploaded (or written with --output, or printed when no server is set)
-  1  doctor --strict: at least one check warned
+  1  doctor --strict: a check warned (something this node can fix; facts
+     about every process or the format never fail it)
   2  usage: a bad option, config key or value, unknown workload or variant
   3  spooled: the server was unreachable, busy (5xx, 408, 429) or its TLS
      certificate could not be verified; the next run or flush sends it
@@ -55,6 +59,7 @@ exit codes:
      permission); the run is then uploaded directly, lost only if that fails too
   7  another numparity-agent holds the spool's lock: nothing was done
   8  a spool file was not a run document: moved to <spool>/quarantine/
+  141 stdout was closed early (`doctor | head -1`): the rest was not printed
   when several apply, the first of 6, 4, 5, 8, 3 wins"""
 
 MEANING = {
@@ -144,7 +149,9 @@ def _parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="the reproducibility checklist of this node")
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     doctor.add_argument(
-        "--strict", action="store_true", help="exit 1 when any check warns (default exit 0)"
+        "--strict", action="store_true",
+        help="exit 1 when a check warns, i.e. finds something this node can fix (facts "
+        "never fail it; default exit 0)",
     )
     return parser
 
@@ -156,6 +163,22 @@ def worst(codes: set[int]) -> int:
 
 class _Usage(Exception):
     """A usage error already worded for the operator."""
+
+
+class _StdoutClosed(Exception):
+    """The reader of stdout went away (`doctor | head -1`)."""
+
+
+def _answer(text: str) -> None:
+    """Print a command's answer on stdout, ending quietly when the reader leaves early."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()  # now, not at exit, so that a closed pipe is caught here
+    except BrokenPipeError:
+        # As `cat` ends: no traceback. stdout goes to /dev/null so that Python's own
+        # flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise _StdoutClosed from None
 
 
 class _Context:
@@ -380,8 +403,7 @@ def _spool_and_upload(context: _Context, document: dict[str, Any]) -> set[int]:
 def _cmd_env(_args: argparse.Namespace) -> int:
     from numparity_agent._environment import capture_environment
 
-    json.dump(capture_environment(), sys.stdout, indent=1)
-    sys.stdout.write("\n")
+    _answer(json.dumps(capture_environment(), indent=1) + "\n")
     return EXIT_OK
 
 
@@ -391,11 +413,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
     environment = capture_environment()
     checks = diagnose(environment=environment)
-    if args.json:
-        json.dump(as_json(checks), sys.stdout, indent=1)
-    else:
-        sys.stdout.write(render(checks, environment))
-    sys.stdout.write("\n")
+    _answer((json.dumps(as_json(checks), indent=1) if args.json
+             else render(checks, environment)) + "\n")
     if args.strict and any(c.status == "warn" for c in checks):
         return EXIT_DOCTOR_WARNINGS
     return EXIT_OK
@@ -412,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     except _Usage as exc:
         log(f"usage: {exc}")
         return EXIT_USAGE
+    except _StdoutClosed:
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

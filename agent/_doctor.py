@@ -2,9 +2,16 @@
 
 Each check is a function of the environment document (the same capture as a run's,
 so the doctor and the fleet see one node the same way) and of the process
-environment; only the fp16 eps check computes something live. A check answers `ok`
-or `warn` with the fix; `info` items are advice that holds on every node (they never
-fail `--strict`).
+environment; only the fp16 eps check computes something live. A check answers:
+
+- `ok`;
+- `warn`: the node's setup makes results differ or vary (an environment variable
+  unset or set wrong, something that changes torch's defaults at start-up) and the
+  node can fix it, the README's recipe (/etc/numparity/numeric.env) does; `--strict`
+  fails on these only;
+- `fact`: true of every fresh process (torch's defaults: deterministic algorithms
+  off, TF32 convolutions on an Ampere GPU) or of a number format (fp16's range); no
+  node setting changes it, the code that runs must handle it, so `--strict` passes.
 
 The knobs read here are the defaults a fresh Python process gets on this node: what
 user code changes at run time is invisible to the doctor.
@@ -17,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-Status = Literal["ok", "warn", "info"]
+Status = Literal["ok", "warn", "fact"]
 
 # Values of CUBLAS_WORKSPACE_CONFIG that make cuBLAS deterministic (CUDA >= 10.2).
 DETERMINISTIC_CUBLAS_WORKSPACES = (":4096:8", ":16:8")
@@ -25,6 +32,8 @@ DETERMINISTIC_CUBLAS_WORKSPACES = (":4096:8", ":16:8")
 TF32_MIN_CC = (8, 0)
 # The eps the design's `train` workload and torch.optim.Adam use by default.
 ADAM_EPS = 1e-8
+# Where the README's recipe keeps the node's numeric settings (deploy/numeric.env).
+NUMERIC_ENV_FILE = "/etc/numparity/numeric.env"
 
 
 @dataclass(frozen=True)
@@ -43,10 +52,10 @@ def _check_seeds(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
     fix = (
         "in training code seed every generator once at start: random.seed(s); "
         "numpy.random.seed(s); torch.manual_seed(s) (seeds the CPU and every CUDA "
-        "device); and export PYTHONHASHSEED=0 before Python starts"
+        f"device); and PYTHONHASHSEED=0 in the environment ({NUMERIC_ENV_FILE})"
     )
     seed = environ.get("PYTHONHASHSEED")
-    if seed is None or seed == "random":
+    if not seed or seed == "random":  # Python reads an empty value as unset
         return Check(
             "seeds",
             "warn",
@@ -73,20 +82,26 @@ def _check_deterministic_algorithms(env: Mapping[str, Any], environ: Mapping[str
     )
     if state is None:
         reason = env.get("unknown", {}).get("knobs.deterministic_algorithms", "not recorded")
-        return Check("deterministic_algorithms", "warn", f"cannot be read: {reason}", fix)
+        return Check("deterministic_algorithms", "fact", f"cannot be read: {reason}", fix)
     if not state:
+        # A setting of the process, not of the node: no environment variable turns it
+        # on, so every fresh process starts with it off and only code can change that.
         return Check(
             "deterministic_algorithms",
-            "warn",
-            "off (the default): index_add_, scatter_add_, some backward passes and "
-            "cuDNN algorithms may use atomics whose order changes between runs",
+            "fact",
+            "off in every fresh process (torch's default; only code turns it on): "
+            "index_add_, scatter_add_, some backward passes and cuDNN algorithms may "
+            "use atomics whose order changes between runs",
             fix,
         )
     if knobs.get("deterministic_warn_only"):
         return Check(
             "deterministic_algorithms",
             "warn",
-            "on in warn-only mode: nondeterministic ops only print a warning",
+            "a fresh process on this node starts in warn-only mode (something run at "
+            "start-up, a sitecustomize or .pth file, sets it): nondeterministic ops "
+            "only print a warning",
+            "remove that start-up code, or call "
             "torch.use_deterministic_algorithms(True, warn_only=False)",
         )
     return Check("deterministic_algorithms", "ok", "on")
@@ -95,18 +110,26 @@ def _check_deterministic_algorithms(env: Mapping[str, Any], environ: Mapping[str
 def _check_cudnn(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
     knobs = env.get("knobs", {})
     cuda_node = bool(env.get("gpus"))
-    problems, fixes = [], []
     if knobs.get("cudnn.benchmark"):
-        problems.append(
-            "cudnn.benchmark is on: cuDNN times several convolution algorithms and "
-            "keeps the fastest, which can differ from run to run and node to node"
+        # torch's default is off: in a fresh process it is on only if the node's
+        # start-up code (a sitecustomize or .pth file) turned it on.
+        return Check(
+            "cudnn",
+            "warn",
+            "cudnn.benchmark is on in a fresh process on this node (torch's default is "
+            "off: start-up code, a sitecustomize or .pth file, sets it): cuDNN times "
+            "several convolution algorithms and keeps the fastest, which can differ "
+            "from run to run and node to node",
+            "remove that start-up code; in code: torch.backends.cudnn.benchmark = False",
         )
-        fixes.append("torch.backends.cudnn.benchmark = False")
     if cuda_node and knobs.get("cudnn.enabled") and not knobs.get("cudnn.deterministic"):
-        problems.append("cudnn.deterministic is off: cuDNN may pick nondeterministic kernels")
-        fixes.append("torch.backends.cudnn.deterministic = True")
-    if problems:
-        return Check("cudnn", "warn", "; ".join(problems), "; ".join(fixes))
+        return Check(
+            "cudnn",
+            "fact",
+            "cudnn.deterministic is off in every fresh process (torch's default): cuDNN "
+            "may pick nondeterministic kernels",
+            "torch.backends.cudnn.deterministic = True",
+        )
     if not cuda_node:
         return Check("cudnn", "ok", "cudnn.benchmark off; no GPU, so no cuDNN kernels run")
     return Check("cudnn", "ok", "cudnn.benchmark off and cudnn.deterministic on")
@@ -183,14 +206,26 @@ def _check_tf32(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
             "torch.backends.cudnn.allow_tf32 = False)"
         )
         if ampere and on:
-            return Check(
-                "tf32",
-                "warn",
+            effect = (
                 f"TF32 is on for fp32 {' and '.join(on)} and {names} has tensor cores "
                 "that use it: fp32 results carry a 10-bit mantissa (~1e-3 relative "
-                "error) and differ from older GPUs and from the CPU",
-                fix,
+                "error) and differ from older GPUs and from the CPU"
             )
+            if "matmul" in on:
+                # torch's default is IEEE fp32 for matmuls: TF32 there in a fresh
+                # process comes from the node (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 or
+                # start-up code).
+                return Check(
+                    "tf32",
+                    "warn",
+                    f"{effect}; TF32 matmuls are not torch's default, so something on "
+                    "this node (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1, a sitecustomize or "
+                    ".pth file) turns them on",
+                    f"unset TORCH_ALLOW_TF32_CUBLAS_OVERRIDE or remove that start-up "
+                    f"code; in code: {fix}",
+                )
+            return Check("tf32", "fact", f"{effect}; TF32 convolutions are torch's "
+                         "default in every fresh process: only code turns them off", fix)
         if ampere and unreadable:
             return Check(
                 "tf32",
@@ -221,13 +256,17 @@ def _check_cpu_reduced_fp32(env: Mapping[str, Any]) -> Check:
     amx = "amx_bf16" in flags
     fix = 'torch.set_float32_matmul_precision("highest") (or mkldnn.matmul.fp32_precision = "ieee")'
     if amx and (precision in ("high", "medium") or reduced):
+        # torch's default is 'highest': a reduced precision in a fresh process was set
+        # by the node's start-up code.
         return Check(
             "tf32",
             "warn",
-            f"no GPU; this CPU has AMX and float32_matmul_precision is {precision!r}: "
-            "oneDNN computes fp32 matmuls in bf16 (the CPU analogue of TF32, ~1e-3 "
-            "relative error) and differs from CPUs without AMX",
-            fix,
+            f"no GPU; this CPU has AMX and float32_matmul_precision is {precision!r} in "
+            "a fresh process (torch's default is 'highest': start-up code, a "
+            "sitecustomize or .pth file, sets it): oneDNN computes fp32 matmuls in "
+            "bf16 (the CPU analogue of TF32, ~1e-3 relative error) and differs from "
+            "CPUs without AMX",
+            f"remove that start-up code; in code: {fix}",
         )
     if amx:
         return Check(
@@ -242,7 +281,7 @@ def _check_cpu_reduced_fp32(env: Mapping[str, Any]) -> Check:
 
 def _check_cublas_workspace(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
     value = env.get("env_vars", {}).get("CUBLAS_WORKSPACE_CONFIG")
-    fix = "export CUBLAS_WORKSPACE_CONFIG=:4096:8 (before CUDA starts)"
+    fix = f"CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment ({NUMERIC_ENV_FILE})"
     if not env.get("gpus"):
         return Check("cublas_workspace", "ok", "no GPU: cuBLAS is not used")
     if value is None:
@@ -279,8 +318,9 @@ def _check_threads(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
         f"OMP_NUM_THREADS and MKL_NUM_THREADS are unset: torch uses {threads} thread(s) "
         f"because this machine has {cpus} logical CPUs; CPU reductions are split by "
         "thread, so a machine with another core count sums in another order",
-        f"export OMP_NUM_THREADS={threads} (the same on every node), or "
-        f"torch.set_num_threads({threads}) in code",
+        f"OMP_NUM_THREADS and MKL_NUM_THREADS in the environment, the same number on "
+        f"every node ({NUMERIC_ENV_FILE}; {threads} here), or torch.set_num_threads(N) "
+        "in code",
     )
 
 
@@ -289,14 +329,25 @@ def _check_mkl_cbwr(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check
     value = env.get("env_vars", {}).get("MKL_CBWR")
     if not torch_doc.get("mkl_available"):
         return Check("mkl_cbwr", "ok", "torch is not built with MKL")
+    fix = (
+        f"MKL_CBWR=COMPATIBLE in the environment ({NUMERIC_ENV_FILE}; bitwise the same "
+        "on every x86 CPU, slowest) or MKL_CBWR=AVX2 (the same on every CPU with AVX2)"
+    )
     if value is None:
         return Check(
             "mkl_cbwr",
             "warn",
             "MKL_CBWR is unset on an MKL build: MKL picks its code path from the CPU "
             "it runs on (AVX-512, AVX2, ...), so BLAS results depend on the CPU model",
-            "export MKL_CBWR=COMPATIBLE (bitwise the same on every x86 CPU, slowest) or "
-            "MKL_CBWR=AVX2 (the same on every CPU with AVX2)",
+            fix,
+        )
+    if value.split(",")[0].strip().upper() in ("", "AUTO"):
+        return Check(
+            "mkl_cbwr",
+            "warn",
+            f"MKL_CBWR={value} is MKL's default: it still picks its code path from the "
+            "CPU it runs on, so BLAS results depend on the CPU model",
+            fix,
         )
     return Check("mkl_cbwr", "ok", f"MKL_CBWR={value}: MKL's code path is fixed")
 
@@ -304,7 +355,7 @@ def _check_mkl_cbwr(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check
 def _check_dataloader(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
     return Check(
         "dataloader_workers",
-        "info",
+        "fact",
         "DataLoader workers draw their own seeds: numpy and random in a worker repeat "
         "or vary unless seeded from the worker's torch seed, and shuffling follows the "
         "global torch generator unless it gets its own",
@@ -327,9 +378,9 @@ def _check_fp16_eps(
     if fp16_underflows(eps):
         return Check(
             "fp16_eps",
-            "warn",
-            f"eps={eps:g} (LayerNorm, Adam) rounds to 0 in float16 (the smallest "
-            "subnormal is 6e-8): in pure fp16 the division by sqrt(var)+eps can "
+            "fact",
+            f"eps={eps:g} (LayerNorm, Adam) rounds to 0 in float16, on every node (the "
+            "format's smallest subnormal is 6e-8): in pure fp16 the division by sqrt(var)+eps can "
             "produce inf/NaN",
             "keep eps and optimizer state in float32 (autocast and AMP do; never "
             "model.half() with Adam), or use eps >= 1e-4 when a tensor must be fp16",
@@ -366,6 +417,7 @@ def as_json(checks: list[Check]) -> dict[str, Any]:
     return {
         "checks": [asdict(c) for c in checks],
         "warnings": sum(c.status == "warn" for c in checks),
+        "facts": sum(c.status == "fact" for c in checks),
     }
 
 
@@ -378,12 +430,18 @@ def render(checks: list[Check], environment: Mapping[str, Any]) -> str:
         f"CPU {(environment.get('cpu') or {}).get('capability')}, {devices}",
         "(defaults of a fresh Python process on this node; what your code sets at run "
         "time is not visible here)",
+        "warn: this node's setup, fix it on the node (--strict fails); "
+        "fact: true of every process or of the format, handle it in code",
         "",
     ]
     for check in checks:
         lines.append(f"[{check.status:<4}] {check.name}: {check.message}")
-        if check.fix and check.status != "ok":
+        if check.fix and check.status == "warn":
             lines.append(f"       fix: {check.fix}")
+        elif check.fix and check.status == "fact":
+            lines.append(f"       in code: {check.fix}")
     warnings = sum(c.status == "warn" for c in checks)
-    lines += ["", f"{warnings} warning(s), {len(checks)} check(s)"]
+    facts = sum(c.status == "fact" for c in checks)
+    lines += ["", f"{warnings} warning(s) to fix on this node, {facts} fact(s) to handle "
+                  f"in code, {len(checks)} check(s)"]
     return "\n".join(lines)

@@ -2,7 +2,8 @@
 
 - ``database_url``: an empty database, fresh per test. SQLite: a file in ``tmp_path``.
   PostgreSQL: a uniquely named database created on the server of
-  ``NUMPARITY_TEST_DATABASE_URL`` and dropped afterwards (skipped when it is unset).
+  ``NUMPARITY_TEST_DATABASE_URL`` and dropped afterwards (skipped when it is unset,
+  with an example value; the summary folds those skips into one line).
 - ``migrated_database_url``: the same, migrated to head.
 - ``live_server``: ``numparity-server serve`` as a real uvicorn subprocess on a free
   loopback port, with an agent, a reader and an admin token made by the CLI.
@@ -28,6 +29,32 @@ from helpers.processes import (
 from sqlalchemy import make_url
 
 TEST_DATABASE_ENV = "NUMPARITY_TEST_DATABASE_URL"
+TESTS = Path(__file__).resolve().parent
+POSTGRESQL_UNSET = (
+    f"{TEST_DATABASE_ENV} is unset: the PostgreSQL case of each database test needs it, "
+    f"e.g. {TEST_DATABASE_ENV}=postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Iterator[pytest.TestReport]:
+    """A skip raised by a shared fixture is reported at the fixture's line.
+
+    pytest reports a fixture's skip at each test's own line (to say which test skipped),
+    so `-ra` cannot fold them: one cause, PostgreSQL not configured, filled ~155 summary
+    lines. At the fixture's line the summary folds them into one, `SKIPPED [155]
+    tests/conftest.py:NN: reason`. Skips in a test's own module keep their place.
+    """
+    report: pytest.TestReport = yield
+    if report.skipped and call.excinfo is not None and isinstance(report.longrepr, tuple):
+        ours = [entry for entry in call.excinfo.traceback
+                if Path(entry.path).is_relative_to(TESTS)]
+        if ours and Path(ours[-1].path) != Path(item.path):
+            where = ours[-1]
+            report.longrepr = (str(where.path), where.lineno + 1, report.longrepr[2])
+    return report
 
 
 def _libpq_url(url: str) -> str:
@@ -46,7 +73,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
     base = os.environ.get(TEST_DATABASE_ENV)
     if not base:
-        pytest.skip(f"{TEST_DATABASE_ENV} is unset")
+        pytest.skip(POSTGRESQL_UNSET)
     name = f"numparity_test_{uuid.uuid4().hex[:16]}"
     parsed = make_url(base)
     if parsed.drivername in ("postgres", "postgresql"):

@@ -2,10 +2,16 @@
 
 The node is changed at its edges only: environment variables, torch's knob getters
 (monkeypatched and restored), and fake GPUs (torch.cuda answering as an A100/V100).
+A `warn` is something the node can fix (it fails `--strict`); a `fact` holds in every
+fresh process or for a number format (it never does).
 """
 
 import json
 import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -65,11 +71,15 @@ def test_seeds_ok_with_pythonhashseed(monkeypatch):
     monkeypatch.setenv("PYTHONHASHSEED", "0")
     item = check("seeds")
     assert item.status == "ok" and "must still seed" in item.message
+    for random_seed in ("", "random"):  # both mean a random seed to Python
+        monkeypatch.setenv("PYTHONHASHSEED", random_seed)
+        assert check("seeds").status == "warn"
 
 
-def test_deterministic_algorithms_off_by_default_warns():
+def test_deterministic_algorithms_off_by_default_is_a_fact_of_every_process():
     item = check("deterministic_algorithms")
-    assert item.status == "warn" and item.fix.startswith("torch.use_deterministic_algorithms(True)")
+    assert item.status == "fact" and "every fresh process" in item.message
+    assert item.fix.startswith("torch.use_deterministic_algorithms(True)")
 
 
 def test_deterministic_algorithms_on_is_ok_and_warn_only_is_not(monkeypatch):
@@ -84,12 +94,13 @@ def test_cudnn_benchmark_on_warns(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
     item = check("cudnn")
     assert item.status == "warn" and "torch.backends.cudnn.benchmark = False" in item.fix
+    assert "start-up code" in item.message
 
 
-def test_cudnn_on_a_gpu_node_needs_deterministic(monkeypatch):
+def test_cudnn_on_a_gpu_node_needs_deterministic_in_code(monkeypatch):
     gpus(monkeypatch, V100)
     item = check("cudnn")
-    assert item.status == "warn" and "cudnn.deterministic = True" in item.fix
+    assert item.status == "fact" and "cudnn.deterministic = True" in item.fix
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
     assert check("cudnn").status == "ok"
 
@@ -98,12 +109,12 @@ def test_cudnn_ok_on_a_cpu_node():
     assert check("cudnn").status == "ok"
 
 
-def test_tf32_warns_on_ampere_with_the_defaults(monkeypatch):
+def test_tf32_convolutions_on_ampere_are_torchs_default_a_fact(monkeypatch):
     gpus(monkeypatch, A100, V100)
     item = check("tf32")
     # torch's default: fp32 convolutions in TF32 (cuDNN), matmuls in IEEE fp32.
     assert tf32_in_force(capture_environment()["knobs"]) == {"matmul": False, "conv": True}
-    assert item.status == "warn"
+    assert item.status == "fact"
     assert "conv" in item.message and "NVIDIA A100-SXM4-80GB (cc 8.0)" in item.message
     assert "V100" not in item.message
     assert 'cudnn.conv.fp32_precision = "ieee"' in item.fix
@@ -195,6 +206,9 @@ def test_mkl_cbwr_unset_on_an_mkl_build_warns(monkeypatch):
     assert item.status == "warn" and "MKL_CBWR=COMPATIBLE" in item.fix
     monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
     assert check("mkl_cbwr").status == "ok"
+    monkeypatch.setenv("MKL_CBWR", "AUTO")  # MKL's default: the path still follows the CPU
+    item = check("mkl_cbwr")
+    assert item.status == "warn" and "MKL_CBWR=AUTO is MKL's default" in item.message
 
 
 def test_mkl_cbwr_ok_without_mkl(monkeypatch):
@@ -204,7 +218,7 @@ def test_mkl_cbwr_ok_without_mkl(monkeypatch):
 
 def test_dataloader_advice_is_always_given():
     item = check("dataloader_workers")
-    assert item.status == "info"
+    assert item.status == "fact"
     assert "worker_init_fn" in item.fix and "generator=torch.Generator()" in item.fix
 
 
@@ -213,7 +227,7 @@ def test_fp16_eps_underflow_is_computed():
     assert bool(np.float16(1e-8) == 0) and fp16_underflows(1e-8)
     assert not np.float16(1e-4) == 0 and not fp16_underflows(1e-4)
     item = check("fp16_eps")
-    assert item.status == "warn" and "rounds to 0" in item.message
+    assert item.status == "fact" and "rounds to 0" in item.message
     assert _check_fp16_eps({}, {}, eps=1e-4).status == "ok"
 
 
@@ -232,7 +246,121 @@ def test_doctor_command_text_json_and_strict():
     statuses = {c["name"]: c["status"] for c in report["checks"]}
     assert list(statuses) == ITEMS
     assert statuses["threads"] == "ok" and statuses["mkl_cbwr"] == "ok"
+    assert statuses["deterministic_algorithms"] == "fact" and statuses["fp16_eps"] == "fact"
     assert report["warnings"] == sum(s == "warn" for s in statuses.values())
+    assert report["facts"] == sum(s == "fact" for s in statuses.values())
 
     proc = run_agent("doctor", "--strict", env=env)
-    assert proc.returncode == 1  # deterministic algorithms are off in a fresh process
+    assert proc.returncode == 1  # PYTHONHASHSEED is unset: the node can fix that
+    assert "[warn] seeds:" in proc.stdout
+
+
+# --- a node set up as the README says ----------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+# What the README's recipe sets; the tests start from a node without any of it.
+RECIPE_NAMES = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE",
+                "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")
+
+
+def quick_start_agent_block() -> str:
+    """The README's quick start, the agent's shell block."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Lab quick start", 1)[1].split("\n### ", 1)[0]
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", section, re.S) if "numparity[agent]" in b]
+    return block
+
+
+def recipe_script(etc: Path, numeric_env: str | None = None) -> str:
+    """The quick start's lines that write the numeric settings and run the doctor, for a
+    node whose /etc/numparity is `etc` and whose agent is this checkout's."""
+    block = quick_start_agent_block()
+    write = re.search(r"^install -m 644 /dev/stdin /etc/numparity/numeric.env <<'EOF'\n"
+                      r"(.*?)^EOF\n", block, re.S | re.M)
+    assert write, block
+    (doctor,) = [line for line in block.splitlines() if "numparity-agent doctor" in line]
+    if numeric_env is None:
+        numeric_env = write.group(1)
+    script = f"install -m 644 /dev/stdin /etc/numparity/numeric.env <<'EOF'\n{numeric_env}EOF\n"
+    script += doctor + "\n"
+    return (script.replace("/etc/numparity", str(etc))
+            .replace("numparity-agent", f"{sys.executable} -m numparity_agent"))
+
+
+def node_env() -> dict[str, str]:
+    env = clean_env()
+    for name in RECIPE_NAMES:
+        env.pop(name, None)
+    return env
+
+
+def test_the_readme_recipe_writes_the_settings_of_deploy_numeric_env():
+    def settings(text):
+        return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+    block = quick_start_agent_block()
+    shipped = settings((REPO / "deploy" / "numeric.env").read_text())
+    assert shipped == settings(block.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0])
+    readme = (REPO / "README.md").read_text()
+    # Every place the README starts the agent, it starts it with those settings.
+    runs = re.findall(r"^0 \* \* \* \* .*numparity-agent run.*$", readme, re.M)
+    assert len(runs) == 2
+    for line in runs:
+        assert "set -a; . /etc/numparity/numeric.env; " in line, line
+    unit = (REPO / "deploy" / "systemd" / "numparity-agent.service").read_text()
+    assert re.search(r"^EnvironmentFile=/etc/numparity/numeric.env$", unit, re.M)
+
+
+def test_a_node_set_up_per_the_readme_passes_doctor_strict(tmp_path):
+    done = subprocess.run(["sh", "-c", recipe_script(tmp_path)], env=node_env(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 warning(s) to fix on this node" in done.stdout
+    assert "[fact] deterministic_algorithms:" in done.stdout  # still said, never failing
+    assert "[fact] fp16_eps:" in done.stdout
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    (("OMP_NUM_THREADS=8\nMKL_NUM_THREADS=8\n", ""), "OMP_NUM_THREADS"),
+    (("PYTHONHASHSEED=0\n", ""), "PYTHONHASHSEED"),
+    (("MKL_CBWR=COMPATIBLE", "MKL_CBWR=AUTO"), "MKL_CBWR"),
+])
+def test_a_broken_setting_fails_doctor_strict_naming_it(tmp_path, edit, named):
+    if named == "MKL_CBWR" and not torch.backends.mkl.is_available():
+        pytest.skip("torch built without MKL: MKL_CBWR changes nothing")
+    block = quick_start_agent_block()
+    settings = block.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0] + "\n"
+    assert edit[0] in settings
+    script = recipe_script(tmp_path, settings.replace(*edit))
+    done = subprocess.run(["sh", "-c", script], env=node_env(), capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (warning,) = [line for line in done.stdout.splitlines() if line.startswith("[warn]")]
+    assert named in warning
+
+
+# --- a reader that leaves early -----------------------------------------------------------
+
+@pytest.mark.parametrize("args", [("doctor",), ("doctor", "--json"), ("env",)])
+def test_a_closed_pipe_ends_quietly(args):
+    """`doctor | head -1` when head has gone: no traceback, the SIGPIPE exit status."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has left before the first byte
+    try:
+        done = subprocess.run([sys.executable, "-m", "numparity_agent", *args],
+                              stdout=write_end, stderr=subprocess.PIPE, env=clean_env(),
+                              text=True, timeout=120, check=False)
+    finally:
+        os.close(write_end)
+    assert done.stderr == ""
+    assert done.returncode == 141
+
+
+def test_doctor_piped_into_head_prints_its_first_line_only():
+    agent = f"{sys.executable} -m numparity_agent"
+    pipeline = f"{agent} doctor | head -1; {agent} doctor --json | head -1"
+    done = subprocess.run(["sh", "-c", pipeline], env=clean_env(), capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    first, json_first = done.stdout.splitlines()
+    assert first.startswith("numparity doctor: torch ") and json_first == "{"

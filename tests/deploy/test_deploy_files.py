@@ -334,6 +334,19 @@ def test_dockerfile_copies_dependencies_before_code() -> None:
     assert {"agent", "server", "migrations", "setup.py", "README.md"} <= set(sources)
 
 
+def test_dockerfile_copies_every_licence_file_the_build_needs() -> None:
+    """pyproject's license-files patterns must each match a copied file: one that
+    matches nothing fails the image's `pip install` (a setuptools deprecation today)."""
+    from tomllib import loads
+
+    sources = [source for rest in instruction("COPY") for source in rest.split()[:-1]]
+    patterns = loads((REPO / "pyproject.toml").read_text())["project"]["license-files"]
+    for pattern in patterns:
+        found = [f.relative_to(REPO).as_posix() for f in REPO.glob(pattern)]
+        copied = [f for f in found if any(f == s or f.startswith(f"{s}/") for s in sources)]
+        assert copied, f"license-files {pattern!r}: none of {found} is copied into the image"
+
+
 def test_dockerfile_healthcheck_cmd_and_port() -> None:
     (healthcheck,) = instruction("HEALTHCHECK")
     assert "/readyz" in healthcheck and "CMD" in healthcheck
