@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from numparity_server.audit import export as audit_export
 from numparity_server.audit import service as audit_service
 from numparity_server.auth.service import authenticate
+from numparity_server.catalog import service as catalog
 from numparity_server.dashboard import service
 from numparity_server.dashboard.origin import same_origin, serialise
 from numparity_server.deps import DbSession, PolicyDep, SettingsDep, require_reader
@@ -137,6 +138,24 @@ async def fleet(request: Request, session: DbSession, policy: PolicyDep, setting
                                    suite=suite, limit=min(limit, settings.page_max),
                                    offset=offset)
     return render(request, "overview.html", view=view, title="Fleet")
+
+
+@router.get("/workloads", response_class=HTMLResponse)
+async def workloads_page(request: Request, session: DbSession, settings: SettingsDep,
+                         _reader: PageReader, suite: str | None = None,
+                         limit: Annotated[int, Query(ge=1)] = 100,
+                         offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0
+                         ) -> HTMLResponse:
+    limit = min(limit, settings.page_max)
+    listing = await run_in_threadpool(catalog.suites, session=session, suite=suite or None,
+                                      limit=limit, offset=offset)
+
+    def pager(to: int) -> str:
+        return urlencode({**({"suite": suite} if suite else {}), "limit": limit,
+                          "offset": max(to, 0)})
+
+    return render(request, "workloads.html", listing=listing, suite=suite, pager=pager,
+                  title="Workloads")
 
 
 @router.get("/workloads/{workload}", response_class=HTMLResponse)
