@@ -201,8 +201,9 @@ def workload_page(*, session: Session, policy: Policy, suite: str, workload: str
             continue
         views.append(VariantView(variant, report.model_dump(mode="json"), runs={
             group["id"]: group["representative"]["run_id"] for group in report.groups}))
+    fp64_reference = any(v.variant == "fp64-reference" and v.report for v in views)
     return {"suite": suite, "workload": workload, "tensor": chosen, "tensor_reason": why,
-            "tensors": tensors, "variants": views}
+            "tensors": tensors, "variants": views, "fp64_reference": fp64_reference}
 
 
 def _default_tensor(workload: str, tensors: Sequence[tuple[str, str]]
