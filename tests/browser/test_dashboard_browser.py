@@ -469,3 +469,13 @@ def test_chart_legends_show_values_without_hovering(page: Any, compare_path: str
     values = legend_values(page, "#timeline-chart")
     assert len(values) == 4 and all(v and v != "--" for v in values), values
     assert "UTC" in values[0] and "(drill)" in values[1], values
+
+
+def test_the_drill_comparison_names_the_drill_and_its_flipped_bit(page: Any,
+                                                                    api: httpx.Client) -> None:
+    page.goto(f"/compare?run_a={latest_run(api, STOCK_NODES[0])}"
+              f"&run_b={latest_run(api, DRILL_NODE)}&workload=cnn&variant=strict")
+    note = page.locator("p.note.drill").inner_text()
+    assert note.startswith(f"Run b ({DRILL_NODE}) is a fault drill"), note
+    flip = page.locator("section.pair .bit-flip").first.inner_text()
+    assert re.fullmatch(r"one flipped bit: element \d+, bit 20, \S+ → \S+", flip), flip

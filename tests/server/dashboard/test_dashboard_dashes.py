@@ -85,3 +85,33 @@ def test_the_comparison_page_says_a_run_is_a_drill(fleet):
     assert text.startswith("Run b (drilled) is a fault drill (numparity-agent run "
                            "--fault-drill): one bit of one activation")
     assert 'class="note drill"' not in page(fleet, "/compare?run_a=r1&run_b=rf")
+
+
+def test_the_comparison_names_the_one_flipped_bit_of_a_drill(api):
+    """A drill's strict result: conv2 (whole values stored) has one bit of one element
+    flipped, as `run --fault-drill` does; the page and /compare name it."""
+    import numpy as np
+    from helpers.documents import cnn_tensors, tensor_entry
+
+    stock = run_document("node-1", run_id="s1", variants=("strict",))
+    drilled = run_document("drilled", run_id="d1", variants=("strict",), drill=True)
+    result = drilled["results"][0]
+    conv2 = np.frombuffer(__import__("base64").b64decode(
+        result["tensors"][1]["values"]["data"]), dtype="<f4").reshape(4, 64, 4, 4).copy()
+    before = float(conv2.flat[37])
+    conv2.reshape(-1).view(np.uint32)[37] ^= np.uint32(1 << 20)
+    after = float(conv2.flat[37])
+    result["tensors"][1] = tensor_entry("conv2", "layer", 1, conv2)
+    assert cnn_tensors()[1]["hash"] != result["tensors"][1]["hash"]
+    for document in (stock, drilled):
+        assert api.post_run(document).status_code == 201
+    compared = api.client.get("/api/v1/compare", params={"run_a": "s1", "run_b": "d1"},
+                              headers=api.reader).json()
+    (pair,) = [p for p in compared["pairs"] if p["compared"]]
+    assert pair["first_divergent_layer"]["name"] == "conv2"
+    assert pair["first_divergent_layer"]["bit_flip"] == {
+        "index": 37, "bit": 20, "reference": before, "candidate": after}
+    html = page(api, "/compare?run_a=s1&run_b=d1")
+    assert (f"one flipped bit: element 37, bit 20, {before} → {after}"
+            in unescape(html))
+    assert 'class="note drill"' in html
