@@ -15,8 +15,9 @@ two kinds of run:
 
 Documents are the size of the full standard suite (6 workloads x 6 variants, ~400
 tensors), fingerprinted with the agent's own functions, in the exact wire format. New
-environments reuse the fingerprints' arrays under fresh random hashes (the server does
-not recompute hashes), so generating them stays cheap. Bodies are prepared before the
+environments reuse the fingerprints' arrays under fresh random hashes (the server checks
+the hash only of values, so a tensor that carries them gets its first bytes changed and
+its hash recomputed), so generating them stays cheap. Bodies are prepared before the
 clock starts so the client, which shares the machine's cores with the server, stays
 lean.
 
@@ -31,8 +32,10 @@ stored per run (database growth / runs).
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import gzip
+import hashlib
 import json
 import os
 import secrets
@@ -50,6 +53,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -139,9 +143,13 @@ def suite_document(node: str) -> dict[str, Any]:
                           finished_at="2026-11-21T10:00:41Z")
 
 
+_EPOCH = (datetime.now(timezone.utc) - timedelta(days=30)).replace(second=0, microsecond=0)
+
+
 def as_run(template: dict[str, Any], node: str, minute: int) -> dict[str, Any]:
     """The template as another node's run (shares everything but the run's identity)."""
-    stamp = f"2026-11-{21 + minute // 1440:02d}T{minute // 60 % 24:02d}:{minute % 60:02d}:00Z"
+    # Minutes after a start in the past: the server refuses times ahead of its clock.
+    stamp = (_EPOCH + timedelta(minutes=minute)).isoformat().replace("+00:00", "Z")
     return {**template, "run_id": str(uuid.uuid4()), "node": {"name": node, "labels": {}},
             "started_at": stamp, "finished_at": stamp}
 
@@ -150,11 +158,28 @@ def as_new_environment(template: dict[str, Any], node: str, minute: int) -> dict
     """The template on an environment the server has never seen: every hash new."""
     document = copy.deepcopy(as_run(template, node, minute))
     document["environment"]["env_key"] = secrets.token_hex(32)
-    renamed: dict[str, str] = {}
+    renamed: dict[str, tuple[str, dict[str, str] | None]] = {}
     for result in document["results"]:
         for tensor in result["tensors"]:
-            tensor["hash"] = renamed.setdefault(tensor["hash"], secrets.token_hex(32))
+            if tensor["hash"] not in renamed:
+                renamed[tensor["hash"]] = _new_bytes(tensor)
+            tensor["hash"], values = renamed[tensor["hash"]]
+            if values is not None:
+                tensor["values"] = values
     return document
+
+
+def _new_bytes(tensor: dict[str, Any]) -> tuple[str, dict[str, str] | None]:
+    """A fresh hash for a tensor; one that carries its values gets new values (its first
+    bytes random) and their real hash, which the server checks."""
+    values = tensor.get("values")
+    if values is None:
+        return secrets.token_hex(32), None
+    raw = bytearray(base64.b64decode(values["data"]))
+    raw[:4] = secrets.token_bytes(min(4, len(raw)))
+    dims = ",".join(str(n) for n in tensor["shape"])
+    digest = hashlib.sha256(f"{tensor['dtype']};{dims};".encode() + raw).hexdigest()
+    return digest, {**values, "data": base64.b64encode(bytes(raw)).decode("ascii")}
 
 
 # -- server ------------------------------------------------------------------------------

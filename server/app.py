@@ -22,6 +22,7 @@ from numparity_server.health.api import router as health_router
 from numparity_server.kit import migrate
 from numparity_server.kit.db import get_engine, session_factory
 from numparity_server.kit.handlers import install_error_handlers
+from numparity_server.kit.limits import BodyLimits
 from numparity_server.kit.policy_file import load_policy
 from numparity_server.kit.security_headers import SecurityHeaders
 from numparity_server.kit.settings import Settings
@@ -70,6 +71,9 @@ def create_app(settings: Settings) -> FastAPI:
     dashboard.install(app)
     install_api_docs(app)
     openapi.install(app, models=OPENAPI_MODELS)
+    # Outside the routes and their dependencies: no database work before the body is in.
+    app.add_middleware(BodyLimits, max_body_bytes=settings.max_body_bytes,
+                       body_timeout_s=settings.body_timeout_s)
     return app
 
 

@@ -70,7 +70,13 @@ def require_reader(
 
 
 def require_agent(session: DbSession, authorization: AuthorizationHeader = None) -> Principal:
-    return authenticate(session=session, authorization=authorization, role="agent")
+    try:
+        return authenticate(session=session, authorization=authorization, role="agent")
+    finally:
+        # The token check's transaction ends here and its connection goes back to the
+        # pool: an agent's route decodes and validates its body before it writes, and
+        # holds no connection meanwhile (the body itself arrived before: kit.limits).
+        session.rollback()
 
 
 def require_admin(session: DbSession, authorization: AuthorizationHeader = None) -> Principal:

@@ -10,7 +10,8 @@ once, after every route is registered, the schema is corrected operation by oper
 - every error status of every operation has ``ErrorBody`` as its schema;
 - a security requirement (the bearer token, ``deps.AuthorizationHeader``, on every route
   that checks one) adds 401 and 403; a path parameter 404; any parameter or body 422;
-  a body 400 (not JSON at all); every operation but ``/healthz`` and ``/api/v1`` reads
+  a body 400 (not JSON at all), 408 (too slow, ``kit.limits``), 413 (too large) and 415
+  (an encoding other than gzip); every operation but ``/healthz`` and ``/api/v1`` reads
   the database, so 503;
 - ``limit`` (``deps.page_params``) has the server's ``page_max`` as its maximum;
 - the models of hand-read bodies (the run document) are added to the components.
@@ -38,8 +39,9 @@ _DESCRIPTIONS = {
     403: "The token's role may not do this",
     404: "Not found: `detail` names what is unknown",
     405: "Method not allowed",
+    408: "The body did not arrive within NUMPARITY_BODY_TIMEOUT_S",
     409: "Conflict",
-    413: "The body is over the size limit",
+    413: "The body is over NUMPARITY_MAX_BODY_BYTES",
     415: "Unsupported media type or content encoding",
     422: "Invalid parameters or body: `detail` is a list of `{loc, msg}`, `loc` naming "
          "the parameter or field",
@@ -86,7 +88,9 @@ def _correct(operation: dict[str, Any], page_max: int, *, database: bool) -> Non
     if parameters or "requestBody" in operation:
         statuses.add(422)
     if "requestBody" in operation:
-        statuses.add(400)  # a body that is not JSON at all
+        # Not JSON at all or corrupt gzip; too slow (kit.limits); too large; an encoding
+        # other than gzip.
+        statuses.update((400, 408, 413, 415))
     responses: dict[str, Any] = operation.setdefault("responses", {})
     for status in statuses:
         responses.setdefault(str(status), {})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,8 @@ class Fingerprint:
 
     @property
     def count(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        # Python's integers: a stored shape whose int64 product would wrap stays positive.
+        return math.prod(self.shape)
 
 
 def _decode_field(entry: Mapping[str, Any], field: str, default_dtype: str,

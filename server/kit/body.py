@@ -1,8 +1,10 @@
-"""Request bodies read by hand: size limit before and after gzip, then JSON.
+"""Request bodies read by hand: gzip within the size limit, then bounded JSON.
 
-The run upload reads its body itself (instead of letting FastAPI parse it) so that an
-oversized body is refused while streaming, gzip is accepted, and the document can be
-hashed as received.
+The agent's routes read their body themselves (instead of letting FastAPI parse it) so
+that gzip is accepted, the document can be hashed as received, and the parse and its
+checks run on a worker thread (``run_in_threadpool``), never on the event loop: a body
+of millions of values takes a worker for a moment, not the whole process. The size limit
+and the deadline of the body are ``kit.limits``'.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import zlib
 from typing import Any
 
 import orjson
-from fastapi import Request
 
 from numparity_server.kit.errors import (
     BadRequest,
@@ -28,21 +29,15 @@ def _too_large(limit: int) -> PayloadTooLarge:
                            "(setting NUMPARITY_MAX_BODY_BYTES)")
 
 
-async def read_body(request: Request, *, limit: int) -> bytes:
-    """The body, decoded from gzip when ``Content-Encoding: gzip``; 413 past ``limit``."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    chunks: list[bytes] = []
-    received = 0
-    async for chunk in request.stream():
-        received += len(chunk)
-        if received > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-    body = b"".join(chunks)
+def decode_body(body: bytes, *, encoding: str | None, limit: int) -> bytes:
+    """The body, decoded from gzip when ``Content-Encoding: gzip``; 413 past ``limit``.
 
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    The body arrives whole and within the limit (``kit.limits.BodyLimits``); this bounds
+    what gzip makes of it. One gzip member only: anything after its end, another member
+    included, is a 400 (the agent sends one member; bytes that would be silently dropped
+    are a broken client's, and a second member would only be a way round the check).
+    """
+    encoding = (encoding or "identity").strip().lower()
     if encoding in ("", "identity"):
         return body
     if encoding not in ("gzip", "x-gzip"):
@@ -60,6 +55,9 @@ async def read_body(request: Request, *, limit: int) -> bytes:
         raise _too_large(limit)
     if not decompressor.eof:
         raise BadRequest("request body is truncated gzip")
+    if decompressor.unused_data:
+        raise BadRequest(f"request body has {len(decompressor.unused_data)} bytes of trailing "
+                         "data after the gzip stream (send one gzip member and nothing after)")
     return decoded
 
 
@@ -84,6 +82,11 @@ def _finite_float(literal: str) -> float:
 # in the raw body is cheap; only when one is there is the parsed document walked.
 _SUSPECT_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
 
+# Bounds of any JSON body. The agent's documents nest 7 levels deep; a run of ~400 full
+# fingerprints holds ~20,000 values, and 32 MiB of bare references ~1.3 million.
+MAX_JSON_DEPTH = 64
+MAX_JSON_VALUES = 2_000_000
+
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
     """A JSON object; anything else (including NaN/Infinity literals) is a 422.
@@ -95,14 +98,17 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     integer beyond 64 bits as a float: typed fields then refuse it (they are bounded),
     and in the free-form environment and knobs it is kept as that float.
     """
+    # A parser holds the GIL for the whole parse (a second for 6 million values), on
+    # whichever thread: so a body whose commas alone pass the bound is refused unread.
+    if body.count(b",") >= MAX_JSON_VALUES:
+        raise _too_many_values()
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError:
         document = _parse_slowly(body)
     if not isinstance(document, dict):
         raise InvalidDocument.at(["body"], "the body must be a JSON object")
-    if _SUSPECT_ESCAPE.search(body):
-        _check_strings(document)
+    check_bounds(document, strings=_SUSPECT_ESCAPE.search(body) is not None)
     return document
 
 
@@ -117,25 +123,71 @@ def _parse_slowly(body: bytes) -> Any:
         raise InvalidDocument.at(["body"], "invalid JSON: nested too deeply") from None
 
 
-def _check_strings(document: dict[str, Any]) -> None:
-    """422 naming the first string (or key) holding a NUL or a lone surrogate."""
-    stack: list[tuple[list[str | int], Any]] = [(["body"], document)]
+def check_bounds(document: dict[str, Any], *, strings: bool) -> None:
+    """422 past ``MAX_JSON_DEPTH`` levels or ``MAX_JSON_VALUES`` values, or (``strings``:
+    the body holds a suspect escape) naming the first string or key with a NUL or a lone
+    surrogate.
+
+    One walk over the containers; a container's values are counted by its length before
+    they are looked at, so a body of millions of values is refused before it is walked.
+    The depth bound keeps every later step (canonical JSON, the database's JSON) in its
+    range. Where a container sits is a chain of (parent, key) pairs, made into a ``loc``
+    only for the error: the walk costs ~1 ms a MiB of fingerprints.
+    """
+    stack: list[tuple[Any, int, _Trail]] = [(document, 1, None)]
+    values = 1
     while stack:
-        loc, value = stack.pop()
-        if isinstance(value, dict):
-            for key, item in value.items():
-                _check_string([*loc, key], key)
-                stack.append(([*loc, key], item))
-        elif isinstance(value, list):
-            stack.extend(([*loc, i], item) for i, item in enumerate(value))
-        elif isinstance(value, str):
-            _check_string(loc, value)
+        value, depth, trail = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidDocument.at(_loc(trail)[:8],
+                                     f"nested deeper than {MAX_JSON_DEPTH} levels")
+        values += len(value)
+        if values > MAX_JSON_VALUES:
+            raise _too_many_values()
+        items = value.items() if type(value) is dict else enumerate(value)
+        for key, item in items:
+            kind = type(item)
+            if kind is dict or kind is list:
+                stack.append((item, depth + 1, (trail, key)))
+            elif strings and kind is str and (problem := _string_problem(item)):
+                raise InvalidDocument.at(_loc((trail, key)), problem)
+        if strings and type(value) is dict:
+            for key in value:
+                if problem := _string_problem(key):
+                    raise InvalidDocument.at(_loc((trail, key)), problem)
 
 
-def _check_string(loc: list[str | int], text: str) -> None:
+# Where a container sits: (the parent's trail, its key in the parent); None is the body.
+_Trail = tuple[Any, "str | int"] | None
+
+
+def _loc(trail: _Trail) -> list[str | int]:
+    keys: list[str | int] = []
+    while trail is not None:
+        trail, key = trail
+        keys.append(_printable(key))
+    return ["body", *reversed(keys)]
+
+
+def _too_many_values() -> InvalidDocument:
+    return InvalidDocument.at(["body"], f"the body holds more than {MAX_JSON_VALUES:,} "
+                                        "JSON values")
+
+
+def _string_problem(text: str) -> str | None:
     if "\x00" in text:
-        raise InvalidDocument.at(loc, "strings must not contain NUL (\\u0000)")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidDocument.at(loc, "strings must not contain a lone UTF-16 surrogate") from None
+        return "strings must not contain NUL (\\u0000)"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "strings must not contain a lone UTF-16 surrogate"
+    return None
+
+
+def _printable(key: str | int) -> str | int:
+    """A key as the error can name it: a lone surrogate, which no UTF-8 answer can carry,
+    written as its escape."""
+    if isinstance(key, str):
+        return key.encode("utf-8", "backslashreplace").decode("utf-8")
+    return key

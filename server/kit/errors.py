@@ -48,6 +48,11 @@ class NotFound(DomainError):
     code = "not_found"
 
 
+class RequestTimeout(DomainError):
+    status_code = 408
+    code = "request_timeout"
+
+
 class Conflict(DomainError):
     status_code = 409
     code = "conflict"

@@ -19,6 +19,11 @@ class Settings(BaseSettings):
     migrate_on_start: bool = False
     # Upper bound of a request body, before and after gzip decoding.
     max_body_bytes: int = Field(default=32 * MIB, gt=0)
+    # A request body must have arrived whole this many seconds after the request began,
+    # else 408: no route (and no database session) runs before it has.
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    # started_at/finished_at may be at most this far ahead of the server's clock (422).
+    max_clock_skew_s: float = Field(default=86_400.0, ge=0)
     # Opens read endpoints to anyone who can reach the server (trusted networks only).
     # Writes always need a token.
     open_reads: bool = False

@@ -16,7 +16,7 @@ from numparity_server.deps import (
     ReaderAuth,
     SettingsDep,
 )
-from numparity_server.kit.body import parse_json_object, read_body
+from numparity_server.kit.body import decode_body, parse_json_object
 from numparity_server.kit.pagination import Page
 from numparity_server.runs import service
 from numparity_server.runs.schemas import (
@@ -49,31 +49,57 @@ _RUN_BODY: dict[str, Any] = {
     # Error bodies and the statuses every route shares: numparity_server.openapi.
     responses={200: {"model": RunCreated, "description": "The same document was already stored"},
                400: {"description": "An unsupported `schema` version, or corrupt gzip"},
-               409: {"description": "Another document is stored under this `run_id`"},
-               413: {"description": "The body is over NUMPARITY_MAX_BODY_BYTES"},
-               415: {"description": "A Content-Encoding other than gzip"}},
+               409: {"description": "Another document is stored under this `run_id`"}},
 )
 async def upload_run(
     request: Request, response: Response, ingest: MeteredIngest, session: DbSession,
     settings: SettingsDep, principal: AgentAuth,
 ) -> RunCreated:
     # ``ingest`` comes first: it times and counts the refusals of the token checks too.
-    document = parse_json_object(await read_body(request, limit=settings.max_body_bytes))
-    require_node(principal, service.node_name(document))  # a bound token: its nodes only
-    # The service is synchronous (SQLAlchemy); keep the event loop free while it runs.
-    outcome = await run_in_threadpool(service.ingest_run, session=session, document=document)
+    # The body is already in (kit.limits); decoding, parsing, validating and storing it
+    # run on a worker thread, so the event loop goes on serving other requests.
+    body = await request.body()
+    encoding = request.headers.get("content-encoding")
+
+    def ingest_body() -> service.Ingested:
+        document = parse_json_object(decode_body(body, encoding=encoding,
+                                                 limit=settings.max_body_bytes))
+        require_node(principal, service.node_name(document))  # a bound token: its nodes only
+        return service.ingest_run(session=session, document=document,
+                                  max_clock_skew_s=settings.max_clock_skew_s)
+
+    outcome = await run_in_threadpool(ingest_body)
     ingest.stored(created=outcome.created)
     if not outcome.created:
         response.status_code = status.HTTP_200_OK
     return outcome.run
 
 
-@router.post("/fingerprints/missing", response_model=MissingOut)
-def missing_fingerprints(body: MissingIn, session: DbSession, _principal: AgentAuth) -> MissingOut:
+_MISSING_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/MissingIn"}}},
+    }
+}
+
+
+@router.post("/fingerprints/missing", response_model=MissingOut, openapi_extra=_MISSING_BODY)
+async def missing_fingerprints(request: Request, session: DbSession, settings: SettingsDep,
+                               _principal: AgentAuth) -> MissingOut:
     """Which of these tensor hashes and manifest hashes the server lacks (design §3.2), and
     which of the large tensors in `values` it wants the full values of."""
-    return service.missing_fingerprints(session=session, hashes=body.hashes,
-                                        manifests=body.manifests, values=body.values)
+    body = await request.body()
+    encoding = request.headers.get("content-encoding")
+
+    def answer() -> MissingOut:
+        document = parse_json_object(decode_body(body, encoding=encoding,
+                                                 limit=settings.max_body_bytes))
+        question = service.validate_missing(document)
+        return service.missing_fingerprints(session=session, hashes=question.hashes,
+                                            manifests=question.manifests,
+                                            values=question.values)
+
+    return await run_in_threadpool(answer)
 
 
 @router.get("/runs", response_model=Page[RunListItem])
@@ -89,4 +115,4 @@ def get_run(run_id: str, session: DbSession, _principal: ReaderAuth) -> RunSumma
     return service.run_summary(session=session, run_id=run_id)
 
 
-OPENAPI_MODELS = (RunDocument,)
+OPENAPI_MODELS = (RunDocument, MissingIn)

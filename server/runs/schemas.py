@@ -75,8 +75,18 @@ Time = Annotated[datetime, Field(strict=False), BeforeValidator(_time_string)]
 
 LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 LabelValue = Annotated[str, StringConstraints(max_length=1024)] | int | float | bool | None
-Count = Annotated[int, Field(ge=0, le=INT64_MAX), BeforeValidator(_integral)]
+# The most elements a tensor may claim (2**40, 4 TiB of float32): the product of its
+# shape, and each count of its statistics. An int64 product of a larger shape can wrap
+# negative, and the analysis multiplies shapes.
+MAX_TENSOR_ELEMENTS = 2**40
+Count = Annotated[int, Field(ge=0, le=MAX_TENSOR_ELEMENTS), BeforeValidator(_integral)]
 Dimension = Annotated[int, Field(le=INT64_MAX), BeforeValidator(_integral)]
+# The free-form sections (the environment, a result's knobs): how many JSON values each
+# may hold and how long a string in it may be. The agent's environment holds ~150 values,
+# the longest string (torch's build configuration) ~3,000 characters.
+MAX_ENVIRONMENT_VALUES = 10_000
+MAX_KNOBS_VALUES = 1_000
+MAX_FREE_FORM_CHARS = 65_536
 # Tensors up to this many elements always travel with their values (the agent's
 # VALUES_MAX); the values of a larger one travel only when the server asked for them,
 # and are checked against the hash.
@@ -174,6 +184,16 @@ class TensorEntry(_Wire):
     sample: SampleArray | None = None
     values: WireArray | None = None
 
+    @field_validator("shape")
+    @classmethod
+    def _bounded_shape(cls, shape: list[int] | None) -> list[int] | None:
+        if shape is not None and all(n >= 0 for n in shape):
+            elements = math.prod(shape)
+            if elements > MAX_TENSOR_ELEMENTS:
+                raise ValueError(f"shape {shape} holds {elements} elements; at most "
+                                 f"{MAX_TENSOR_ELEMENTS} (2**40)")
+        return shape
+
     @property
     def is_bare(self) -> bool:
         return all(getattr(self, field) is None for field in _FULL_FIELDS)
@@ -205,14 +225,15 @@ class TensorEntry(_Wire):
             if n != numel:
                 raise ValueError(f"{what} values: data holds {n} {self.values.dtype} elements, "
                                  f"shape {self.shape} needs {numel}")
-            if numel > VALUES_ALWAYS_MAX:
-                self._check_full_values(what)
+            self._check_values(what)
         return self
 
-    def _check_full_values(self, what: str) -> None:
-        """The full values of a large tensor (sent on request) must be the bytes its hash
-        names: same dtype, and the agent's sha256 over ``dtype;dims;bytes``. A node that
-        sends other bytes under a hash would poison every comparison with that hash."""
+    def _check_values(self, what: str) -> None:
+        """Values (always those of a small tensor, a large one's when the server asked)
+        must be the bytes the hash names: same dtype, and the agent's sha256 over
+        ``dtype;dims;bytes``. A node that sends other bytes under a hash would poison
+        every comparison with that hash. Up to ~3 ms of a new environment's run (174
+        tensors with values, bench/ingest.py's document)."""
         assert self.values is not None and self.shape is not None
         if self.values.dtype != self.dtype:
             raise ValueError(f"{what} values: dtype {self.values.dtype!r}, but the tensor is "
@@ -254,6 +275,13 @@ class ResultDoc(_Wire):
     # triples as canonical JSON; see runs.service.manifest_hash).
     manifest: str | None = Field(default=None, pattern=SHA256_HEX)
 
+    @field_validator("knobs")
+    @classmethod
+    def _bounded_knobs(cls, knobs: dict[str, Any] | None) -> dict[str, Any] | None:
+        if knobs is not None:
+            check_free_form(knobs, max_values=MAX_KNOBS_VALUES)
+        return knobs
+
     @model_validator(mode="after")
     def _check(self) -> ResultDoc:
         if self.status == "skipped" and not self.reason:
@@ -279,6 +307,34 @@ class EnvironmentDoc(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     env_key: str = Field(pattern=SHA256_HEX)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            check_free_form(value, max_values=MAX_ENVIRONMENT_VALUES)
+        return value
+
+
+def check_free_form(section: dict[str, Any], *, max_values: int) -> None:
+    """ValueError when a free-form section holds more than ``max_values`` values or a
+    string longer than ``MAX_FREE_FORM_CHARS`` (its depth is bounded for the whole body,
+    kit.body.MAX_JSON_DEPTH)."""
+    stack: list[Any] = [section]
+    values = 0
+    while stack:
+        value = stack.pop()
+        values += len(value)
+        if values > max_values:
+            raise ValueError(f"holds more than {max_values} JSON values")
+        for item in (value.values() if isinstance(value, dict) else value):
+            if isinstance(item, (dict, list)):
+                stack.append(item)
+            elif isinstance(item, str) and len(item) > MAX_FREE_FORM_CHARS:
+                raise ValueError(f"holds a string of {len(item)} characters; at most "
+                                 f"{MAX_FREE_FORM_CHARS}")
+        if isinstance(value, dict) and any(len(key) > MAX_FREE_FORM_CHARS for key in value):
+            raise ValueError(f"holds a key longer than {MAX_FREE_FORM_CHARS} characters")
 
 
 class RunDocument(_Wire):

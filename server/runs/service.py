@@ -7,6 +7,7 @@ import json
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from pydantic import ValidationError
@@ -22,6 +23,7 @@ from numparity_server.runs import repository
 from numparity_server.runs.schemas import (
     SUPPORTED_SCHEMAS,
     VALUES_ALWAYS_MAX,
+    MissingIn,
     MissingOut,
     ResultDoc,
     ResultSummary,
@@ -103,8 +105,43 @@ def node_name(document: dict[str, Any]) -> str:
     return name if isinstance(name, str) else ""
 
 
-def ingest_run(*, session: Session, document: dict[str, Any]) -> Ingested:
+def validate_missing(document: dict[str, Any]) -> MissingIn:
+    try:
+        return MissingIn.model_validate(document)
+    except ValidationError as exc:
+        raise InvalidDocument(
+            [{"loc": ["body", *e["loc"]], "msg": e["msg"]} for e in exc.errors()]
+        ) from None
+
+
+def check_times(run: RunDocument, *, now: datetime, max_clock_skew_s: float) -> None:
+    """422 for a time further ahead of the server's clock than ``max_clock_skew_s``, or a
+    run that finished before it started: the agent's clock is trusted that far only."""
+    horizon = now + timedelta(seconds=max_clock_skew_s)
+    problems = []
+    for field in ("started_at", "finished_at"):
+        value = getattr(run, field)
+        if value is not None and as_utc(value) > horizon:
+            problems.append({"loc": ["body", field], "msg": (
+                f"{value.isoformat()} is more than {max_clock_skew_s:g} s ahead of the "
+                f"server's clock ({now.isoformat(timespec='seconds')}; setting "
+                "NUMPARITY_MAX_CLOCK_SKEW_S)")})
+    if run.finished_at is not None and as_utc(run.finished_at) < as_utc(run.started_at):
+        problems.append({"loc": ["body", "finished_at"],
+                         "msg": "finished_at is before started_at"})
+    if problems:
+        raise InvalidDocument(problems)
+
+
+def as_utc(moment: datetime) -> datetime:
+    """A time without a zone is read as UTC (as it is stored)."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
+def ingest_run(*, session: Session, document: dict[str, Any],
+               max_clock_skew_s: float = 86_400.0) -> Ingested:
     run = validate_document(document)
+    check_times(run, now=utcnow(), max_clock_skew_s=max_clock_skew_s)
     digests = tensor_manifests(run)
     sha256 = document_sha256(document, digests)
     try:
@@ -157,6 +194,11 @@ def _store(session: Session, run: RunDocument, sha256: str,
     `latest` pointers, and little else.
     """
     now = utcnow()
+    # Where this run stands among the node's runs: its start, but never later than its
+    # receipt. A clock ahead (or a forged start within the allowed skew) then cannot keep
+    # a later honest run from becoming the node's latest; a spooled run that arrives late
+    # still does not hide a newer one (design §3.1).
+    ordered_at = min(as_utc(run.started_at), now)
     environment_id = repository.find_environment(session, run.environment.env_key)
     if environment_id is None:
         environment = run.environment.model_dump(mode="json")
@@ -166,7 +208,7 @@ def _store(session: Session, run: RunDocument, sha256: str,
         )
     node_id = repository.upsert_node(session, name=run.node.name, labels=run.node.labels,
                                      seen_at=now, environment_id=environment_id,
-                                     started_at=run.started_at)
+                                     started_at=ordered_at)
     # First, so a run_id already stored fails here (IntegrityError) before any other work.
     run_pk = repository.insert_run(session, {
         "run_id": run.run_id, "node_id": node_id, "environment_id": environment_id,
@@ -189,7 +231,7 @@ def _store(session: Session, run: RunDocument, sha256: str,
     for result, result_id, outcome in zip(run.results, result_ids, outcomes, strict=True):
         latest[(result.suite, result.workload, result.variant)] = {
             "node_id": node_id, "suite": result.suite, "workload": result.workload,
-            "variant": result.variant, "result_id": result_id, "started_at": run.started_at,
+            "variant": result.variant, "result_id": result_id, "started_at": ordered_at,
             "outcome_id": outcome_ids[outcome["hash"]], "environment_id": environment_id,
             "wall_s": result.wall_s,
         }

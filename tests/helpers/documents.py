@@ -24,11 +24,17 @@ def b64(array: np.ndarray, dtype: str) -> str:
                             .tobytes()).decode("ascii")
 
 
+def tensor_hash(dtype: str, shape: list[int], raw: bytes) -> str:
+    """The agent's tensor hash: sha256 over ``dtype;dims;`` and the little-endian bytes."""
+    dims = ",".join(str(n) for n in shape)
+    return hashlib.sha256(f"{dtype};{dims};".encode() + raw).hexdigest()
+
+
 def tensor_entry(name: str, kind: str, order: int, array: np.ndarray) -> dict[str, Any]:
     """A full fingerprint of a float32 tensor (design §2.4), computed in float64."""
     array = np.ascontiguousarray(array, dtype=np.float32)
     raw = array.astype("<f4").tobytes()
-    digest = hashlib.sha256(f"float32{list(array.shape)}".encode() + raw).hexdigest()
+    digest = tensor_hash("float32", list(array.shape), raw)
     flat = array.astype(np.float64).ravel()
     finite = flat[np.isfinite(flat)]
     absolute = np.abs(flat)
@@ -119,7 +125,7 @@ def run_document(
         "node": {"name": node, "labels": {"rack": "b2"}},
         "agent_version": "0.1.0",
         "started_at": started_at,
-        "finished_at": "2026-11-21T10:00:41Z",
+        "finished_at": _seconds_after(started_at, 41),
         "drill": drill,
         "environment": environment(env_vars, hostname=node),
         "results": [
@@ -136,6 +142,11 @@ def run_document(
         ],
         "future_field": {"ignored": True},
     }
+
+
+def _seconds_after(started_at: str, seconds: float) -> str:
+    start = datetime.fromisoformat(started_at.replace("Z", "+00:00"))
+    return (start + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
 
 
 def bare(document: dict[str, Any]) -> dict[str, Any]:

@@ -66,7 +66,7 @@ def wire_entry(values: Any, dtype: str = "float32", *, name: str = "output",
     if dtype == "bfloat16":  # what the tensor really holds after rounding to bfloat16
         held = (np.frombuffer(raw, "<u2").astype(np.uint32) << np.uint32(16)).view(np.float32)
         held = held.reshape(shape)
-    digest = hashlib.sha256(f"{dtype}|{shape}|".encode() + raw).hexdigest()
+    digest = hashlib.sha256(f"{dtype};{','.join(map(str, shape))};".encode() + raw).hexdigest()
     entry: dict[str, Any] = {"name": name, "kind": kind, "hash": digest, "dtype": dtype,
                              "shape": shape}
     flat = held.astype(np.float64).ravel()
