@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 import numparity_server
 from numparity_server import openapi
 from numparity_server.audit.api import router as audit_router
+from numparity_server.catalog.api import router as catalog_router
 from numparity_server.compare.api import router as compare_router
 from numparity_server.dashboard import api as dashboard
 from numparity_server.dashboard.api_docs import install_api_docs
@@ -59,6 +60,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.policy = load_policy(settings.policy_file)
     install_error_handlers(app, pages=(dashboard.is_page, dashboard.error_page))
     app.include_router(health_router)
+    app.include_router(catalog_router)
     app.include_router(runs_router)
     app.include_router(nodes_router)
     app.include_router(environments_router)

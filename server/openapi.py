@@ -11,8 +11,8 @@ once, after every route is registered, the schema is corrected operation by oper
 - a security requirement (the bearer token, ``deps.AuthorizationHeader``, on every route
   that checks one) adds 401 and 403; a path parameter 404; any parameter or body 422;
   a body 400 (not JSON at all), 408 (too slow, ``kit.limits``), 413 (too large) and 415
-  (an encoding other than gzip); every operation but ``/healthz`` reads the database,
-  so 503;
+  (an encoding other than gzip); every operation but ``/healthz`` and ``/api/v1`` reads
+  the database, so 503;
 - ``limit`` (``deps.page_params``) has the server's ``page_max`` as its maximum;
 - the models of hand-read bodies (the run document) are added to the components.
 
@@ -49,7 +49,7 @@ _DESCRIPTIONS = {
 }
 
 # The operations that never touch the database (no 503).
-_NO_DATABASE = frozenset({("get", "/healthz")})
+_NO_DATABASE = frozenset({("get", "/healthz"), ("get", "/api/v1")})
 
 
 def install(app: FastAPI, *, models: tuple[type[BaseModel], ...] = ()) -> None:

@@ -7,6 +7,7 @@ values, so they can be tested with hand-made fleets and reused by a CLI.
 from ._arrays import decode_array, encode_array
 from ._json import json_safe
 from .attribution import rank_attributes, separating_attributes
+from .bitflip import single_bit_flip
 from .compare import METRICS, VERDICTS, Comparison, compare
 from .consensus import Support, broken_inputs, fleet_inputs, tally, usual
 from .environment import (
@@ -50,6 +51,7 @@ __all__ = [
     "encode_array",
     "environment_diff",
     "first_divergent_layer",
+    "single_bit_flip",
     "first_nonfinite",
     "fingerprint_from_wire",
     "flatten_environment",

@@ -103,12 +103,24 @@ class PairSummary(BaseModel):
                     "without one (train, probes): read result_verdict")
 
 
+class BitFlip(BaseModel):
+    index: int = Field(description="Flat index of the one element that differs")
+    bit: int = Field(description="The one bit that differs, from the least significant "
+                                 "bit of the tensor's dtype")
+    reference: float = Field(description="The element in run a")
+    candidate: float = Field(description="The element in run b")
+
+
 class FirstDivergentLayer(BaseModel):
     name: str
     order: int
     verdict: str
     basis: str
     metrics: dict[str, float | None]
+    bit_flip: BitFlip | None = Field(
+        None, description="Set when both whole values are stored and they differ in one "
+                          "element by one bit: a flipped bit (a fault drill's, or a "
+                          "corrupting device's), not a rounding difference")
 
 
 class LargestJump(BaseModel):

@@ -164,7 +164,8 @@ def _pair(a: ResultRow, b: ResultRow, manifests: dict[str, list[tuple[str, str, 
     pair.update(
         compared=True,
         summary=_summary(rows),
-        first_divergent_layer=analysis.first_divergent_layer(layers),
+        first_divergent_layer=_with_bit_flip(analysis.first_divergent_layer(layers),
+                                             manifest_a, manifest_b, fingerprints),
         largest_jump=analysis.json_safe(analysis.largest_jump(layers)),
         first_nonfinite=analysis.first_nonfinite(manifest_b, manifest_a, fingerprints),
         tolerances={dtype: asdict(policy.tolerance(workload, dtype)) for dtype in dtypes},
@@ -173,6 +174,20 @@ def _pair(a: ResultRow, b: ResultRow, manifests: dict[str, list[tuple[str, str, 
         tensors=rows,
     )
     return ResultPair.model_validate(pair)
+
+
+def _with_bit_flip(first: dict[str, Any] | None, manifest_a: list[tuple[str, str, str]],
+                   manifest_b: list[tuple[str, str, str]],
+                   fingerprints: dict[str, analysis.Fingerprint]) -> dict[str, Any] | None:
+    """The first divergent layer, with the one flipped bit when that is all that differs."""
+    if first is None:
+        return None
+    hash_a = next((h for name, _k, h in manifest_a if name == first["name"]), None)
+    hash_b = next((h for name, _k, h in manifest_b if name == first["name"]), None)
+    if hash_a in fingerprints and hash_b in fingerprints:
+        first["bit_flip"] = analysis.single_bit_flip(fingerprints[hash_b],
+                                                     fingerprints[hash_a])
+    return first
 
 
 def _summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -19,11 +19,13 @@ from fastapi import APIRouter, Depends, FastAPI, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 from starlette.concurrency import run_in_threadpool
 
 from numparity_server.audit import export as audit_export
 from numparity_server.audit import service as audit_service
 from numparity_server.auth.service import authenticate
+from numparity_server.catalog import service as catalog
 from numparity_server.dashboard import service
 from numparity_server.dashboard.origin import same_origin, serialise
 from numparity_server.deps import DbSession, PolicyDep, SettingsDep, require_reader
@@ -96,17 +98,22 @@ def posted_here(request: Request, settings: SettingsDep) -> None:
 PostedHere = Annotated[None, Depends(posted_here)]
 
 
-def _fmt_time(value: Any) -> str:
+def no_value(why: str) -> Markup:
+    """A "—" that says why there is no value (its tooltip): no dash goes unexplained."""
+    return Markup('<span class="none" title="{}">—</span>').format(why)
+
+
+def _fmt_time(value: Any, why: str = "not recorded") -> str:
     if isinstance(value, str):
         value = datetime.fromisoformat(value.replace("Z", "+00:00"))
     if isinstance(value, datetime):
         return value.strftime("%Y-%m-%d %H:%M:%S UTC")
-    return "—" if value is None else str(value)
+    return no_value(why) if value is None else str(value)
 
 
-def _fmt_num(value: Any, digits: int = 3) -> str:
+def _fmt_num(value: Any, digits: int = 3, why: str = "no value") -> str:
     if value is None:
-        return "—"
+        return no_value(why)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
     if value == 0 or isinstance(value, int):
@@ -118,6 +125,7 @@ templates.env.filters["time"] = _fmt_time
 templates.env.filters["num"] = _fmt_num
 templates.env.filters["short"] = lambda value, n=12: (value or "")[:n]
 templates.env.globals["compare_url"] = service.compare_url
+templates.env.globals["no_value"] = no_value
 templates.env.globals["quote"] = lambda value: quote(str(value), safe="")
 
 
@@ -137,6 +145,24 @@ async def fleet(request: Request, session: DbSession, policy: PolicyDep, setting
                                    suite=suite, limit=min(limit, settings.page_max),
                                    offset=offset)
     return render(request, "overview.html", view=view, title="Fleet")
+
+
+@router.get("/workloads", response_class=HTMLResponse)
+async def workloads_page(request: Request, session: DbSession, settings: SettingsDep,
+                         _reader: PageReader, suite: str | None = None,
+                         limit: Annotated[int, Query(ge=1)] = 100,
+                         offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0
+                         ) -> HTMLResponse:
+    limit = min(limit, settings.page_max)
+    listing = await run_in_threadpool(catalog.suites, session=session, suite=suite or None,
+                                      limit=limit, offset=offset)
+
+    def pager(to: int) -> str:
+        return urlencode({**({"suite": suite} if suite else {}), "limit": limit,
+                          "offset": max(to, 0)})
+
+    return render(request, "workloads.html", listing=listing, suite=suite, pager=pager,
+                  title="Workloads")
 
 
 @router.get("/workloads/{workload}", response_class=HTMLResponse)

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import chunked, codepoint_order
-from numparity_server.models import Latest, Manifest, Node, Outcome, Result, Run
+from numparity_server.models import Latest, Node, Outcome, Result, Run
 
 
 @dataclass(frozen=True)
@@ -90,19 +90,3 @@ def workload_variants(session: Session, *, suite: str, workload: str) -> list[st
         .distinct()
     ))
 
-
-def tensor_names(session: Session, *, suite: str, workload: str) -> list[tuple[str, str]]:
-    """(name, kind) of the tensors in the newest results of ``workload``, in the order of
-    the first manifest that has each; a few distinct manifests per workload at most."""
-    hashes = session.scalars(
-        select(Outcome.manifest_hash).distinct()
-        .select_from(Latest)
-        .join(Outcome, Outcome.id == Latest.outcome_id)
-        .where(Latest.suite == suite, Latest.workload == workload,
-               Outcome.manifest_hash.is_not(None))
-    ).all()
-    seen: dict[tuple[str, str], None] = {}
-    for entries in session.scalars(select(Manifest.entries).where(Manifest.hash.in_(hashes))):
-        for entry in entries:
-            seen.setdefault((entry["name"], entry["kind"]), None)
-    return list(seen)

@@ -13,21 +13,13 @@ from sqlalchemy.orm import Session
 
 from numparity_server.analysis import consensus
 from numparity_server.analysis.policy import Policy
+from numparity_server.catalog import service as catalog
+from numparity_server.catalog.service import variant_sort_key
 from numparity_server.compare.schemas import CompareOut, ResultPair
 from numparity_server.compare.service import compare_runs
 from numparity_server.dashboard import repository
 from numparity_server.divergence.service import divergence
 from numparity_server.kit.errors import NotFound
-
-# The display order of variants (design §2.3 lists them; the agent runs fp64-reference
-# last, it is shown third, beside strict); others follow alphabetically.
-VARIANT_ORDER = ("default", "strict", "fp64-reference", "tf32", "fp16-autocast",
-                 "bf16-autocast")
-
-
-def variant_sort_key(variant: str) -> tuple[int, str]:
-    order = VARIANT_ORDER.index(variant) if variant in VARIANT_ORDER else len(VARIANT_ORDER)
-    return order, variant
 
 
 def compare_url(run_a: str, run_b: str, workload: str | None = None,
@@ -191,8 +183,14 @@ def workload_page(*, session: Session, policy: Policy, suite: str, workload: str
                       key=variant_sort_key)
     if not variants:
         raise NotFound(f"no node has results of workload {workload!r} in suite {suite!r}")
-    tensors = repository.tensor_names(session, suite=suite, workload=workload)
-    chosen = tensor or _default_tensor(tensors)
+    tensors = [(t.name, t.kind) for t in catalog.tensors(session=session, suite=suite,
+                                                           workload=workload)]
+    names = [name for name, _kind in tensors]
+    if tensor is not None and tensor not in names:
+        raise NotFound(f"workload {workload!r} (suite {suite!r}) has no tensor {tensor!r}; "
+                       f"its tensors: {', '.join(names) or 'none (no ok result)'}")
+    chosen, why = (tensor, "as asked") if tensor is not None else _default_tensor(
+        workload, tensors)
     views = []
     for variant in variants:
         try:
@@ -203,17 +201,26 @@ def workload_page(*, session: Session, policy: Policy, suite: str, workload: str
             continue
         views.append(VariantView(variant, report.model_dump(mode="json"), runs={
             group["id"]: group["representative"]["run_id"] for group in report.groups}))
-    return {"suite": suite, "workload": workload, "tensor": chosen, "tensors": tensors,
-            "variants": views}
+    fp64_reference = any(v.variant == "fp64-reference" and v.report for v in views)
+    return {"suite": suite, "workload": workload, "tensor": chosen, "tensor_reason": why,
+            "tensors": tensors, "variants": views, "fp64_reference": fp64_reference}
 
 
-def _default_tensor(tensors: Sequence[tuple[str, str]]) -> str:
-    """``output`` when the workload has it, else its first output, else its first tensor."""
+def _default_tensor(workload: str, tensors: Sequence[tuple[str, str]]
+                    ) -> tuple[str | None, str]:
+    """``output`` when the workload has it, else its first output, else its first tensor;
+    and why, in words (the page says it beside the picker)."""
     names = [name for name, _kind in tensors]
-    if "output" in names or not names:
-        return "output"
+    if not names:
+        return None, "no ok result has tensors to pick from"
+    if "output" in names:
+        return "output", "the workload's output tensor, chosen by default"
     outputs = [name for name, kind in tensors if kind == "output"]
-    return (outputs or names)[0]
+    if outputs:
+        return outputs[0], (f"{workload} has no tensor named output, so its first tensor of "
+                            "kind output, chosen by default")
+    return names[0], (f"{workload} has no tensor named output nor any of kind output, so "
+                      "its first tensor, chosen by default")
 
 
 # ---- node page --------------------------------------------------------------------------

@@ -424,3 +424,58 @@ def test_workload_page_groups_and_attribution(page: Any) -> None:
     assert STOCK_NODES[0] not in drill_group, drill_group
     default = page.locator("section.variant[data-variant='default']")
     assert "MKL_CBWR" in default.locator("table.attribution").inner_text()
+
+
+# --- charts that read right: the axis fits the data, the legends show values ----------
+
+TIMELINE_SCALE_JS = """() => {
+  const u = document.querySelector('#timeline-chart').uplot;
+  const t = JSON.parse(document.getElementById('timeline-data').textContent).t;
+  return {min: u.scales.x.min, max: u.scales.x.max, t};
+}"""
+
+
+def legend_values(page: Any, chart: str) -> list[str]:
+    return [text.strip() for text in
+            page.locator(f"{chart} .u-legend .u-value").all_inner_texts()]
+
+
+@pytest.mark.parametrize("node", ["lab-01", DRILL_NODE])
+def test_the_timeline_axis_spans_the_runs_not_hours(page: Any, node: str) -> None:
+    """Two runs minutes apart fill the axis (it spanned two hours more than the runs);
+    a lone run sits in a ten-minute window."""
+    page.goto(f"/nodes/{node}")
+    wait_for_chart(page, "#timeline-chart canvas")
+    scale = page.evaluate(TIMELINE_SCALE_JS)
+    first, last = scale["t"][0], scale["t"][-1]
+    assert scale["min"] <= first and scale["max"] >= last, scale
+    assert scale["max"] - scale["min"] <= max((last - first) * 1.25, 600), scale
+
+
+def test_chart_legends_show_values_without_hovering(page: Any, compare_path: str) -> None:
+    """A legend names what each series shows at a point (the first divergent layer, the
+    newest run) before the pointer is on the chart, and while it is."""
+    page.goto(compare_path)
+    box = wait_for_chart(page, "#layer-chart canvas")
+    values = legend_values(page, "#layer-chart")
+    assert len(values) == 3 and all(v and v != "--" for v in values), values
+    assert values[0] == "fc1 (first divergent)", values
+    page.mouse.move(box["x"] + box["width"] * 0.1, box["y"] + box["height"] / 2)
+    hovered = legend_values(page, "#layer-chart")
+    assert all(v and v != "--" for v in hovered), hovered
+
+    page.goto(f"/nodes/{DRILL_NODE}")
+    wait_for_chart(page, "#timeline-chart canvas")
+    values = legend_values(page, "#timeline-chart")
+    assert len(values) == 4 and all(v and v != "--" for v in values), values
+    assert "UTC" in values[0] and "(drill)" in values[1], values
+
+
+def test_the_drill_comparison_names_the_drill_and_its_flipped_bit(page: Any,
+                                                                    api: httpx.Client) -> None:
+    page.goto(f"/compare?run_a={latest_run(api, STOCK_NODES[0])}"
+              f"&run_b={latest_run(api, DRILL_NODE)}&workload=cnn&variant=strict")
+    note = page.locator("p.note.drill").inner_text()
+    assert note.startswith(f"Run b ({DRILL_NODE}) is a fault drill"), note
+    flip = page.locator("section.pair .bit-flip").first.inner_text()
+    assert re.fullmatch(r"one flipped bit: element \d+, bit 20, \S+ → \S+", flip), flip

@@ -61,6 +61,8 @@
     var errors = chart.errors.map(function (v) { return v !== null && v > 0 ? v : null; });
     var identical = chart.errors.map(function (v) { return v === null || v === 0 ? floor : null; });
     var marked = chart.first_index;
+    var pinned = marked !== null && marked !== undefined ? marked : chart.names.length - 1;
+    var at = function (i) { return i === null || i === undefined ? pinned : i; };
     var options = {
       width: width(element), height: 300,
       scales: { x: { time: false }, y: { distr: 3, range: function (u, min, max) {
@@ -72,13 +74,17 @@
         { label: "relative L2 error", size: 70,
           values: function (u, splits) { return splits.map(function (v) { return v == null ? "" : v.toExponential(0); }); } }
       ],
+      // The legend shows the point under the pointer, else the first divergent layer
+      // (the last layer when none diverged): never an empty row.
       series: [
-        { label: "layer", value: function (u, i) { return i == null ? "" : chart.names[i]; } },
+        { label: "layer", value: function (u, v, s, i) { i = at(i);
+          return chart.names[i] + (i === marked ? " (first divergent)" : ""); } },
         { label: "error", stroke: "#d94801", width: 2, points: { size: 7 }, spanGaps: false,
-          value: function (u, v) { return v == null ? "—" : v.toExponential(2); } },
+          value: function (u, v, s, i) { var e = errors[at(i)];
+            return e == null ? "0 (bit-identical)" : e.toExponential(2); } },
         { label: "bit-identical", stroke: "#1a9850", width: 0, paths: function () { return null; },
           points: { show: true, size: 8, fill: "#1a9850" },
-          value: function (u, v) { return v == null ? "" : "yes"; } }
+          value: function (u, v, s, i) { return identical[at(i)] == null ? "no" : "yes"; } }
       ],
       hooks: { draw: [function (u) {
         if (marked === null || marked === undefined) return;
@@ -99,25 +105,36 @@
     if (!chart.t.length) { element.textContent = "No runs."; return; }
     var rows = ["runs", "environment", "answers"];
     var t = chart.t;
+    var newest = t.length - 1;
+    // The legend shows the run under the pointer, else the newest run.
+    var at = function (i) { return i === null || i === undefined ? newest : i; };
     var label = function (i, field) { var l = chart.labels[i]; return l ? l[field] : ""; };
+    var changed = function (values, field) {
+      return function (u, v, s, i) { i = at(i); return values[i] === null ? "unchanged" : label(i, field); };
+    };
     var options = {
       width: width(element), height: 180,
       tzDate: function (ts) { return uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"); },
       scales: { x: { time: true, range: function () {
-        // From the runs themselves (uPlot stretches a lone point's range to years).
-        var lo = t[0], hi = t[t.length - 1], pad = Math.max((hi - lo) * 0.05, 3600);
+        // The runs' own span and a little more (uPlot would stretch a lone point's range
+        // to years; a fixed hour of padding made two runs minutes apart a speck): a
+        // lone run gets ten minutes.
+        var lo = t[0], hi = t[t.length - 1], span = hi - lo;
+        var pad = span > 0 ? Math.max(span * 0.05, 30) : 300;
         return [lo - pad, hi + pad]; } },
                 y: { range: [-0.5, 2.5] } },
       axes: [{ label: "time (UTC)" }, { size: 100, splits: function () { return [0, 1, 2]; },
                    values: function (u, splits) { return splits.map(function (v) { return rows[v] || ""; }); } }],
       series: [
-        {},
+        { label: "started", value: function (u, v, s, i) {
+          return new Date(t[at(i)] * 1e3).toISOString().slice(0, 19).replace("T", " ") + " UTC"; } },
         { label: "run", stroke: "#0b5cad", paths: function () { return null; }, points: { show: true, size: 9, fill: "#0b5cad" },
-          value: function (u, v, s, i) { return i === null ? "" : label(i, "run_id").slice(0, 12) + (label(i, "drill") ? " (drill)" : ""); } },
+          value: function (u, v, s, i) { i = at(i);
+            return label(i, "run_id").slice(0, 12) + (label(i, "drill") ? " (drill)" : "") + (i === newest ? " (newest)" : ""); } },
         { label: "environment", stroke: "#762a83", paths: function () { return null; }, points: { show: true, size: 11, fill: "#762a83" },
-          value: function (u, v, s, i) { return v === null || i === null ? "" : label(i, "environment"); } },
+          value: changed(chart.environment, "environment") },
         { label: "answers", stroke: "#d94801", paths: function () { return null; }, points: { show: true, size: 11, fill: "#d94801" },
-          value: function (u, v, s, i) { return v === null || i === null ? "" : label(i, "outputs"); } }
+          value: changed(chart.outputs, "outputs") }
       ]
     };
     element.uplot = new uPlot(options, [t, chart.run, chart.environment, chart.outputs], element);
