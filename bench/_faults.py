@@ -229,8 +229,9 @@ class ServerProcess:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
+        # One token stands for the whole fleet here: no per-token byte budget.
         self.env = {**os.environ, "NUMPARITY_DATABASE_URL": database_url,
-                    "NUMPARITY_MIGRATE_ON_START": "false"}
+                    "NUMPARITY_MIGRATE_ON_START": "false", "NUMPARITY_TOKEN_BYTES_PER_S": "0"}
         self.process: subprocess.Popen[bytes] | None = None
 
     @property

@@ -348,6 +348,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=40.0, help="length of each phase")
     parser.add_argument("--stalled", type=int, default=30, help="stalled bodies held open")
     parser.add_argument("--workers", type=int, default=1, help="server processes")
+    parser.add_argument("--no-budget", action="store_true",
+                        help="turn the per-token byte budget off (to see what it buys)")
     parser.add_argument("--attacks", nargs="+", choices=ATTACKS, default=list(ATTACKS),
                         help="which attacks the hostile client makes (default: all)")
     parser.add_argument("--postgres-url",
@@ -361,7 +363,8 @@ def main() -> int:
           f"{args.stalled} stalled bodies, {os.cpu_count()} CPUs", flush=True)
     try:
         with database(args, workdir) as url, \
-                running_server(url, args.workers, workdir / "server.log") as server:
+                running_server(url, args.workers, workdir / "server.log",
+                               token_budget=not args.no_budget) as server:
             env = {**os.environ, "NUMPARITY_DATABASE_URL": url}
             tokens = [honest_token(env, f"honest-{i:03d}") for i in range(args.agents)]
             reader = create_token(env, "--role", "reader")

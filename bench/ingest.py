@@ -203,8 +203,13 @@ class Server:
 
 
 @contextmanager
-def running_server(database_url: str, workers: int, log_path: Path) -> Iterator[Server]:
+def running_server(database_url: str, workers: int, log_path: Path, *,
+                   token_budget: bool = False) -> Iterator[Server]:
+    """The server, with an agent token; ``token_budget`` False turns off the per-token byte
+    budget (design §3.2): the benchmarks' one token stands for a whole fleet."""
     env = {**os.environ, "NUMPARITY_DATABASE_URL": database_url}
+    if not token_budget:
+        env["NUMPARITY_TOKEN_BYTES_PER_S"] = "0"
     cli = _server_command()
     subprocess.run([*cli, "migrate"], env=env, check=True, capture_output=True)
     token = subprocess.run([*cli, "token", "create", "--role", "agent", "--label", "bench"],

@@ -10,9 +10,9 @@ once, after every route is registered, the schema is corrected operation by oper
 - every error status of every operation has ``ErrorBody`` as its schema;
 - a security requirement (the bearer token, ``deps.AuthorizationHeader``, on every route
   that checks one) adds 401 and 403; a path parameter 404; any parameter or body 422;
-  a body 400 (not JSON at all), 408 (too slow, ``kit.limits``), 413 (too large) and 415
-  (an encoding other than gzip); every operation but ``/healthz`` and ``/api/v1`` reads
-  the database, so 503;
+  a body 400 (not JSON at all), 408 (too slow, ``kit.limits``), 413 (too large), 415
+  (an encoding other than gzip) and 429 (over the token's budget, ``kit.budget``); every
+  operation but ``/healthz`` and ``/api/v1`` reads the database, so 503;
 - ``limit`` (``deps.page_params``) has the server's ``page_max`` as its maximum;
 - the models of hand-read bodies (the run document) are added to the components.
 
@@ -43,6 +43,8 @@ _DESCRIPTIONS = {
     409: "Conflict",
     413: "The body is over NUMPARITY_MAX_BODY_BYTES",
     415: "Unsupported media type or content encoding",
+    429: "Over the token's byte budget (NUMPARITY_TOKEN_BYTES_PER_S); `Retry-After` says "
+         "when to try again",
     422: "Invalid parameters or body: `detail` is a list of `{loc, msg}`, `loc` naming "
          "the parameter or field",
     503: "The database is unavailable (`Retry-After` says when to try again)",
@@ -90,7 +92,7 @@ def _correct(operation: dict[str, Any], page_max: int, *, database: bool) -> Non
     if "requestBody" in operation:
         # Not JSON at all or corrupt gzip; too slow (kit.limits); too large; an encoding
         # other than gzip.
-        statuses.update((400, 408, 413, 415))
+        statuses.update((400, 408, 413, 415, 429))
     responses: dict[str, Any] = operation.setdefault("responses", {})
     for status in statuses:
         responses.setdefault(str(status), {})

@@ -53,6 +53,13 @@ class RequestTimeout(DomainError):
     code = "request_timeout"
 
 
+class TooManyRequests(DomainError):
+    """Over a token's byte budget (kit.budget); the answer carries ``Retry-After``."""
+
+    status_code = 429
+    code = "too_many_requests"
+
+
 class Conflict(DomainError):
     status_code = 409
     code = "conflict"

@@ -60,8 +60,8 @@ def error_response(status_code: int, code: str, detail: Any,
 
 _HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
                405: "method_not_allowed", 408: "request_timeout", 409: "conflict",
-               413: "payload_too_large",
-               415: "unsupported_media_type", 422: "validation_error", 503: "unavailable"}
+               413: "payload_too_large", 415: "unsupported_media_type",
+               422: "validation_error", 429: "too_many_requests", 503: "unavailable"}
 
 
 def allowed_methods(request: Request) -> list[str]:

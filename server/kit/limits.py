@@ -9,6 +9,10 @@ a coroutine, never a connection of the pool or an open transaction, and after
 ``body_timeout_s`` it gets a 408 and the connection is closed. Bodies are held in memory
 up to the limit, as the run upload held them before (it needs the whole body to decode
 gzip and hash the document).
+
+A body sent to the API is paid for from its token's byte budget (``kit.budget``): over
+it, 429 with ``Retry-After``, before the body is read when ``Content-Length`` gives its
+size, so one token cannot take the server's time from the others.
 """
 
 from __future__ import annotations
@@ -18,7 +22,13 @@ from typing import Any
 
 import anyio
 
-from numparity_server.kit.errors import DomainError, PayloadTooLarge, RequestTimeout
+from numparity_server.kit.budget import TokenBudget, budget_key, retry_after
+from numparity_server.kit.errors import (
+    DomainError,
+    PayloadTooLarge,
+    RequestTimeout,
+    TooManyRequests,
+)
 from numparity_server.kit.handlers import error_response
 
 Scope = MutableMapping[str, Any]
@@ -39,10 +49,12 @@ class BodyLimits:
     """413 past the limit (declared or streamed), 408 past the deadline; else the app
     gets the request with its whole body."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float,
+                 token_bytes_per_s: float = 0.0) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        self.budget = TokenBudget(rate=token_bytes_per_s, burst=max_body_bytes)
 
     def limit(self, path: str) -> tuple[int, str]:
         """The byte limit of a request to ``path`` and what sets it (for the message)."""
@@ -54,17 +66,27 @@ class BodyLimits:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit, source = self.limit(scope.get("path", ""))
+        path = scope.get("path", "")
+        limit, source = self.limit(path)
+        paid = not (self.budget.enabled and path.startswith("/api/"))
         try:
             declared = _content_length(scope)
             if declared is not None and declared > limit:
                 raise _too_large(limit, source)
+            if not paid and declared is not None:
+                self._pay(scope, declared)
+                paid = True
             with anyio.fail_after(self.body_timeout_s):
                 body = await _receive_body(receive, limit, source)
+            if not paid:
+                self._pay(scope, len(body))
         except TimeoutError:
             await _refuse(RequestTimeout(
                 f"the request body did not arrive within {self.body_timeout_s:g} s "
                 "(setting NUMPARITY_BODY_TIMEOUT_S)"), scope, receive, send)
+            return
+        except _OverBudget as exc:
+            await _refuse(exc.error, scope, receive, send, {"Retry-After": exc.retry_after})
             return
         except DomainError as exc:
             await _refuse(exc, scope, receive, send)
@@ -83,13 +105,38 @@ class BodyLimits:
 
         await self.app(scope, replay, send)
 
+    def _pay(self, scope: Scope, size: int) -> None:
+        """Take a body's cost from its token's budget; _OverBudget when it cannot pay."""
+        if size <= 0:
+            return
+        wait = self.budget.spend(budget_key(_header(scope, b"authorization")), size)
+        if wait > 0:
+            raise _OverBudget(TooManyRequests(
+                f"this token has sent more than its budget of {self.budget.rate:g} bytes a "
+                f"second (setting NUMPARITY_TOKEN_BYTES_PER_S); retry in {wait:.0f} s"),
+                retry_after(wait))
+
+
+class _OverBudget(Exception):
+    def __init__(self, error: TooManyRequests, retry_after: str) -> None:
+        super().__init__(error.detail)
+        self.error = error
+        self.retry_after = retry_after
+
+
+def _header(scope: Scope, wanted: bytes) -> bytes | None:
+    for name, value in scope.get("headers", ()):
+        if name == wanted:
+            return bytes(value)
+    return None
+
 
 def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            text = value.decode("latin-1").strip()
-            return int(text) if text.isdigit() else None
-    return None
+    value = _header(scope, b"content-length")
+    if value is None:
+        return None
+    text = value.decode("latin-1").strip()
+    return int(text) if text.isdigit() else None
 
 
 def _too_large(limit: int, source: str) -> PayloadTooLarge:
@@ -113,9 +160,11 @@ async def _receive_body(receive: Receive, limit: int, source: str) -> bytes:
             return b"".join(chunks)
 
 
-async def _refuse(error: DomainError, scope: Scope, receive: Receive, send: Send) -> None:
+async def _refuse(error: DomainError, scope: Scope, receive: Receive, send: Send,
+                  headers: dict[str, str] | None = None) -> None:
     """The error as the API's JSON body; the connection is closed after it (the rest of
     the body, if it ever comes, is not read)."""
     response = error_response(error.status_code, error.code, error.detail,
-                              {**(error.headers or {}), "Connection": "close"})
+                              {**(error.headers or {}), **(headers or {}),
+                               "Connection": "close"})
     await response(scope, receive, send)

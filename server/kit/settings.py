@@ -22,6 +22,11 @@ class Settings(BaseSettings):
     # A request body must have arrived whole this many seconds after the request began,
     # else 408: no route (and no database session) runs before it has.
     body_timeout_s: float = Field(default=30.0, gt=0)
+    # What one token may send, in bytes a second, once it has sent NUMPARITY_MAX_BODY_BYTES
+    # at once (a request costs at least 64 KiB); beyond it 429 with Retry-After, and the
+    # agent retries. Per token and per server process; 0 turns the budget off. Tokens
+    # shared by a whole fleet share one budget (per-node tokens are the recommended setup).
+    token_bytes_per_s: float = Field(default=1 * MIB, ge=0)
     # started_at/finished_at may be at most this far ahead of the server's clock (422).
     max_clock_skew_s: float = Field(default=86_400.0, ge=0)
     # Opens read endpoints to anyone who can reach the server (trusted networks only).

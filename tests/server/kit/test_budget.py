@@ -1,0 +1,141 @@
+"""A token's byte budget (kit.budget): the bucket's arithmetic against a recomputation,
+the middleware's 429 before the body is read, and the live app: one token over its
+budget is refused while another token still uploads."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from helpers.documents import run_document
+
+from numparity_server.auth import service as auth_service
+from numparity_server.kit import budget as budget_module
+from numparity_server.kit.budget import MIN_REQUEST_COST, TokenBudget, budget_key
+from numparity_server.kit.db import get_engine, session_factory
+from numparity_server.kit.limits import BodyLimits
+
+MIB = 1024 * 1024
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_bucket_pays_its_burst_then_refills_at_its_rate():
+    clock = Clock()
+    budget = TokenBudget(rate=MIB, burst=4 * MIB, clock=clock)
+    key = budget_key(b"Bearer a")
+    assert [budget.spend(key, MIB) for _ in range(4)] == [0.0] * 4
+    # Empty: the next MiB can be paid in exactly one second, and nothing is taken.
+    assert budget.spend(key, MIB) == pytest.approx(1.0)
+    assert budget.spend(key, MIB // 2) == pytest.approx(0.5)
+    clock.now += 0.5
+    assert budget.spend(key, MIB // 2) == 0.0
+    # Refilling stops at the burst, however long the token was quiet.
+    clock.now += 3600
+    assert [budget.spend(key, 2 * MIB) for _ in range(3)][:2] == [0.0, 0.0]
+    assert budget.spend(key, MIB) > 0
+
+
+def test_small_requests_cost_the_minimum_and_tokens_do_not_share():
+    clock = Clock()
+    budget = TokenBudget(rate=MIN_REQUEST_COST, burst=10 * MIN_REQUEST_COST, clock=clock)
+    paid = sum(budget.spend(budget_key(b"Bearer flood"), 10) == 0.0 for _ in range(50))
+    assert paid == 10
+    assert budget.spend(budget_key(b"Bearer honest"), 10) == 0.0
+
+
+def test_a_zero_rate_turns_the_budget_off():
+    budget = TokenBudget(rate=0, burst=MIB)
+    assert all(budget.spend(b"k", MIB) == 0.0 for _ in range(100))
+
+
+def test_the_table_holds_only_tokens_in_debt(monkeypatch):
+    """A token whose bucket has refilled is forgotten; a flood of fake tokens cannot grow
+    the table past MAX_BUCKETS."""
+    clock = Clock()
+    budget = TokenBudget(rate=MIB, burst=MIB, clock=clock)
+    for i in range(100):
+        budget.spend(budget_key(f"Bearer {i}".encode()), MIB)
+    assert len(budget) == 100
+    clock.now += 2  # every bucket has refilled
+    budget.spend(budget_key(b"Bearer 0"), MIB)
+    monkeypatch.setattr(budget_module, "MAX_BUCKETS", 10)
+    budget.spend(budget_key(b"Bearer new"), MIB)
+    assert len(budget) <= 10
+    # The one still in debt is kept: it cannot pay again at once.
+    assert budget.spend(budget_key(b"Bearer 0"), MIB) > 0
+
+
+def asgi_post(middleware: BodyLimits, token: bytes, size: int, *, declared: bool) -> tuple[
+        int, dict[str, Any], dict[bytes, bytes], list[bytes]]:
+    received: list[bytes] = []
+    bodies: list[bytes] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        bodies.append((await receive())["body"])
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    middleware.app = app
+    headers = [(b"authorization", token)]
+    if declared:
+        headers.append((b"content-length", str(size).encode()))
+    scope = {"type": "http", "method": "POST", "path": "/api/v1/runs", "headers": headers}
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        received.append(b"x")
+        return {"type": "http.request", "body": b"x" * size, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(middleware(scope, receive, send))
+    start = sent[0]
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    return start["status"], json.loads(body) if body else {}, dict(start["headers"]), received
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+def test_over_budget_is_429_with_retry_after_naming_the_setting(declared):
+    middleware = BodyLimits(lambda *a: None, max_body_bytes=MIB, body_timeout_s=5,  # type: ignore[arg-type]
+                            token_bytes_per_s=MIB / 10)
+    assert asgi_post(middleware, b"Bearer hostile", MIB, declared=declared)[0] == 204
+    status, body, headers, received = asgi_post(middleware, b"Bearer hostile", MIB,
+                                                declared=declared)
+    assert (status, body["error"]) == (429, "too_many_requests")
+    assert "NUMPARITY_TOKEN_BYTES_PER_S" in body["detail"]
+    assert 9 <= int(headers[b"retry-after"]) <= 11  # 1 MiB at 0.1 MiB/s
+    # With a declared length the body is refused before a byte of it is read.
+    assert received == ([] if declared else [b"x"])
+    assert asgi_post(middleware, b"Bearer honest", MIB, declared=declared)[0] == 204
+
+
+def test_the_app_throttles_one_token_and_not_another(make_api):
+    api = make_api(token_bytes_per_s=1024.0, max_body_bytes=MIB)
+    other = api.agent
+    with session_factory(get_engine(api.settings))() as session:
+        token = auth_service.create_token(session=session, role="agent", label="hostile").token
+    hostile = {"Authorization": f"Bearer {token}"}
+    answers = []
+    for _ in range(40):  # 40 requests of at least 64 KiB each: over a 1 MiB burst
+        answers.append(api.client.post("/api/v1/fingerprints/missing",
+                                       json={"hashes": ["0" * 64]}, headers=hostile))
+    statuses = [a.status_code for a in answers]
+    assert statuses[:16] == [200] * 16 and 429 in statuses
+    refused = answers[statuses.index(429)]
+    assert refused.json()["error"] == "too_many_requests"
+    assert int(refused.headers["Retry-After"]) >= 1
+    # Another token is not slowed down by it: its run is stored.
+    assert api.client.post("/api/v1/runs", json=run_document("honest"),
+                           headers=other).status_code == 201
+    # Reads are not budgeted.
+    assert api.client.get("/api/v1/runs", headers=api.reader).status_code == 200
