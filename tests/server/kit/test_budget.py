@@ -4,11 +4,11 @@ budget is refused while another token still uploads."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import pytest
+from helpers.asgi import run_coroutine
 from helpers.documents import run_document
 
 from numparity_server.auth import service as auth_service
@@ -98,7 +98,7 @@ def asgi_post(middleware: BodyLimits, token: bytes, size: int, *, declared: bool
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    asyncio.run(middleware(scope, receive, send))
+    run_coroutine(middleware(scope, receive, send))
     start = sent[0]
     body = b"".join(m.get("body", b"") for m in sent[1:])
     return start["status"], json.loads(body) if body else {}, dict(start["headers"]), received

@@ -7,6 +7,8 @@ import asyncio
 import json
 from typing import Any
 
+from helpers.asgi import run_coroutine
+
 from numparity_server.kit.limits import PAGE_BODY_BYTES, BodyLimits
 
 
@@ -40,7 +42,7 @@ def request(path: str, chunks: list[bytes], *, declared: int | None = None,
         sent.append(message)
 
     middleware = BodyLimits(app, max_body_bytes=max_body_bytes, body_timeout_s=0.05)
-    asyncio.run(middleware(scope, receive, send))
+    run_coroutine(middleware(scope, receive, send))
     return app, sent
 
 
