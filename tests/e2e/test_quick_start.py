@@ -56,8 +56,10 @@ def quick_start_commands() -> list[str]:
 
 
 def new_user_env() -> dict[str, str]:
-    """A shell that never heard of numparity: none of the tests' NUMPARITY_* settings."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("NUMPARITY_")}
+    """A shell that never heard of numparity (none of the tests' NUMPARITY_* settings),
+    and not inside `make test` (whose MAKEFLAGS and MAKELEVEL a sub-make would read)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("NUMPARITY_")
+            and k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
 
 
 @dataclass
