@@ -145,9 +145,14 @@ def _column_findings(session: Session, policy: Policy, suite: str, workload: str
     report = divergence(session=session, suite=suite, workload=workload, variant=variant,
                         policy=policy)
     group_of = {node: group["id"] for group in report.groups for node in group["nodes"]}
+    left_out = {item.node: item.reason for item in report.excluded}
     answers: dict[int, list[tuple[str, HeatCell]]] = {}
     for node, cell in differing:
-        answers.setdefault(group_of[node], []).append((node, cell))
+        if node in group_of:
+            answers.setdefault(group_of[node], []).append((node, cell))
+        else:  # another workload version, say: /divergence says why it is not compared
+            found.append(("unexplained", left_out.get(node, "not in /divergence's groups"),
+                          Finding(workload, variant, cell.verdict, (node,), baseline)))
     for group_id, members in answers.items():
         nodes = tuple(node for node, _ in members)
         verdict = members[0][1].verdict
@@ -311,7 +316,8 @@ def _finding_lines(finding: Finding) -> list[str]:
         return [f"    {key:<22} {finding.verdict:<10} {nodes}{detail}"]
     decided = f", decided by {finding.decided_by}" if finding.decided_by else ""
     lines = [f"    {key:<22} {finding.verdict:<10} {nodes} against {finding.against}{decided}"]
-    lines.append(f"      {finding.measured}")
+    if finding.measured:
+        lines.append(f"      {finding.measured}")
     if finding.first_divergent_layer:
         lines.append(f"      first divergent layer: {finding.first_divergent_layer}")
     if finding.fp64 is not None:
