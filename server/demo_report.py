@@ -1,8 +1,267 @@
-"""Plain-text rendering of `/api/v1/divergence` and `/api/v1/audit` answers (the demo)."""
+"""The demo's report: every cell of the fleet page that is not identical, grouped by cause.
+
+It reads the services the pages read (``dashboard.service.overview`` for the cells,
+``divergence`` for groups, verdicts, attribution and the fp64 judge, ``audit``), so the
+terminal and the dashboard cannot disagree. The one thing the server does not keep is a
+drill's flipped bit (the result's ``drill`` field, design §2.6): the demo reads it from
+the agent's own run document and passes it in, keyed by run.
+"""
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+from sqlalchemy.orm import Session
+
+from numparity_server.analysis.policy import Policy
+from numparity_server.audit.schemas import AuditOut
+from numparity_server.audit.service import audit
+from numparity_server.dashboard.service import HeatCell, overview
+from numparity_server.divergence.schemas import DivergenceOut
+from numparity_server.divergence.service import FP64_VARIANT, divergence
+from numparity_server.kit.errors import NotFound
+
+# Verdicts of a compared answer (the rest of a cell's verdicts are statuses).
+COMPARED = ("equivalent", "divergent", "nonfinite")
+
+
+@dataclass(frozen=True)
+class DrillFlip:
+    """The bit `run --fault-drill` flipped in one result (the result's ``drill`` field)."""
+
+    layer: str
+    index: int
+    bit: int
+    before: float
+    after: float
+
+    def describe(self) -> str:
+        return (f"bit {self.bit} of {self.layer}[{self.index}] flipped, "
+                f"{self.before:.9g} → {self.after:.9g}")
+
+
+# (run_id, workload, variant) → the flip of that result.
+Drills = Mapping[tuple[str, str, str], DrillFlip]
+
+
+@dataclass(frozen=True)
+class Fp64Judgement:
+    tensor: str
+    acceptable: bool | None
+    rmse: float | None
+    limit: float | None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One answer of one (workload, variant) that is not the fleet's usual one, and the
+    nodes that give it (a line of the report)."""
+
+    workload: str
+    variant: str
+    verdict: str  # the fleet page's cell verdict
+    nodes: tuple[str, ...]
+    against: str  # the node the page compares with (★)
+    decided_by: str | None = None  # the tensor that decides the result verdict
+    measured: str = ""  # errors, or what the verdict rests on
+    first_divergent_layer: str | None = None
+    fp64: Fp64Judgement | None = None
+    detail: str = ""  # a status's reason or error
+
+
+@dataclass(frozen=True)
+class Cause:
+    kind: str  # "environment", "drill", "unexplained", "no result"
+    text: str
+    findings: tuple[Finding, ...]
+
+
+@dataclass(frozen=True)
+class CostLine:
+    env_key: str | None
+    nodes: tuple[str, ...]
+    ratio: float | None  # the audit's: mean strict over mean default wall time
+    spread: tuple[float, float] | None  # the nodes' own ratios, lowest and highest
+
+
+@dataclass
+class FleetReport:
+    suite: str
+    nodes: int
+    columns: list[tuple[str, str]]
+    counts: dict[str, int]
+    causes: list[Cause]
+    audit: AuditOut
+    costs: list[CostLine] = field(default_factory=list)
+
+
+# ---- gathering ---------------------------------------------------------------------------
+
+
+def build_report(*, session: Session, policy: Policy, suite: str, drills: Drills,
+                 node_costs: Mapping[str, tuple[str | None, float | None]],
+                 max_nodes: int = 500) -> FleetReport:
+    """The fleet page's cells (its first ``max_nodes`` nodes) explained, and the audit.
+
+    ``node_costs`` maps a node to (its env_key, its own strict/default wall-time ratio):
+    the spread the audit's per-environment figure is shown with."""
+    view = overview(session=session, policy=policy, suite=suite, limit=max_nodes, offset=0)
+    by_cause: dict[tuple[str, str], list[Finding]] = {}
+    for index, (workload, variant) in enumerate(view.columns):
+        column = [(node, cells[index]) for node, cells in view.rows]
+        for kind, text, finding in _column_findings(session, policy, suite, workload,
+                                                    variant, column, drills):
+            by_cause.setdefault((kind, text), []).append(finding)
+    order = {"drill": 0, "environment": 1, "unexplained": 2, "no result": 3}
+    causes = [Cause(kind, text, tuple(findings))
+              for (kind, text), findings in sorted(by_cause.items(),
+                                                   key=lambda item: order[item[0][0]])]
+    report = audit(session=session, policy=policy)
+    return FleetReport(suite=suite, nodes=view.nodes, columns=view.columns,
+                       counts=view.counts, causes=causes, audit=report,
+                       costs=_costs(report, node_costs))
+
+
+def _column_findings(session: Session, policy: Policy, suite: str, workload: str,
+                     variant: str, column: Sequence[tuple[str, HeatCell]], drills: Drills
+                     ) -> list[tuple[str, str, Finding]]:
+    baseline = next((node for node, cell in column if cell.baseline), "")
+    found: list[tuple[str, str, Finding]] = []
+    # Cells without a compared answer, by status and reason.
+    statuses: dict[tuple[str, str], list[str]] = {}  # (status, detail) → nodes
+    for node, cell in column:
+        if cell.verdict not in COMPARED and cell.verdict != "identical":
+            statuses.setdefault((cell.verdict, cell.detail), []).append(node)
+    for (status, detail), names in statuses.items():
+        text = _no_result_text(variant, status)
+        found.append(("no result", text, Finding(workload, variant, status, tuple(names),
+                                                 baseline, detail=detail)))
+    differing = [(node, cell) for node, cell in column if cell.verdict in COMPARED]
+    if not differing:
+        return found
+    report = divergence(session=session, suite=suite, workload=workload, variant=variant,
+                        policy=policy)
+    group_of = {node: group["id"] for group in report.groups for node in group["nodes"]}
+    left_out = {item.node: item.reason for item in report.excluded}
+    answers: dict[int, list[tuple[str, HeatCell]]] = {}
+    for node, cell in differing:
+        if node in group_of:
+            answers.setdefault(group_of[node], []).append((node, cell))
+        else:  # another workload version, say: /divergence says why it is not compared
+            found.append(("unexplained", left_out.get(node, "not in /divergence's groups"),
+                          Finding(workload, variant, cell.verdict, (node,), baseline)))
+    for group_id, members in answers.items():
+        nodes = tuple(node for node, _ in members)
+        verdict = members[0][1].verdict
+        pair, flipped = _pair(report, group_of.get(baseline), group_id)
+        decided_by = pair.get("decided_by") if pair else None
+        layer = (pair or {}).get("first_divergent_layer") or {}
+        finding = Finding(
+            workload, variant, verdict, nodes, baseline, decided_by=decided_by,
+            measured=_measured(pair) if pair else "",
+            first_divergent_layer=layer.get("name"),
+            fp64=_fp64(session, policy, suite, workload, variant, decided_by, nodes[0]))
+        flips = {(node, drills[(cell.run_id, workload, variant)]) for node, cell in members
+                 if cell.run_id and (cell.run_id, workload, variant) in drills}
+        if flips:
+            text = "; ".join(f"{node}: {flip.describe()}" for node, flip in sorted(flips,
+                             key=lambda item: item[0]))
+            found.append(("drill", text, finding))
+        elif pair and pair.get("attribution"):
+            found.append(("environment", _attribution(pair, flipped), finding))
+        else:
+            found.append(("unexplained", "no recorded environment attribute separates them "
+                          "from the usual answer's nodes", finding))
+    return found
+
+
+def _no_result_text(variant: str, status: str) -> str:
+    if status == "missing" and variant == FP64_VARIANT:
+        return (f"{FP64_VARIANT} not run: one node's float64 answer is what the fp64 "
+                f"judge needs, the others need not run it")
+    if status == "missing":
+        return "no result: the node did not run this workload and variant"
+    return f"{status}: the node ran it without an answer to compare"
+
+
+def _pair(report: DivergenceOut, base: int | None, other: int
+          ) -> tuple[dict[str, Any] | None, bool]:
+    """The pair of the baseline's group and ``other``, and whether it is the wrong way
+    round (``other`` as ``a``)."""
+    for pair in report.pairs:
+        if (pair["a"], pair["b"]) == (base, other):
+            return pair, False
+        if (pair["a"], pair["b"]) == (other, base):
+            return pair, True
+    return None, False
+
+
+def _measured(pair: Mapping[str, Any]) -> str:
+    if pair.get("evidence"):  # not measured over whole tensors: say what was seen
+        return f"{pair['evidence']}; from {pair['basis']}"
+    metrics = pair.get("metrics") or {}
+    return (f"max abs {_number(metrics.get('max_abs'))}, "
+            f"max rel {_number(metrics.get('max_rel'))}, "
+            f"max ULP {_number(metrics.get('max_ulp'), whole=True)}; from {pair['basis']}")
+
+
+def _attribution(pair: Mapping[str, Any], flipped: bool) -> str:
+    """"env_vars.MKL_CBWR (unset vs COMPATIBLE)", the usual answer's side first."""
+    parts = []
+    for item in pair["attribution"]:
+        usual, other = ("b", "a") if flipped else ("a", "b")
+        if f"{usual}_short" in item:
+            sides = [item[f"{usual}_short"], item[f"{other}_short"]]
+        else:
+            sides = ["/".join(item[usual]), "/".join(item[other])]
+        if any("\n" in side or len(side) > 60 for side in sides):
+            parts.append(f"{item['attribute']} (differs)")
+        else:
+            parts.append(f"{item['attribute']} ({sides[0]} vs {sides[1]})")
+    text = "; ".join(parts)
+    if pair.get("indistinguishable"):
+        text += " — these go together in this fleet, which cannot tell them apart"
+    return text
+
+
+def _fp64(session: Session, policy: Policy, suite: str, workload: str, variant: str,
+          decided_by: str | None, node: str) -> Fp64Judgement | None:
+    """What the fp64 judge says of ``node``'s answer: of its ``output`` (what a model
+    answers; the float64 run keeps the values of small tensors, not of every layer),
+    else of the tensor that decides the verdict. None: there is nothing to judge with."""
+    if variant == FP64_VARIANT:
+        return None
+    for tensor in dict.fromkeys(t for t in ("output", decided_by) if t):
+        try:
+            report = divergence(session=session, suite=suite, workload=workload,
+                                variant=variant, tensor=tensor, policy=policy)
+        except NotFound:
+            continue
+        for group in report.groups:
+            judged = group.get("fp64")
+            if node in group["nodes"] and judged:
+                return Fp64Judgement(tensor, judged["acceptable"], judged["rmse"],
+                                     judged["limit"])
+    return None
+
+
+def _costs(report: AuditOut, node_costs: Mapping[str, tuple[str | None, float | None]]
+           ) -> list[CostLine]:
+    lines = []
+    for cost in report.determinism_cost:
+        nodes = tuple(sorted(node for node, (env_key, _) in node_costs.items()
+                             if env_key == cost.env_key))
+        ratios = [ratio for node, (env_key, ratio) in node_costs.items()
+                  if env_key == cost.env_key and ratio is not None]
+        spread = (min(ratios), max(ratios)) if len(ratios) > 1 else None
+        lines.append(CostLine(cost.env_key, nodes, cost.ratio, spread))
+    return lines
+
+
+# ---- text --------------------------------------------------------------------------------
 
 
 def _number(value: Any, *, whole: bool = False) -> str:
@@ -15,92 +274,105 @@ def _number(value: Any, *, whole: bool = False) -> str:
     return str(value)
 
 
-def _separation(item: dict[str, Any]) -> str:
-    """"MKL_CBWR (unset vs COMPATIBLE)"; of a long text such as torch.config the part that
-    differs ("line 3: …CUDA 12.1… vs line 3: …CUDA 12.4…"); several values only named."""
-    if "a_short" in item:
-        return f"{item['attribute']} ({item['a_short']} vs {item['b_short']})"
-    sides = ["/".join(item["a"]), "/".join(item["b"])]
-    if any("\n" in side or len(side) > 40 for side in sides):
-        return f"{item['attribute']} (differs)"
-    return f"{item['attribute']} ({sides[0]} vs {sides[1]})"
+def _fp64_text(judged: Fp64Judgement) -> str:
+    rmse, limit = _number(judged.rmse), _number(judged.limit)
+    if judged.acceptable is None:
+        why = ("its error against float64 cannot be measured from what was uploaded"
+               if judged.rmse is None else "no strict answer to set the limit")
+        return f"fp64 judge on {judged.tensor}: no judgement ({why})"
+    word = "acceptable" if judged.acceptable else "not acceptable"
+    sign = "≤" if judged.acceptable else ">"
+    return f"fp64 judge on {judged.tensor}: {word} (rmse {rmse} {sign} limit {limit})"
 
 
-def format_divergence(payload: dict[str, Any]) -> str:
-    """Render groups, verdicts and attribution as lines a person reads: each group
-    against the largest (group 1); the API has every pair."""
-    key = payload["key"]
-    lines = [
-        f"== {key['workload']} / {key['variant']} — "
-        f"{'tensor ' + repr(key['tensor']) if key['tensor'] else 'whole result'} "
-        f"(suite {key['suite']}, version {key['workload_version']})"
-    ]
-    groups = payload["groups"]
-    if len(groups) == 1:
-        lines.append(f"  all {groups[0]['size']} nodes agree bit for bit")
-    for group in groups:
-        noun = "node " if group["size"] == 1 else "nodes"
-        lines.append(
-            f"  group {group['id']}: {group['size']} {noun} {', '.join(group['nodes'])}"
-        )
-    for pair in payload["pairs"]:
-        if pair["a"] != groups[0]["id"]:
-            continue
-        metrics = pair.get("metrics") or {}
-        if pair.get("evidence"):  # not measured over the whole tensor: say what was seen
-            measured = f"{pair['evidence']}; from {pair['basis']}"
-        else:
-            measured = (f"max abs {_number(metrics.get('max_abs'))},"
-                        f" max rel {_number(metrics.get('max_rel'))},"
-                        f" max ULP {_number(metrics.get('max_ulp'), whole=True)};"
-                        f" from {pair['basis']}")
-        decided = f", decided by {pair['decided_by']}" if pair.get("decided_by") else ""
-        lines.append(f"  group {pair['a']} vs {pair['b']}: {pair['verdict']}{decided} "
-                     f"({measured})")
-        layer = pair.get("first_divergent_layer")
-        if layer:
-            lines.append(f"    first divergent layer: {layer['name']}")
-        attribution = pair.get("attribution") or []
-        if not attribution:
-            lines.append("    no recorded environment attribute separates these groups")
-            continue
-        explained = "; ".join(_separation(item) for item in attribution)
-        lines.append(f"    explained by: {explained}")
-        if pair.get("indistinguishable"):
-            lines.append("    (they go together in this fleet: it cannot tell them apart)")
-    if payload.get("members_without_tensor"):
-        missing = ", ".join(payload["members_without_tensor"])
-        lines.append(f"  without this tensor: {missing}")
+def format_findings(report: FleetReport, *, dashboard: str = "") -> str:
+    counts = ", ".join(f"{report.counts[v]} {v}" for v in sorted(
+        report.counts, key=lambda v: (v != "identical", v)))
+    cells = sum(report.counts.values())
+    where = f" ({dashboard})" if dashboard else ""
+    lines = [f"== fleet page{where}: {report.nodes} nodes × {len(report.columns)} workload "
+             f"variants, {cells} cells: {counts}"]
+    if not report.causes:
+        lines.append("  every cell is identical: the fleet agrees bit for bit")
+    else:
+        lines.append("  each cell against the usual answer of its column; every cell that is "
+                     "not identical, by cause:")
+    labels = {"drill": "a fault drill (run --fault-drill: a bit flipped on purpose)",
+              "environment": "explained by", "unexplained": "unexplained",
+              "no result": "no answer"}
+    for cause in report.causes:
+        lines.append("")
+        lines.append(f"  {labels[cause.kind]}: {cause.text}")
+        for finding in cause.findings:
+            lines.extend(_finding_lines(finding))
     return "\n".join(lines)
 
 
-def format_audit(payload: dict[str, Any]) -> str:
-    """The audit's summary and its findings, a line each."""
-    summary = payload["summary"]
-    counts = ", ".join(f"{summary[name]} {name}" for name in
+def _finding_lines(finding: Finding) -> list[str]:
+    key = f"{finding.workload}/{finding.variant}"
+    nodes = ", ".join(finding.nodes)
+    if finding.verdict not in COMPARED:
+        detail = f" ({finding.detail})" if finding.detail else ""
+        return [f"    {key:<22} {finding.verdict:<10} {nodes}{detail}"]
+    decided = f", decided by {finding.decided_by}" if finding.decided_by else ""
+    lines = [f"    {key:<22} {finding.verdict:<10} {nodes} against {finding.against}{decided}"]
+    if finding.measured:
+        lines.append(f"      {finding.measured}")
+    if finding.first_divergent_layer:
+        lines.append(f"      first divergent layer: {finding.first_divergent_layer}")
+    if finding.fp64 is not None:
+        lines.append(f"      {_fp64_text(finding.fp64)}")
+    return lines
+
+
+def format_audit(report: FleetReport) -> str:
+    """The audit's summary and findings, a line each, then the cost of determinism with
+    its spread (one run of one node is no measurement)."""
+    payload = report.audit
+    summary = payload.summary
+    counts = ", ".join(f"{getattr(summary, name)} {name}" for name in
                        ("ok", "suspect", "watch", "nondeterministic", "stale")
-                       if summary.get(name))
-    lines = [f"== audit: {summary['nodes']} nodes on {summary['environments']} environments "
+                       if getattr(summary, name))
+    lines = [f"== audit: {summary.nodes} nodes on {summary.environments} environments "
              f"({counts})"]
-    for entry in payload["suspects"]:
-        drill = ", a drill" if entry["drill"] else ""
-        workloads = ", ".join(sorted({key["workload"] for key in entry["keys"]}))
+    for entry in payload.suspects:
+        drill = (f", {entry.drill_runs} of them drills (run --fault-drill)" if entry.drill
+                 else "")
+        workloads = ", ".join(sorted({key.workload for key in entry.keys}))
         lines.append(
-            f"  {entry['status']}: {entry['node']} — strict answers of {workloads} differ "
-            f"from its {entry['peers']} same-environment peers in "
-            f"{entry['disagreeing_runs']} run(s){drill}")
-    for entry in payload["nondeterministic"]:
-        lines.append(f"  nondeterministic: {entry['node']} — {entry['detail']}")
-    for entry in payload["stale"]:
-        lines.append(f"  stale: {entry['node']} — no upload for {entry['hours_since']} h")
-    for entry in payload["policy"]:
-        lines.append(f"  policy: {entry['node']} — {entry['attribute']} is {entry['value']}")
-    for entry in payload["broken_inputs"]:
-        lines.append(f"  broken inputs: {entry['node']} — {entry['workload']}")
-    for entry in payload["determinism_cost"]:
-        if entry["ratio"] is not None:
-            lines.append(f"  strict costs {entry['ratio']:.2f}x default on "
-                         f"{entry['env_key'][:12]} ({entry['nodes']} node(s))")
+            f"  {entry.status}: {entry.node} — strict answers of {workloads} differ "
+            f"from its {entry.peers} same-environment peers in "
+            f"{entry.disagreeing_runs} run(s){drill}")
+    for row in payload.nondeterministic:
+        lines.append(f"  nondeterministic: {row.node} — {row.detail}")
+    for stale in payload.stale:
+        lines.append(f"  stale: {stale.node} — no upload for {stale.hours_since} h")
+    for rule in payload.policy:
+        lines.append(f"  policy: {rule.node} — {rule.attribute} is {rule.value}")
+    for broken in payload.broken_inputs:
+        lines.append(f"  broken inputs: {broken.node} — {broken.workload}")
     if len(lines) == 1:
         lines.append("  nothing to report")
+    lines.extend(_cost_lines(report.costs))
     return "\n".join(lines)
+
+
+def _cost_lines(costs: Sequence[CostLine]) -> list[str]:
+    measured = [c for c in costs if c.ratio is not None and c.spread is not None]
+    single = [c for c in costs if c.ratio is not None and c.spread is None]
+    if not measured and not single:
+        return []
+    lines = ["  cost of determinism (strict against default wall time; the demo's workloads "
+             "take milliseconds):"]
+    for cost in measured:
+        assert cost.ratio is not None and cost.spread is not None
+        low, high = cost.spread
+        lines.append(f"    {cost.ratio:.2f}× on {str(cost.env_key)[:12]} over "
+                     f"{len(cost.nodes)} nodes ({', '.join(cost.nodes)}); node to node "
+                     f"{low:.2f}×–{high:.2f}×")
+    if single:
+        ratios = sorted(c.ratio for c in single if c.ratio is not None)
+        lines.append(f"    {len(single)} environment(s) of one node each: one run apiece, "
+                     f"{ratios[0]:.2f}×–{ratios[-1]:.2f}× (median "
+                     f"{statistics.median(ratios):.2f}×), noise rather than a measurement")
+    return lines

@@ -53,6 +53,8 @@ class HeatCell:
     title: str
     href: str | None = None
     baseline: bool = False
+    run_id: str | None = None  # the run of the node's newest result (None: missing)
+    detail: str = ""  # a skipped result's reason, a failed one's error
 
 
 @dataclass
@@ -116,7 +118,8 @@ def overview(*, session: Session, policy: Policy, suite: str, limit: int,
         if cell.status != "ok" or not cell.manifest_hash or key not in baselines:
             detail = cell.reason or cell.error or ""
             found[key[:2] + (cell.node,)] = HeatCell(
-                cell.status, f"{where}: {cell.status}" + (f" ({detail})" if detail else ""))
+                cell.status, f"{where}: {cell.status}" + (f" ({detail})" if detail else ""),
+                run_id=cell.run_id, detail=detail)
             continue
         baseline = baselines[key]
         baseline_run = first_runs[(baseline.first_node,) + key]
@@ -136,7 +139,7 @@ def overview(*, session: Session, policy: Policy, suite: str, limit: int,
             f"{where} on {cell.device}: {verdict} — against {baseline.first_node}, {how}",
             f"/nodes/{quote(cell.node, safe='')}" if is_baseline
             else compare_url(baseline_run, cell.run_id, cell.workload, cell.variant),
-            baseline=is_baseline)
+            baseline=is_baseline, run_id=cell.run_id)
 
     columns = sorted(repository.columns(session, suite=suite),
                      key=lambda wv: (wv[0], variant_sort_key(wv[1])))

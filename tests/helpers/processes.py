@@ -4,10 +4,14 @@ CLI, waiting until a server is ready, stopping it. Importable from every test fo
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -81,3 +85,67 @@ def start_server(log_path: Path, env: dict[str, str], *args: str
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )
     return process, f"http://127.0.0.1:{port}"
+
+
+class Output:
+    """A process's output, read as it comes (so the pipe never fills)."""
+
+    def __init__(self, stream: object) -> None:
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: object) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self.lines.append("\0EOF")
+            self._changed.notify_all()
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        regex = re.compile(pattern)
+        with self._changed:
+            while True:
+                for line in self.lines:
+                    if match := regex.search(line):
+                        return match
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.lines and self.lines[-1] == "\0EOF"):
+                    raise AssertionError(f"no line matching {pattern!r} in the output:\n"
+                                         + self.text())
+                self._changed.wait(left)
+
+    def text(self) -> str:
+        return "\n".join(line for line in self.lines if line != "\0EOF")
+
+    def close(self, timeout: float = 30) -> None:
+        self._thread.join(timeout)
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux: /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            # "pid (comm) state ppid …"; comm may hold spaces and parentheses.
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+def wait_group_gone(pgid: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    raise AssertionError(f"processes of group {pgid} were still there after {timeout} s")
