@@ -37,7 +37,6 @@ RULES_BEYOND_JSON_SCHEMA = {"include-path": "/api/v1/runs", "include-method": "P
                                 "2xx", "401", "403", "409", "422"]}}}
 
 
-
 @pytest.fixture(params=["agent", "reader"])
 def contract_run(request: pytest.FixtureRequest, make_api: Callable[..., Any]
                  ) -> tuple[int, dict[tuple[str, str], list[str]]]:
