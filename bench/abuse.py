@@ -41,7 +41,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -51,7 +50,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from ingest import _server_command, as_run, node_memory, running_server, suite_document
+from ingest import (
+    _server_command,
+    as_run,
+    node_memory,
+    running_server,
+    suite_document,
+    temporary_database,
+)
 
 from numparity_agent.testing import upload_document
 
@@ -288,19 +294,8 @@ def database(args: argparse.Namespace, workdir: Path) -> Any:
     if args.backend == "sqlite":
         yield f"sqlite:///{workdir / 'abuse.db'}"
         return
-    import psycopg
-    from sqlalchemy import make_url
-
-    base = make_url(args.postgres_url)
-    admin_dsn = base.set(drivername="postgresql").render_as_string(hide_password=False)
-    name = f"numparity_abuse_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with temporary_database(args.postgres_url, "numparity_abuse") as temporary:
+        yield temporary.url
 
 
 def run_phase(label: str, server: Any, tokens: list[str], reader: str,

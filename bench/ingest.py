@@ -439,29 +439,42 @@ def main() -> int:
     return 0
 
 
-def postgres_scenarios(args: argparse.Namespace, template: dict[str, Any], workdir: Path
-                       ) -> list[str]:
+@dataclass
+class TemporaryDatabase:
+    url: str  # SQLAlchemy URL (psycopg 3)
+    size: Callable[[], int]  # bytes on disk
+
+
+@contextmanager
+def temporary_database(postgres_url: str, prefix: str) -> Iterator[TemporaryDatabase]:
+    """A new PostgreSQL database on the server of ``postgres_url``, dropped afterwards."""
     import psycopg
     from sqlalchemy import make_url
 
-    base = make_url(args.postgres_url)
+    base = make_url(postgres_url)
     admin_dsn = base.set(drivername="postgresql").render_as_string(hide_password=False)
-    name = f"numparity_bench_{uuid.uuid4().hex[:12]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        def size() -> int:
-            with psycopg.connect(admin_dsn, autocommit=True) as admin:
-                row = admin.execute("SELECT pg_database_size(%s)", (name,)).fetchone()
-            return int(row[0]) if row else 0
 
+    def size() -> int:
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            row = admin.execute("SELECT pg_database_size(%s)", (name,)).fetchone()
+        return int(row[0]) if row else 0
+
+    try:
         url = base.set(drivername="postgresql+psycopg", database=name)
-        return scenario(f"postgresql x{args.pg_workers}",
-                        url.render_as_string(hide_password=False), args.pg_workers, size,
-                        template, args, workdir)
+        yield TemporaryDatabase(url.render_as_string(hide_password=False), size)
     finally:
         with psycopg.connect(admin_dsn, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def postgres_scenarios(args: argparse.Namespace, template: dict[str, Any], workdir: Path
+                       ) -> list[str]:
+    with temporary_database(args.postgres_url, "numparity_bench") as database:
+        return scenario(f"postgresql x{args.pg_workers}", database.url, args.pg_workers,
+                        database.size, template, args, workdir)
 
 
 if __name__ == "__main__":
