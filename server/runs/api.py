@@ -55,6 +55,7 @@ async def upload_run(
     request: Request, response: Response, ingest: MeteredIngest, session: DbSession,
     settings: SettingsDep, principal: AgentAuth,
 ) -> RunCreated:
+    """Store a run document (design §3.2): 201 new, 200 the same document again."""
     # ``ingest`` comes first: it times and counts the refusals of the token checks too.
     # The body is already in (kit.limits); decoding, parsing, validating and storing it
     # run on a worker thread, so the event loop goes on serving other requests.
@@ -112,6 +113,7 @@ def list_runs(
 
 @router.get("/runs/{run_id}", response_model=RunSummary)
 def get_run(run_id: str, session: DbSession, _principal: ReaderAuth) -> RunSummary:
+    """One run: its node, environment, times and results."""
     return service.run_summary(session=session, run_id=run_id)
 
 
