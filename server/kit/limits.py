@@ -39,6 +39,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # The pages take only the sign-in and sign-out forms: a few hundred bytes.
 PAGE_BODY_BYTES = 64 * 1024
+# How long an answer over a token's budget is held back at most (kit.budget).
+TARPIT_S = 1.0
 
 
 class _ClientGone(Exception):
@@ -86,6 +88,10 @@ class BodyLimits:
                 "(setting NUMPARITY_BODY_TIMEOUT_S)"), scope, receive, send)
             return
         except _OverBudget as exc:
+            # A client over its budget waits for its answer (up to TARPIT_S): one that
+            # ignores Retry-After and asks again at once costs the server a sleeping
+            # coroutine, not a request's work, many times a second.
+            await anyio.sleep(min(exc.wait, TARPIT_S))
             await _refuse(exc.error, scope, receive, send, {"Retry-After": exc.retry_after})
             return
         except DomainError as exc:
@@ -114,14 +120,15 @@ class BodyLimits:
             raise _OverBudget(TooManyRequests(
                 f"this token has sent more than its budget of {self.budget.rate:g} bytes a "
                 f"second (setting NUMPARITY_TOKEN_BYTES_PER_S); retry in {wait:.0f} s"),
-                retry_after(wait))
+                wait)
 
 
 class _OverBudget(Exception):
-    def __init__(self, error: TooManyRequests, retry_after: str) -> None:
+    def __init__(self, error: TooManyRequests, wait: float) -> None:
         super().__init__(error.detail)
         self.error = error
-        self.retry_after = retry_after
+        self.wait = wait
+        self.retry_after = retry_after(wait)
 
 
 def _header(scope: Scope, wanted: bytes) -> bytes | None:
