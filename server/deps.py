@@ -88,10 +88,14 @@ AgentAuth = Annotated[Principal, Depends(require_agent)]
 AdminAuth = Annotated[Principal, Depends(require_admin)]
 
 
+# How many items a list skips: bounded, so the database never meets an offset beyond 64 bits.
+Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET, description="items to skip")]
+
+
 def page_params(
     settings: SettingsDep,
     limit: Annotated[int | None, Query(ge=1, description="items per page")] = None,
-    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="items to skip")] = 0,
+    offset: Offset = 0,
 ) -> PageParams:
     if limit is not None and limit > settings.page_max:
         raise InvalidDocument.at(["query", "limit"],

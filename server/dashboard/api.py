@@ -28,9 +28,8 @@ from numparity_server.auth.service import authenticate
 from numparity_server.catalog import service as catalog
 from numparity_server.dashboard import service
 from numparity_server.dashboard.origin import same_origin, serialise
-from numparity_server.deps import DbSession, PolicyDep, SettingsDep, require_reader
+from numparity_server.deps import DbSession, Offset, PolicyDep, SettingsDep, require_reader
 from numparity_server.kit.errors import Forbidden, Unauthorized
-from numparity_server.kit.pagination import MAX_OFFSET
 from numparity_server.nodes.service import node_timeline
 
 HERE = Path(__file__).parent
@@ -140,7 +139,7 @@ def render(request: Request, name: str, status_code: int = 200, **context: Any) 
 async def fleet(request: Request, session: DbSession, policy: PolicyDep, settings: SettingsDep,
                 _reader: PageReader, suite: str = "standard",
                 limit: Annotated[int, Query(ge=1)] = 100,
-                offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0) -> HTMLResponse:
+                offset: Offset = 0) -> HTMLResponse:
     view = await run_in_threadpool(service.overview, session=session, policy=policy,
                                    suite=suite, limit=min(limit, settings.page_max),
                                    offset=offset)
@@ -151,7 +150,7 @@ async def fleet(request: Request, session: DbSession, policy: PolicyDep, setting
 async def workloads_page(request: Request, session: DbSession, settings: SettingsDep,
                          _reader: PageReader, suite: str | None = None,
                          limit: Annotated[int, Query(ge=1)] = 100,
-                         offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0
+                         offset: Offset = 0
                          ) -> HTMLResponse:
     limit = min(limit, settings.page_max)
     listing = await run_in_threadpool(catalog.suites, session=session, suite=suite or None,
@@ -179,7 +178,7 @@ async def workload_page(request: Request, workload: str, session: DbSession, pol
 async def node_page(request: Request, name: str, session: DbSession, settings: SettingsDep,
                     _reader: PageReader,
                     limit: Annotated[int, Query(ge=1)] = 100,
-                    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0) -> HTMLResponse:
+                    offset: Offset = 0) -> HTMLResponse:
     limit = min(limit, settings.page_max)
     timeline = await run_in_threadpool(node_timeline, session=session, name=name, limit=limit,
                                        offset=offset)

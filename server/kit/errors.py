@@ -54,10 +54,15 @@ class RequestTimeout(DomainError):
 
 
 class TooManyRequests(DomainError):
-    """Over a token's byte budget (kit.budget); the answer carries ``Retry-After``."""
+    """Over a token's byte budget (kit.budget); ``wait``: seconds until it could be paid
+    (the answer's ``Retry-After``)."""
 
     status_code = 429
     code = "too_many_requests"
+
+    def __init__(self, detail: Any, *, wait: float) -> None:
+        super().__init__(detail)
+        self.wait = wait
 
 
 class Conflict(DomainError):

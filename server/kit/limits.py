@@ -87,12 +87,12 @@ class BodyLimits:
                 f"the request body did not arrive within {self.body_timeout_s:g} s "
                 "(setting NUMPARITY_BODY_TIMEOUT_S)"), scope, receive, send)
             return
-        except _OverBudget as exc:
+        except TooManyRequests as exc:
             # A client over its budget waits for its answer (up to TARPIT_S): one that
             # ignores Retry-After and asks again at once costs the server a sleeping
             # coroutine, not a request's work, many times a second.
             await anyio.sleep(min(exc.wait, TARPIT_S))
-            await _refuse(exc.error, scope, receive, send, {"Retry-After": exc.retry_after})
+            await _refuse(exc, scope, receive, send, {"Retry-After": retry_after(exc.wait)})
             return
         except DomainError as exc:
             await _refuse(exc, scope, receive, send)
@@ -112,23 +112,15 @@ class BodyLimits:
         await self.app(scope, replay, send)
 
     def _pay(self, scope: Scope, size: int) -> None:
-        """Take a body's cost from its token's budget; _OverBudget when it cannot pay."""
+        """Take a body's cost from its token's budget; TooManyRequests when it cannot pay."""
         if size <= 0:
             return
         wait = self.budget.spend(budget_key(_header(scope, b"authorization")), size)
         if wait > 0:
-            raise _OverBudget(TooManyRequests(
+            raise TooManyRequests(
                 f"this token has sent more than its budget of {self.budget.rate:g} bytes a "
-                f"second (setting NUMPARITY_TOKEN_BYTES_PER_S); retry in {wait:.0f} s"),
-                wait)
-
-
-class _OverBudget(Exception):
-    def __init__(self, error: TooManyRequests, wait: float) -> None:
-        super().__init__(error.detail)
-        self.error = error
-        self.wait = wait
-        self.retry_after = retry_after(wait)
+                f"second (setting NUMPARITY_TOKEN_BYTES_PER_S); retry in {wait:.0f} s",
+                wait=wait)
 
 
 def _header(scope: Scope, wanted: bytes) -> bytes | None:

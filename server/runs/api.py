@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response, status
@@ -18,6 +19,7 @@ from numparity_server.deps import (
 )
 from numparity_server.kit.body import decode_body, parse_json_object
 from numparity_server.kit.pagination import Page
+from numparity_server.kit.settings import Settings
 from numparity_server.runs import service
 from numparity_server.runs.schemas import (
     MissingIn,
@@ -41,6 +43,15 @@ _RUN_BODY: dict[str, Any] = {
 }
 
 
+async def _document_reader(request: Request, settings: Settings) -> Callable[[], dict[str, Any]]:
+    """The request's JSON document, to be read on a worker thread: the body is already in
+    (kit.limits), and gunzipping and parsing it may take a while."""
+    body = await request.body()
+    encoding = request.headers.get("content-encoding")
+    return lambda: parse_json_object(decode_body(body, encoding=encoding,
+                                                 limit=settings.max_body_bytes))
+
+
 @router.post(
     "/runs",
     response_model=RunCreated,
@@ -57,14 +68,12 @@ async def upload_run(
 ) -> RunCreated:
     """Store a run document (design §3.2): 201 new, 200 the same document again."""
     # ``ingest`` comes first: it times and counts the refusals of the token checks too.
-    # The body is already in (kit.limits); decoding, parsing, validating and storing it
-    # run on a worker thread, so the event loop goes on serving other requests.
-    body = await request.body()
-    encoding = request.headers.get("content-encoding")
+    # Decoding, parsing, validating and storing run on a worker thread, so the event loop
+    # goes on serving other requests.
+    read_document = await _document_reader(request, settings)
 
     def ingest_body() -> service.Ingested:
-        document = parse_json_object(decode_body(body, encoding=encoding,
-                                                 limit=settings.max_body_bytes))
+        document = read_document()
         require_node(principal, service.node_name(document))  # a bound token: its nodes only
         return service.ingest_run(session=session, document=document,
                                   max_clock_skew_s=settings.max_clock_skew_s)
@@ -89,13 +98,10 @@ async def missing_fingerprints(request: Request, session: DbSession, settings: S
                                _principal: AgentAuth) -> MissingOut:
     """Which of these tensor hashes and manifest hashes the server lacks (design §3.2), and
     which of the large tensors in `values` it wants the full values of."""
-    body = await request.body()
-    encoding = request.headers.get("content-encoding")
+    read_document = await _document_reader(request, settings)
 
     def answer() -> MissingOut:
-        document = parse_json_object(decode_body(body, encoding=encoding,
-                                                 limit=settings.max_body_bytes))
-        question = service.validate_missing(document)
+        question = service.validate_missing(read_document())
         return service.missing_fingerprints(session=session, hashes=question.hashes,
                                             manifests=question.manifests,
                                             values=question.values)

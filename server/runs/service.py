@@ -8,9 +8,9 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -33,6 +33,8 @@ from numparity_server.runs.schemas import (
     RunSummary,
     TensorEntry,
 )
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -88,12 +90,7 @@ def validate_document(document: dict[str, Any]) -> RunDocument:
         raise UnsupportedSchema(
             f"unsupported schema {schema!r}; supported: {', '.join(SUPPORTED_SCHEMAS)}"
         )
-    try:
-        return RunDocument.model_validate(document)
-    except ValidationError as exc:
-        raise InvalidDocument(
-            [{"loc": ["body", *e["loc"]], "msg": e["msg"]} for e in exc.errors()]
-        ) from None
+    return _validated(RunDocument, document)
 
 
 def node_name(document: dict[str, Any]) -> str:
@@ -106,8 +103,13 @@ def node_name(document: dict[str, Any]) -> str:
 
 
 def validate_missing(document: dict[str, Any]) -> MissingIn:
+    return _validated(MissingIn, document)
+
+
+def _validated(model: type[ModelT], document: dict[str, Any]) -> ModelT:
+    """``document`` as ``model``; a 422 naming each wrong field under ``body``."""
     try:
-        return MissingIn.model_validate(document)
+        return model.model_validate(document)
     except ValidationError as exc:
         raise InvalidDocument(
             [{"loc": ["body", *e["loc"]], "msg": e["msg"]} for e in exc.errors()]
