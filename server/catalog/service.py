@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from urllib.parse import quote, urlencode
 
 from sqlalchemy.orm import Session
@@ -53,14 +52,6 @@ def tensors(*, session: Session, suite: str, workload: str) -> list[TensorSeen]:
     outcomes = repository.seen_outcomes(session, suite=suite, workload=workload)
     entries = manifest_entries(session, {o.manifest_hash for o in outcomes if _ok(o)})
     return _tensors(outcomes, entries)
-
-
-@dataclass(frozen=True)
-class _Tally:
-    nodes: int
-    statuses: dict[str, int]
-    devices: list[str]
-    versions: list[int]
 
 
 def _ok(outcome: SeenOutcome) -> bool:
