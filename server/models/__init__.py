@@ -2,13 +2,14 @@
 
 from numparity_server.models.base import Base, UTCDateTime, utcnow
 from numparity_server.models.content import STAT_FIELDS, Fingerprint, Manifest
-from numparity_server.models.fleet import Environment, Node
+from numparity_server.models.fleet import Device, Environment, Node
 from numparity_server.models.runs import Latest, Outcome, Result, Run
 from numparity_server.models.tokens import Token
 
 __all__ = [
     "STAT_FIELDS",
     "Base",
+    "Device",
     "Environment",
     "Fingerprint",
     "Latest",

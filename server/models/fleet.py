@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, ForeignKey, Integer, String
+from sqlalchemy import JSON, Boolean, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from numparity_server.models.base import Base, UTCDateTime, utcnow
@@ -48,3 +48,36 @@ class Environment(Base):
     cpu_model: Mapped[str | None] = mapped_column(String(255))
     document: Mapped[dict[str, Any]] = mapped_column(JSON)
     first_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Device(Base):
+    """One device a node runs the suite on (design §3.1): a GPU (or MIG instance) known
+    by its UUID wherever it sits, or a node's CPU.
+
+    ``identity`` is what follows the device: ``uuid:<UUID>`` when the agent read one;
+    else ``serial:<serial>`` (a board's serial, not for MIG instances); else the slot on
+    its node, ``node:<node id>/<slot>``. A GPU moved to another node keeps its row and
+    its history; ``node_id`` and ``slot`` say where it sits now (the node of its newest
+    run; NULL once that node's newest run no longer lists it). ``model`` is the device's
+    name and compute capability (``cpu`` for a CPU): devices of one model on one
+    environment are peers in the audit, within a node and across nodes.
+    """
+
+    __tablename__ = "devices"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    identity: Mapped[str] = mapped_column(String(320), unique=True)
+    type: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String(320))
+    uuid: Mapped[str | None] = mapped_column(String(128), index=True)
+    serial: Mapped[str | None] = mapped_column(String(128), index=True)
+    pci_bus_id: Mapped[str | None] = mapped_column(String(64))
+    name: Mapped[str | None] = mapped_column(String(255))
+    compute_capability: Mapped[str | None] = mapped_column(String(16))
+    mig: Mapped[bool] = mapped_column(Boolean, default=False)
+    node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id"), index=True)
+    slot: Mapped[str] = mapped_column(String(64))
+    first_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # The order time of the newest run that used it (what decides where it sits).
+    newest_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -77,11 +77,13 @@ class Result(Base):
     run_pk: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     outcome_id: Mapped[int] = mapped_column(ForeignKey("outcomes.id"), index=True)
     wall_s: Mapped[float | None] = mapped_column(Float)
+    # The device it ran on (devices.id): suspects and history follow the device.
+    device_id: Mapped[int | None] = mapped_column(ForeignKey("devices.id"), index=True)
 
 
 class Latest(Base):
-    """The newest result of each node per key, kept current on ingest (by ``started_at``,
-    so a spooled run uploaded late does not hide a newer one).
+    """The newest result of each device of each node per key, kept current on ingest (by
+    ``started_at``, so a spooled run uploaded late does not hide a newer one).
 
     It also carries copies of what the fleet-wide analysis reads of that result (its
     outcome, the run's environment, the wall time), so /audit and /divergence aggregate
@@ -92,12 +94,14 @@ class Latest(Base):
 
     __tablename__ = "latest"
     __table_args__ = (
-        UniqueConstraint("node_id", "suite", "workload", "variant"),
+        UniqueConstraint("node_id", "device_id", "suite", "workload", "variant"),
         Index("ix_latest_key", "suite", "workload", "variant"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"))
+    # The device (devices.id): a node with 8 GPUs holds 8 latest results per key.
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
     suite: Mapped[str] = mapped_column(String(64))
     workload: Mapped[str] = mapped_column(String(128))
     variant: Mapped[str] = mapped_column(String(64))

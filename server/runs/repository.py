@@ -7,11 +7,12 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, func, insert, select, update
+from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import chunked, dialect_insert, insert_ignoring_conflicts
 from numparity_server.models import (
+    Device,
     Environment,
     Fingerprint,
     Latest,
@@ -67,6 +68,79 @@ def _upsert_node_statement(dialect: str) -> Any:
                   (new.environment_id != table.c.environment_id, newest),
                   else_=table.c.environment_changed_at)},
     ).returning(table.c.id)
+
+
+def resolve_devices(session: Session, *, node_id: int, rows: Sequence[dict[str, Any]],
+                    started_at: datetime, seen_at: datetime) -> dict[str, int]:
+    """slot → devices.id for this run's devices (``rows``: identity, type, model, uuid,
+    serial, pci_bus_id, name, compute_capability, mig, slot), inserting the new ones.
+
+    A UUID the server does not know, on a board whose serial it knows under another UUID
+    (a virtual machine may give a GPU a new UUID), is that device: its row takes the new
+    UUID. A device whose newest run this is sits on this node now, at this slot.
+    """
+    by_identity = {row["identity"]: row for row in rows}
+    found = _device_ids(session, by_identity)
+    for identity, row in by_identity.items():
+        if identity in found or not (row["uuid"] and row["serial"]) or row["mig"]:
+            continue
+        known = session.execute(
+            select(Device.id, Device.identity)
+            .where(Device.serial == row["serial"], Device.type == row["type"],
+                   Device.mig.is_(False), Device.identity.like("uuid:%"))
+        ).all()
+        if len(known) == 1:
+            session.execute(update(Device).where(Device.id == known[0].id)
+                            .values(identity=identity, uuid=row["uuid"]))
+            found[identity] = int(known[0].id)
+    new = [{**row, "node_id": node_id, "first_seen": seen_at, "last_seen": seen_at,
+            "newest_started_at": started_at}
+           for identity, row in sorted(by_identity.items()) if identity not in found]
+    if new:
+        insert_ignoring_conflicts(session, Device.__table__, new, keys=["identity"])
+        found.update(_device_ids(session, [row["identity"] for row in new]))
+    for identity, row in by_identity.items():
+        newer = (Device.newest_started_at.is_(None)
+                 | (Device.newest_started_at <= started_at))
+        session.execute(update(Device).where(Device.id == found[identity], newer).values(
+            node_id=node_id, slot=row["slot"], newest_started_at=started_at,
+            model=row["model"], pci_bus_id=row["pci_bus_id"], name=row["name"],
+            compute_capability=row["compute_capability"]))
+        session.execute(update(Device).where(Device.id == found[identity],
+                                             Device.last_seen < seen_at)
+                        .values(last_seen=seen_at))
+    return {row["slot"]: found[identity] for identity, row in by_identity.items()}
+
+
+def _device_ids(session: Session, identities: Iterable[str]) -> dict[str, int]:
+    ids: dict[str, int] = {}
+    for part in chunked(sorted(set(identities))):
+        ids.update((identity, int(pk)) for identity, pk in session.execute(
+            select(Device.identity, Device.id).where(Device.identity.in_(part))))
+    return ids
+
+
+def detach_devices(session: Session, *, node_id: int, started_at: datetime,
+                   visible_uuids: set[str]) -> None:
+    """The node's newest run saw only ``visible_uuids``: a GPU of this node known by a
+    UUID it did not see has left it (replaced, or moved to another node). It no longer
+    sits here, and the node's latest results of it go, so the node is judged by the
+    devices it has; the device's history stays with the device.
+
+    Only the node's own newest run moves its devices away, so no other node's runs can
+    hide this node's devices from the audit."""
+    newest = session.scalar(select(Node.newest_started_at).where(Node.id == node_id))
+    if newest is None or started_at < newest:
+        return
+    gone = session.scalars(select(Device.id).where(
+        Device.node_id == node_id, Device.uuid.is_not(None),
+        Device.uuid.not_in(sorted(visible_uuids)) if visible_uuids else Device.uuid.is_not(None),
+    )).all()
+    if gone:
+        session.execute(delete(Latest).where(Latest.node_id == node_id,
+                                             Latest.device_id.in_(gone)))
+        session.execute(update(Device).where(Device.id.in_(gone), Device.node_id == node_id)
+                        .values(node_id=None))
 
 
 def find_environment(session: Session, env_key: str) -> int | None:
@@ -166,7 +240,8 @@ def insert_results(session: Session, rows: Sequence[dict[str, Any]]) -> list[int
 
 
 def upsert_latest(session: Session, rows: Sequence[dict[str, Any]]) -> None:
-    """Point (node, suite, workload, variant) at these results unless a newer run holds it."""
+    """Point (node, device, suite, workload, variant) at these results unless a newer run
+    holds it."""
     if rows:
         session.execute(_upsert_latest_statement(session.get_bind().dialect.name), list(rows))
 
@@ -176,7 +251,7 @@ def _upsert_latest_statement(dialect: str) -> Any:
     table = Latest.__table__
     stmt = dialect_insert(dialect, table)
     return stmt.on_conflict_do_update(
-        index_elements=["node_id", "suite", "workload", "variant"],
+        index_elements=["node_id", "device_id", "suite", "workload", "variant"],
         set_={name: stmt.excluded[name] for name in (
             "result_id", "started_at", "outcome_id", "environment_id", "wall_s")},
         where=table.c.started_at <= stmt.excluded.started_at,

@@ -337,6 +337,26 @@ def check_free_form(section: dict[str, Any], *, max_values: int) -> None:
             raise ValueError(f"holds a key longer than {MAX_FREE_FORM_CHARS} characters")
 
 
+MAX_DEVICES_PER_RUN = 64
+
+
+class DeviceDoc(_Wire):
+    """A device the run used (design §2.7): its slot, which the results name, and what
+    identifies it wherever it sits (UUID, serial, PCI bus id)."""
+
+    device: str = Field(min_length=1, max_length=64)
+    type: str = Field(default="", max_length=16)
+    index: Int32 | None = None
+    uuid: str | None = Field(default=None, max_length=128)
+    serial: str | None = Field(default=None, max_length=128)
+    pci_bus_id: str | None = Field(default=None, max_length=64)
+    name: str | None = Field(default=None, max_length=255)
+    compute_capability: str | None = Field(default=None, max_length=16)
+    mig: bool = False
+    wall_s: float | None = Field(default=None, ge=0)
+    status: str | None = Field(default=None, max_length=16)
+
+
 class RunDocument(_Wire):
     # Any string reads (an unknown version is a 400 naming the supported ones); the
     # OpenAPI schema says which versions are supported.
@@ -347,8 +367,10 @@ class RunDocument(_Wire):
     started_at: Time
     finished_at: Time | None = None
     drill: bool = False
+    drill_device: str | None = Field(default=None, max_length=64)
     environment: EnvironmentDoc
     results: list[ResultDoc] = Field(default_factory=list, max_length=MAX_RESULTS_PER_RUN)
+    devices: list[DeviceDoc] | None = Field(default=None, max_length=MAX_DEVICES_PER_RUN)
 
     @field_validator("started_at", "finished_at")
     @classmethod
@@ -369,6 +391,14 @@ class RunDocument(_Wire):
             if key in seen:
                 raise ValueError(f"result {key} appears twice")
             seen.add(key)
+        if self.devices is not None:
+            slots = [device.device for device in self.devices]
+            if len(set(slots)) != len(slots):
+                raise ValueError("devices: a device slot appears twice")
+            unknown = sorted({r.device for r in self.results} - set(slots))
+            if unknown:
+                raise ValueError(f"results name devices that are not in devices: "
+                                 f"{', '.join(map(repr, unknown))}")
         return self
 
 

@@ -20,6 +20,7 @@ from numparity_server.kit.errors import Conflict, InvalidDocument, NotFound, Uns
 from numparity_server.kit.pagination import Page
 from numparity_server.models import STAT_FIELDS, Run, utcnow
 from numparity_server.runs import repository
+from numparity_server.runs.devices import seen_devices, serials_unique, visible_uuids
 from numparity_server.runs.schemas import (
     SUPPORTED_SCHEMAS,
     VALUES_ALWAYS_MAX,
@@ -218,27 +219,52 @@ def _store(session: Session, run: RunDocument, sha256: str,
         "agent_version": run.agent_version, "document_sha256": sha256, "drill": run.drill,
         "received_at": now,
     })
+    device_ids = _devices(session, run, node_id=node_id, started_at=ordered_at, now=now)
     _store_fingerprints(session, run, now=now)
     result_manifest = _manifests(session, run, digests, now=now)
     outcomes = [_outcome_row(result, digest)
                 for result, digest in zip(run.results, result_manifest, strict=True)]
     outcome_ids = repository.ensure_outcomes(session, outcomes)
     result_ids = repository.insert_results(session, [
-        {"run_pk": run_pk, "outcome_id": outcome_ids[outcome["hash"]], "wall_s": result.wall_s}
+        {"run_pk": run_pk, "outcome_id": outcome_ids[outcome["hash"]], "wall_s": result.wall_s,
+         "device_id": device_ids[result.device]}
         for outcome, result in zip(outcomes, run.results, strict=True)
     ])
 
-    # Within one document the last result of a key wins (one per device at most).
-    latest: dict[tuple[str, str, str], dict[str, Any]] = {}
+    # Within one document the last result of a key wins (one per device at most; two
+    # slots of one device, which only a forged document has, keep the last).
+    latest: dict[tuple[int, str, str, str], dict[str, Any]] = {}
     for result, result_id, outcome in zip(run.results, result_ids, outcomes, strict=True):
-        latest[(result.suite, result.workload, result.variant)] = {
-            "node_id": node_id, "suite": result.suite, "workload": result.workload,
+        device_id = device_ids[result.device]
+        latest[(device_id, result.suite, result.workload, result.variant)] = {
+            "node_id": node_id, "device_id": device_id, "suite": result.suite,
+            "workload": result.workload,
             "variant": result.variant, "result_id": result_id, "started_at": ordered_at,
             "outcome_id": outcome_ids[outcome["hash"]], "environment_id": environment_id,
             "wall_s": result.wall_s,
         }
     repository.upsert_latest(session, list(latest.values()))
     return RunCreated(id=run_pk, run_id=run.run_id, results=len(result_ids))
+
+
+def _devices(session: Session, run: RunDocument, *, node_id: int, started_at: datetime,
+             now: datetime) -> dict[str, int]:
+    """slot → devices.id of every slot the run's results name (runs.devices); a GPU of
+    this node that the node's newest run no longer sees leaves the node."""
+    seen = seen_devices(run)
+    unique = serials_unique(seen)
+    ids = repository.resolve_devices(session, node_id=node_id, started_at=started_at,
+                                     seen_at=now, rows=[{
+        "identity": device.identity(node_id, serial_unique=unique[slot]),
+        "type": device.type, "model": device.model, "uuid": device.uuid,
+        "serial": device.serial, "pci_bus_id": device.pci_bus_id, "name": device.name,
+        "compute_capability": device.compute_capability, "mig": device.mig, "slot": slot,
+    } for slot, device in seen.items()])
+    visible = visible_uuids(run)
+    if visible is not None:
+        repository.detach_devices(session, node_id=node_id, started_at=started_at,
+                                  visible_uuids=visible)
+    return ids
 
 
 def _manifests(session: Session, run: RunDocument, digests: Sequence[str | None], *,

@@ -16,7 +16,7 @@ from numparity_server.kit.settings import Settings
 from numparity_server.models import Base
 
 TABLES = {"nodes", "environments", "runs", "results", "manifests", "fingerprints", "latest",
-          "tokens"}
+          "tokens", "devices"}
 NOW = "2026-11-21 10:00:00+00:00"  # a fixed timestamp for rows written by raw SQL
 
 
@@ -76,7 +76,10 @@ def test_every_lookup_column_is_indexed(migrated_database_url, engine):
     assert ("hash",) in indexed("outcomes")
     assert ("run_pk",) in indexed("results") and ("outcome_id",) in indexed("results")
     assert ("suite", "workload", "variant") in indexed("latest")
-    assert ("node_id", "suite", "workload", "variant") in indexed("latest")
+    assert ("node_id", "device_id", "suite", "workload", "variant") in indexed("latest")
+    assert ("device_id",) in indexed("results")
+    assert ("identity",) in indexed("devices") and ("uuid",) in indexed("devices")
+    assert ("node_id",) in indexed("devices")
     assert ("manifest_hash",) in indexed("outcomes")
     assert ("run_id",) in indexed("runs") and ("env_key",) in indexed("environments")
     assert ("sha256",) in indexed("tokens")
@@ -178,3 +181,38 @@ def test_0007_binds_tokens_to_nodes_and_its_downgrade_revokes_the_bound(database
     assert revoked == {1: False, 2: False, 3: True, 4: True}
     assert not {"node_names", "node_patterns"} & columns
     migrate.upgrade(database_url, "0007")
+
+
+def test_0008_gives_stored_runs_devices_by_their_node_and_slot(database_url, engine):
+    """Runs stored before devices existed keep their answers: each (node, device string)
+    becomes a device of that node, and every result and latest row points at it; the
+    downgrade keeps one latest row per (node, key) again."""
+    migrate.upgrade(database_url, "0005")
+    with engine.begin() as connection:
+        insert_one_result(connection)
+    migrate.upgrade(database_url, "0007")
+    with engine.begin() as connection:
+        for statement in (
+            "INSERT INTO outcomes (id, hash, suite, workload, variant, device, status) "
+            "VALUES (6, 'g', 'standard', 'mlp', 'strict', 'cuda:1', 'ok')",
+            "INSERT INTO results (id, run_pk, outcome_id, wall_s) VALUES (12, 3, 6, 0.5)",
+            "INSERT INTO latest (id, node_id, suite, workload, variant, result_id, started_at,"
+            f" outcome_id, environment_id, wall_s) VALUES (1, 1, 'standard', 'cnn', 'strict',"
+            f" 11, '{NOW}', 5, 7, 0.25)",
+        ):
+            connection.execute(text(statement))
+    migrate.upgrade(database_url)
+    with engine.connect() as connection:
+        devices = {row.identity: (row.id, row.type, row.model, row.node_id, row.slot)
+                   for row in connection.execute(text(
+                       "SELECT id, identity, type, model, node_id, slot FROM devices"))}
+        results = dict(connection.execute(text("SELECT id, device_id FROM results")).all())
+        latest = connection.execute(text("SELECT device_id FROM latest")).scalar_one()
+    assert {identity: rest for identity, (_, *rest) in devices.items()} == {
+        "node:1/cpu": ["cpu", "cpu", 1, "cpu"], "node:1/cuda:1": ["cuda", "cuda", 1, "cuda:1"]}
+    assert results == {11: devices["node:1/cpu"][0], 12: devices["node:1/cuda:1"][0]}
+    assert latest == devices["node:1/cpu"][0]
+    migrate.downgrade(database_url, "0007")
+    with engine.connect() as connection:
+        assert "devices" not in inspect(connection).get_table_names()
+        assert connection.execute(text("SELECT result_id FROM latest")).scalar_one() == 11
