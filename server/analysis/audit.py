@@ -1,11 +1,13 @@
 """The audit's judgements over plain rows (design §3.3): suspect hardware, nondeterminism.
 
-Suspect hardware: in the ``strict`` variant every node of one ``env_key`` must compute
-the same bits. The majority answer of a key is the manifest held by more than half of
-an environment's nodes (their latest results). A node whose ``strict`` manifest differs
-from it, while it has at least ``min_peers`` peers, disagreed in that run; disagreeing
-in two or more runs makes it ``suspect``, once ``watch``. Runs marked as drills
-(``run --fault-drill``) count like any other, and the entry says they were drills.
+Suspect hardware: in the ``strict`` variant every device of one model on one ``env_key``
+must compute the same bits. The majority answer of a key is the manifest held by more
+than half of those devices (their latest results; a node's eight GPUs are eight of
+them). A device whose ``strict`` manifest differs from it, while it has at least
+``min_peers`` peers, disagreed in that run; disagreeing in two or more runs makes it
+``suspect``, once ``watch``, and its node takes the worst status of its devices. Runs
+marked as drills (``run --fault-drill``) count like any other, and the entry says they
+were drills.
 
 Nondeterminism: a result whose repeats disagree, or a node whose ``strict`` answer for
 a key changed while its environment did not (drills left out).
@@ -20,7 +22,8 @@ from typing import ClassVar
 
 from .consensus import Support, judges, tally, usual
 
-# (suite, workload, workload_version, device): what makes two strict results comparable.
+# (suite, workload, workload_version, device model): what makes two strict results
+# comparable.
 Key = tuple[str, str, "int | None", str]
 
 SUSPECT_RUNS = 2  # disagreeing runs (of one key) that make a node suspect rather than watched
@@ -60,12 +63,14 @@ def majorities(usual: Mapping[tuple[int, Key], Majority], *, min_peers: int
 
 @dataclass(frozen=True)
 class Deviation:
-    """A node's strict answer that is not its environment's majority answer.
+    """A device's strict answer that is not its environment's majority answer.
 
-    ``runs`` runs of the node gave ``manifest_hash`` for ``key`` (``drill_runs`` of them
-    were drills); ``run_id`` is the newest of them.
+    ``runs`` runs gave ``manifest_hash`` for ``key`` on the device (``drill_runs`` of
+    them were drills), on whichever node it sat; ``run_id`` is the newest of them;
+    ``node`` is where the device sits now.
     """
 
+    device: int
     node: str
     environment: int
     key: Key
@@ -103,8 +108,26 @@ class PeerComparison:
 
 
 @dataclass(frozen=True)
+class DeviceLabel:
+    """What names a device to the person who drains it: its slot on its node now, and
+    what identifies it (UUID, serial, PCI bus id) and its name."""
+
+    slot: str
+    uuid: str | None
+    serial: str | None
+    pci_bus_id: str | None
+    name: str | None
+
+
+@dataclass(frozen=True)
 class Suspect:
     node: str
+    device: str  # its slot on the node (cuda:3, cpu)
+    device_uuid: str | None
+    device_serial: str | None
+    device_pci_bus_id: str | None
+    device_name: str | None
+    detail: str  # one line: "gpu-node-17 / cuda:3 (UUID …) disagrees with …"
     status: str  # suspect or watch
     env_key: str | None
     peers: int
@@ -133,19 +156,20 @@ def suspect_status(runs: int) -> str:
     return "suspect" if runs >= SUSPECT_RUNS else "watch"
 
 
-def _judged_by_node(deviations: Iterable[Deviation],
-                    majority: Mapping[tuple[int, Key], Majority]
-                    ) -> dict[str, list[Deviation]]:
-    by_node: dict[str, list[Deviation]] = defaultdict(list)
+def _judged_by_device(deviations: Iterable[Deviation],
+                      majority: Mapping[tuple[int, Key], Majority]
+                      ) -> dict[int, list[Deviation]]:
+    by_device: dict[int, list[Deviation]] = defaultdict(list)
     for deviation in deviations:
         if (deviation.environment, deviation.key) in majority:
-            by_node[deviation.node].append(deviation)
-    return dict(sorted(by_node.items()))
+            by_device[deviation.device].append(deviation)
+    return dict(sorted(by_device.items(), key=lambda item: (item[1][0].node, item[0])))
 
 
 def _runs_by_key(found: Iterable[Deviation]) -> tuple[dict[Key, int], dict[Key, int]]:
-    """A node's disagreeing runs and drill runs per key. A corrupting GPU usually spoils
-    every workload of a run, so the node's count is its largest per key, not their sum."""
+    """A device's disagreeing runs and drill runs per key. A corrupting GPU usually spoils
+    every workload of a run, so the device's count is its largest per key, not their
+    sum."""
     runs: dict[Key, int] = defaultdict(int)
     drills: dict[Key, int] = defaultdict(int)
     for deviation in found:
@@ -160,40 +184,69 @@ def _worst(runs_by_key: Mapping[Key, int]) -> Key:
 
 def suspect_statuses(deviations: Iterable[Deviation],
                      majority: Mapping[tuple[int, Key], Majority]) -> dict[str, str]:
-    """node → ``suspect`` or ``watch``, as ``classify_suspects`` says, without reading
-    which answers are current or which peer runs to compare with."""
-    statuses = {}
-    for node, found in _judged_by_node(deviations, majority).items():
+    """node → ``suspect`` or ``watch``, the worst of its devices' as ``classify_suspects``
+    says, without reading which answers are current or which peer runs to compare with."""
+    statuses: dict[str, str] = {}
+    for found in _judged_by_device(deviations, majority).values():
         runs, _drills = _runs_by_key(found)
-        statuses[node] = suspect_status(runs[_worst(runs)])
+        node = found[0].node
+        status = suspect_status(runs[_worst(runs)])
+        if statuses.get(node) != "suspect":
+            statuses[node] = status
     return statuses
+
+
+def node_suspect_statuses(suspects: Iterable[Suspect]) -> dict[str, str]:
+    """node → the worst status of its suspect devices."""
+    statuses: dict[str, str] = {}
+    for suspect in suspects:
+        if statuses.get(suspect.node) != "suspect":
+            statuses[suspect.node] = suspect.status
+    return statuses
+
+
+def describe(node: str, label: DeviceLabel, *, peers: int, runs: int) -> str:
+    """"gpu-node-17 / cuda:3 (NVIDIA A100, UUID GPU-…, serial …) disagrees with 41
+    identical peers in 2 runs": what a person drains."""
+    named = [part for part in (label.name, label.uuid and f"UUID {label.uuid}",
+                               label.serial and f"serial {label.serial}") if part]
+    where = f"{node} / {label.slot}" + (f" ({', '.join(named)})" if named else "")
+    return (f"{where} disagrees with {peers} identical peer{'s' if peers != 1 else ''} "
+            f"in {runs} run{'s' if runs != 1 else ''}")
 
 
 def classify_suspects(deviations: Iterable[Deviation],
                       majority: Mapping[tuple[int, Key], Majority],
                       env_keys: Mapping[int, str],
                       peer_runs: Mapping[tuple[int, Key], str],
-                      current: Collection[tuple[str, int, str]]) -> list[Suspect]:
-    """One entry per node that disagreed with its peers: ``suspect`` (2+ runs) or ``watch``.
+                      current: Collection[tuple[int, int, str]],
+                      labels: Mapping[int, DeviceLabel]) -> list[Suspect]:
+    """One entry per device that disagreed with its peers: ``suspect`` (2+ runs) or
+    ``watch``, by node and slot.
 
     ``peer_runs`` names a run holding the majority answer of each (environment, key), for
-    a comparison link; ``current`` holds the (node, environment, manifest) of the answers
-    that are a node's latest.
+    a comparison link; ``current`` holds the (device, environment, manifest) of the
+    answers that are a device's latest; ``labels`` name each device.
     """
     entries = []
-    for node, found in _judged_by_node(deviations, majority).items():
+    for device, found in _judged_by_device(deviations, majority).items():
         runs_by_key, drills_by_key = _runs_by_key(found)
         worst = _worst(runs_by_key)
         runs = runs_by_key[worst]
         drill_runs = drills_by_key[worst]
 
         def latest(d: Deviation) -> bool:
-            return (d.node, d.environment, d.manifest_hash) in current
+            return (d.device, d.environment, d.manifest_hash) in current
 
         newest = max(found, key=lambda d: (latest(d), d.key == worst, d.run_id))
         chosen = majority[(newest.environment, newest.key)]
+        label, node = labels[device], found[0].node
         entries.append(Suspect(
-            node=node, status=suspect_status(runs),
+            node=node, device=label.slot, device_uuid=label.uuid,
+            device_serial=label.serial, device_pci_bus_id=label.pci_bus_id,
+            device_name=label.name,
+            detail=describe(node, label, peers=chosen.nodes - 1, runs=runs),
+            status=suspect_status(runs),
             env_key=env_keys.get(newest.environment), peers=chosen.nodes - 1,
             majority_nodes=chosen.holders, disagreeing_runs=runs, drill=drill_runs > 0,
             drill_runs=drill_runs, currently_disagrees=any(latest(d) for d in found),
@@ -202,12 +255,13 @@ def classify_suspects(deviations: Iterable[Deviation],
                   for key in sorted(runs_by_key, key=_key_order)],
             compare=PeerComparison(peer_runs.get((newest.environment, newest.key)),
                                    newest.run_id, *_strict(newest.key))))
-    return entries
+    return sorted(entries, key=lambda entry: (entry.node, entry.device))
 
 
 @dataclass(frozen=True)
 class StrictChanged:
-    """A node whose strict answer for a key changed within one environment."""
+    """A device whose strict answer for a key changed within one environment
+    (``device``: its slot on ``node``)."""
 
     reason: ClassVar[str] = "strict_changed"
     node: str
@@ -226,13 +280,15 @@ class StrictChanged:
                "on one environment"
 
 
-def strict_changes(rows: Iterable[tuple[str, str, Key, int, str]]) -> list[StrictChanged]:
-    """``(node, env_key, key, distinct_manifests, newest_run_id)`` rows of a node whose
-    strict answer changed within one environment, by node and key."""
+def strict_changes(rows: Iterable[tuple[str, str, str, Key, int, str]]
+                   ) -> list[StrictChanged]:
+    """``(node, slot, env_key, key, distinct_manifests, newest_run_id)`` rows of a device
+    whose strict answer changed within one environment, by node, slot and key."""
     return [
-        StrictChanged(node, env_key, *_strict(key), distinct_answers=distinct, run_id=run_id)
-        for node, env_key, key, distinct, run_id in sorted(
-            rows, key=lambda r: (r[0], *_key_order(r[2])))
+        StrictChanged(node, env_key, *_strict(key)[:4], slot, distinct_answers=distinct,
+                      run_id=run_id)
+        for node, slot, env_key, key, distinct, run_id in sorted(
+            rows, key=lambda r: (r[0], r[1], *_key_order(r[3])))
     ]
 
 

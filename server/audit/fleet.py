@@ -1,5 +1,10 @@
 """What the audit and its summary both read: the nodes, their latest results, the usual
-strict answers and the history of the nodes that deviated from them."""
+strict answers and the history of the devices that deviated from them.
+
+The audit judges devices: each device of a node (a GPU, a MIG instance, the CPU) holds
+its own latest results, and the devices of one model on one environment are peers,
+within a node as across nodes. A device's history follows it (its UUID) from node to
+node."""
 
 from __future__ import annotations
 
@@ -18,10 +23,12 @@ from numparity_server.audit.repository import Held
 
 @dataclass(frozen=True)
 class History:
-    """Strict answers since the window's start of the nodes that ever answered unusually."""
+    """Strict answers since the window's start of the devices that ever answered
+    unusually, and those devices."""
 
     deviating: list[Any]  # rows whose answer is not their environment's usual one
-    rows: list[Any]  # every row of those nodes (``repository.strict_history``)
+    rows: list[Any]  # every row of those devices (``repository.strict_history``)
+    devices: dict[int, Any]  # device id → where it sits now (``repository.devices``)
 
 
 @dataclass(frozen=True)
@@ -45,8 +52,8 @@ def judged_fleet(session: Session, policy: Policy, now: datetime) -> Fleet:
     held = repository.held(session)
     strict = [h for h in held if h.outcome.variant == repository.STRICT
               and h.outcome.status == "ok" and h.outcome.manifest_hash]
-    usual = usual_answers((h.environment, strict_key(h.outcome), h.outcome.manifest_hash,
-                           h.support) for h in strict)
+    usual = usual_answers((h.environment, held_key(h), h.outcome.manifest_hash, h.support)
+                          for h in strict)
     return Fleet(nodes=nodes,
                  node_env={node.name: node.environment_id for node in nodes
                            if node.environment_id is not None},
@@ -56,35 +63,46 @@ def judged_fleet(session: Session, policy: Policy, now: datetime) -> Fleet:
 
 
 def strict_key(row: Any) -> Key:
-    """The strict key of an outcome or a history row."""
-    return (row.suite, row.workload, row.workload_version, row.device)
+    """The strict key of a history row: suite, workload, version, device model."""
+    return (row.suite, row.workload, row.workload_version, row.model)
+
+
+def held_key(held: Held) -> Key:
+    """The strict key of latest results."""
+    outcome = held.outcome
+    return (outcome.suite, outcome.workload, outcome.workload_version, held.model)
 
 
 def read_history(session: Session, strict: Sequence[Held],
                  usual: Mapping[tuple[int, Key], Majority], since: datetime) -> History:
     """The usual answer of an (environment, key) is the most common among the latest
-    results. A node answered unusually if its latest answer is not its environment's
+    results. A device answered unusually if its latest answer is not its environment's
     usual one, or if some answer in the window is no environment's usual answer; only
-    those nodes' histories are read, so the cost follows the unusual, not the fleet."""
-    unusual_now = {h.outcome.id for h in strict
-                   if usual[(h.environment, strict_key(h.outcome))].manifest_hash
+    those devices' histories are read, so the cost follows the unusual, not the fleet.
+    Only devices that sit on a node count: a GPU its node no longer has (replaced) is
+    judged again when it shows up on a node, with its history."""
+    unusual_now = {(h.environment, h.outcome.id) for h in strict
+                   if usual[(h.environment, held_key(h))].manifest_hash
                    != h.outcome.manifest_hash}
-    unusual_envs = {(h.environment, h.outcome.id) for h in strict if h.outcome.id in unusual_now}
-    candidates = {row.name for row in repository.latest_holding(session, unusual_now)
-                  if (row.environment_id, row.outcome_id) in unusual_envs}
-    candidates |= repository.nodes_with_unusual_answers(
+    candidates = {row.device_id for row in repository.latest_holding(
+                      session, {outcome for _env, outcome in unusual_now})
+                  if (row.environment_id, row.outcome_id) in unusual_now}
+    candidates |= repository.devices_with_unusual_answers(
         session, usual_manifests=[found.manifest_hash for found in usual.values()],
         since=since)
-    rows = list(repository.strict_history(session, nodes=candidates, since=since))
+    devices = {pk: row for pk, row in repository.devices(session, candidates).items()
+               if row.node is not None}
+    rows = list(repository.strict_history(session, devices=devices, since=since))
     deviating = [row for row in rows
                  if (found := usual.get((row.environment_id, strict_key(row))))
                  and found.manifest_hash != row.manifest_hash]
-    return History(deviating=deviating, rows=rows)
+    return History(deviating=deviating, rows=rows, devices=devices)
 
 
-def deviations(rows: Sequence[Any]) -> list[Deviation]:
-    """History rows as the analysis's deviations."""
-    return [Deviation(node=row.name, environment=row.environment_id, key=strict_key(row),
+def deviations(history: History, rows: Sequence[Any] | None = None) -> list[Deviation]:
+    """History rows (the deviating ones unless given) as the analysis's deviations."""
+    return [Deviation(device=row.device_id, node=history.devices[row.device_id].node,
+                      environment=row.environment_id, key=strict_key(row),
                       manifest_hash=row.manifest_hash, runs=int(row.runs),
                       drill_runs=int(row.drill_runs or 0), run_id=row.run_id)
-            for row in rows]
+            for row in (history.deviating if rows is None else rows)]

@@ -13,10 +13,12 @@ from sqlalchemy.orm import Session
 
 from numparity_server.analysis.consensus import Support
 from numparity_server.kit.db import chunked, codepoint_order
-from numparity_server.models import Environment, Latest, Node, Outcome, Result, Run
+from numparity_server.models import Device, Environment, Latest, Node, Outcome, Result, Run
 
 STRICT = "strict"
 _KEY = (Outcome.suite, Outcome.workload, Outcome.workload_version, Outcome.device)
+# A strict key groups devices by model: a node's eight GPUs at cuda:0 … cuda:7 are peers.
+_STRICT_KEY = (Outcome.suite, Outcome.workload, Outcome.workload_version, Device.model)
 
 
 def nodes(session: Session) -> Sequence[Any]:
@@ -43,22 +45,26 @@ def environments(session: Session) -> Sequence[Any]:
 
 def latest_by_outcome(session: Session) -> Sequence[Any]:
     """The fleet's latest results in a few hundred rows: (environment_id, outcome_id,
-    nodes, summed wall_s, results with a wall_s, first node name)."""
+    device model, devices, summed wall_s, results with a wall_s, first node name)."""
     return session.execute(
-        select(Latest.environment_id, Latest.outcome_id, func.count(),
+        select(Latest.environment_id, Latest.outcome_id, Device.model, func.count(),
                func.sum(Latest.wall_s), func.count(Latest.wall_s),
                func.min(codepoint_order(session, Node.name)))
         .join(Node, Node.id == Latest.node_id)
-        .group_by(Latest.environment_id, Latest.outcome_id)
+        .join(Device, Device.id == Latest.device_id)
+        .group_by(Latest.environment_id, Latest.outcome_id, Device.model)
     ).all()
 
 
 @dataclass(frozen=True)
 class Held:
-    """Latest results of one outcome in one environment (a ``latest_by_outcome`` row)."""
+    """Latest results of one outcome in one environment on one device model (a
+    ``latest_by_outcome`` row). Each device of a node holds its own latest results, so
+    ``nodes`` counts devices: a node's identical GPUs are each other's peers."""
 
     environment: int
     outcome: Any  # the outcome row (``outcomes``)
+    model: str  # the devices' model (``devices.model``)
     nodes: int
     wall_s: float | None  # mean over the results that have one
     first_node: str  # the first of the nodes by name (consensus's tie-break)
@@ -73,9 +79,9 @@ def held(session: Session) -> list[Held]:
     a few hundred rows for 10,000 nodes. Most of the audit is read from these."""
     aggregate = latest_by_outcome(session)
     found = outcomes(session, [row[1] for row in aggregate])
-    return [Held(env_id, found[outcome_id], int(count),
+    return [Held(env_id, found[outcome_id], model, int(count),
                  float(wall_sum) / timed if timed else None, first_node)
-            for env_id, outcome_id, count, wall_sum, timed, first_node in aggregate]
+            for env_id, outcome_id, model, count, wall_sum, timed, first_node in aggregate]
 
 
 def outcomes(session: Session, ids: Iterable[int]) -> dict[int, Any]:
@@ -129,12 +135,13 @@ def run_ids_holding(session: Session, pairs: Iterable[tuple[int, int]]
 
 
 def latest_holding(session: Session, outcome_ids: Iterable[int]) -> Sequence[Any]:
-    """(node name, environment_id, outcome_id, run_id) of the latest results holding one
-    of these outcomes, by node name."""
+    """(node name, environment_id, outcome_id, run_id, device_id) of the latest results
+    holding one of these outcomes, by node name."""
     rows: list[Any] = []
     for part in chunked(sorted(set(outcome_ids))):
         rows.extend(session.execute(
-            select(Node.name, Latest.environment_id, Latest.outcome_id, Run.run_id)
+            select(Node.name, Latest.environment_id, Latest.outcome_id, Run.run_id,
+                   Latest.device_id)
             .join(Node, Node.id == Latest.node_id)
             .join(Result, Result.id == Latest.result_id)
             .join(Run, Run.id == Result.run_pk)
@@ -144,9 +151,9 @@ def latest_holding(session: Session, outcome_ids: Iterable[int]) -> Sequence[Any
     return rows
 
 
-def nodes_with_unusual_answers(session: Session, *, usual_manifests: Sequence[str],
-                               since: datetime) -> set[str]:
-    """Nodes with a strict ok result since ``since`` whose manifest is none of
+def devices_with_unusual_answers(session: Session, *, usual_manifests: Sequence[str],
+                                 since: datetime) -> set[int]:
+    """Devices with a strict ok result since ``since`` whose manifest is none of
     ``usual_manifests`` (every environment's usual answers).
 
     Driven by the unusual outcomes (a handful) through the index on results.outcome_id,
@@ -156,35 +163,50 @@ def nodes_with_unusual_answers(session: Session, *, usual_manifests: Sequence[st
         Outcome.variant == STRICT, Outcome.status == "ok",
         Outcome.manifest_hash.not_in(sorted(set(usual_manifests))) if usual_manifests
         else true())
-    return set(session.scalars(
-        select(Node.name).distinct()
+    return {int(pk) for pk in session.scalars(
+        select(Result.device_id).distinct()
         .select_from(Result)
         .join(Run, Run.id == Result.run_pk)
-        .join(Node, Node.id == Run.node_id)
-        .where(Result.outcome_id.in_(unusual.scalar_subquery()), Run.started_at >= since)
-    ))
+        .where(Result.outcome_id.in_(unusual.scalar_subquery()), Run.started_at >= since,
+               Result.device_id.is_not(None))
+    )}
 
 
-def strict_history(session: Session, *, nodes: Iterable[str], since: datetime
+def strict_history(session: Session, *, devices: Iterable[int], since: datetime
                    ) -> Sequence[Any]:
-    """These nodes' strict ok answers since ``since``: (node, environment_id, suite,
-    workload, version, device, manifest_hash, runs, drill runs, newest run_id)."""
+    """These devices' strict ok answers since ``since``, on whichever node they ran:
+    (device_id, environment_id, suite, workload, version, model, manifest_hash, runs,
+    drill runs, newest run_id)."""
     rows: list[Any] = []
-    for part in chunked(sorted(set(nodes))):
+    for part in chunked(sorted(set(devices))):
         rows.extend(session.execute(
-            select(Node.name, Run.environment_id, *_KEY, Outcome.manifest_hash,
+            select(Result.device_id, Run.environment_id, *_STRICT_KEY, Outcome.manifest_hash,
                    func.count().label("runs"),
                    func.sum(cast(Run.drill, Integer)).label("drill_runs"),
                    func.max(Run.run_id).label("run_id"))
             .select_from(Run)
-            .join(Node, Node.id == Run.node_id)
             .join(Result, Result.run_pk == Run.id)
             .join(Outcome, Outcome.id == Result.outcome_id)
-            .where(Node.name.in_(part), Outcome.variant == STRICT, Outcome.status == "ok",
-                   Run.started_at >= since)
-            .group_by(Node.name, Run.environment_id, *_KEY, Outcome.manifest_hash)
+            .join(Device, Device.id == Result.device_id)
+            .where(Result.device_id.in_(part), Outcome.variant == STRICT,
+                   Outcome.status == "ok", Run.started_at >= since)
+            .group_by(Result.device_id, Run.environment_id, *_STRICT_KEY,
+                      Outcome.manifest_hash)
         ).all())
     return rows
+
+
+def devices(session: Session, ids: Iterable[int]) -> dict[int, Any]:
+    """device id → (id, slot, uuid, serial, name, model, pci_bus_id, node: the name of
+    the node it sits on now, None once it left)."""
+    found: dict[int, Any] = {}
+    for part in chunked(sorted(set(ids))):
+        found.update((row.id, row) for row in session.execute(
+            select(Device.id, Device.slot, Device.uuid, Device.serial, Device.name,
+                   Device.model, Device.pci_bus_id, Device.type, Node.name.label("node"))
+            .outerjoin(Node, Node.id == Device.node_id)
+            .where(Device.id.in_(part))))
+    return found
 
 
 def environment_changes(session: Session, *, node_ids: Sequence[int], since: datetime

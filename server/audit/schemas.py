@@ -18,15 +18,22 @@ EXAMPLE: dict[str, Any] = {
     "stale": [],
     "policy": [{"node": "cpu-4", "env_key": "9f2c…", "attribute": "env_vars.MKL_CBWR",
                 "value": "COMPATIBLE", "rule": "allowed", "expected": ["unset"]}],
-    "suspects": [{"node": "cpu-3", "status": "suspect", "env_key": "5be1…", "peers": 3,
+    "suspects": [{"node": "gpu-node-17", "device": "cuda:3",
+                  "device_uuid": "GPU-8f3c2a1e-…", "device_serial": "1324021045632",
+                  "device_pci_bus_id": "00000000:47:00.0",
+                  "device_name": "NVIDIA A100-SXM4-80GB",
+                  "detail": "gpu-node-17 / cuda:3 (NVIDIA A100-SXM4-80GB, UUID GPU-8f3c2a1e-…, "
+                            "serial 1324021045632) disagrees with 3 identical peers in 2 runs",
+                  "status": "suspect", "env_key": "5be1…", "peers": 3,
                   "majority_nodes": 3, "disagreeing_runs": 2, "drill": True,
                   "drill_runs": 2, "currently_disagrees": True,
                   "keys": [{"suite": "standard", "workload": "cnn", "workload_version": 1,
-                            "variant": "strict", "device": "cpu", "runs": 2,
+                            "variant": "strict",
+                            "device": "cuda/NVIDIA A100-SXM4-80GB/8.0", "runs": 2,
                             "drill_runs": 2}],
                   "compare": {"run_a": "0f1c…", "run_b": "7d3e…", "suite": "standard",
                               "workload": "cnn", "workload_version": 1, "variant": "strict",
-                              "device": "cpu"}}],
+                              "device": "cuda/NVIDIA A100-SXM4-80GB/8.0"}}],
     "nondeterministic": [{"node": "cpu-2", "reason": "repeats_disagree", "suite": "standard",
                           "workload": "scatter", "workload_version": 1,
                           "variant": "default", "device": "cpu", "repeats": 2,
@@ -115,7 +122,17 @@ class CompareLink(_Row):
 
 
 class SuspectRow(_Row):
-    node: str
+    """A device that disagrees with its identical peers (same model, same environment:
+    other GPUs of its node and of other nodes)."""
+
+    node: str = Field(description="The node the device sits on now")
+    device: str = Field(description="Its slot there: cuda:3, cpu")
+    device_uuid: str | None = Field(description="GPU or MIG UUID; follows the device "
+                                                "from node to node")
+    device_serial: str | None
+    device_pci_bus_id: str | None
+    device_name: str | None
+    detail: str = Field(description="One line naming the device, its peers and runs")
     status: Literal["suspect", "watch"]
     env_key: str | None
     peers: int

@@ -15,10 +15,12 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from numparity_server.analysis.audit import (
+    DeviceLabel,
     Key,
     RepeatsDisagree,
     Suspect,
     classify_suspects,
+    node_suspect_statuses,
     repeat_disagreements,
     strict_changes,
     suspect_statuses,
@@ -37,7 +39,7 @@ from numparity_server.analysis.node_status import (
 )
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit import repository
-from numparity_server.audit.fleet import Fleet, deviations, judged_fleet, strict_key
+from numparity_server.audit.fleet import Fleet, deviations, held_key, judged_fleet, strict_key
 from numparity_server.audit.repository import Held
 from numparity_server.audit.schemas import (
     AuditOut,
@@ -73,7 +75,7 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None) -> A
                                      for env_id in set(fleet.node_env.values())})
     ]
     broken = _broken_inputs(session, fleet.held)
-    counts = _counts(fleet, suspects={row.node: row.status for row in suspects},
+    counts = _counts(fleet, suspects=node_suspect_statuses(suspects),
                      nondeterministic={row.node for row in nondeterministic},
                      stale={row.node for row in stale})
     columns = {env_id: {column: getattr(row, column) for column in INVENTORY_COLUMNS}
@@ -106,7 +108,7 @@ def audit_summary(*, session: Session, policy: Policy, now: datetime | None = No
     fleet = judged_fleet(session, policy, now)
     nondeterministic = _nondeterministic(session, fleet, repository.env_keys(session))
     return _counts(
-        fleet, suspects=suspect_statuses(deviations(fleet.history.deviating), fleet.majority),
+        fleet, suspects=suspect_statuses(deviations(fleet.history), fleet.majority),
         nondeterministic={row.node for row in nondeterministic},
         stale={entry.node for entry in _stale_nodes(fleet, now, policy)})
 
@@ -125,9 +127,9 @@ def _suspects(session: Session, fleet: Fleet, env_keys: Mapping[int, str]) -> li
     if not majority:
         return []
     # A run holding the majority answer of each (environment, key), to compare with.
-    holding = {(h.environment, strict_key(h.outcome)): (h.environment, h.outcome.id)
+    holding = {(h.environment, held_key(h)): (h.environment, h.outcome.id)
                for h in fleet.strict
-               if (found := majority.get((h.environment, strict_key(h.outcome))))
+               if (found := majority.get((h.environment, held_key(h))))
                and found.manifest_hash == h.outcome.manifest_hash}
     run_ids = repository.run_ids_holding(session, holding.values())
     peer_runs = {key: run_ids[pair] for key, pair in holding.items() if pair in run_ids}
@@ -138,9 +140,12 @@ def _suspects(session: Session, fleet: Fleet, env_keys: Mapping[int, str]) -> li
     deviant = [h.outcome.id for h in fleet.strict
                if (h.environment, h.outcome.manifest_hash) in answers]
     manifest_of = {h.outcome.id: h.outcome.manifest_hash for h in fleet.strict}
-    current = {(row.name, row.environment_id, manifest_of[row.outcome_id])
+    current = {(row.device_id, row.environment_id, manifest_of[row.outcome_id])
                for row in repository.latest_holding(session, deviant)}
-    return classify_suspects(deviations(judged), majority, env_keys, peer_runs, current)
+    labels = {pk: DeviceLabel(row.slot, row.uuid, row.serial, row.pci_bus_id, row.name)
+              for pk, row in fleet.history.devices.items()}
+    return classify_suspects(deviations(fleet.history, judged), majority, env_keys,
+                             peer_runs, current, labels)
 
 
 def _nondeterministic(session: Session, fleet: Fleet, env_keys: Mapping[int, str]
@@ -150,21 +155,24 @@ def _nondeterministic(session: Session, fleet: Fleet, env_keys: Mapping[int, str
     repeats = repeat_disagreements(
         RepeatsDisagree(name, o.suite, o.workload, o.workload_version, o.variant, o.device,
                         o.repeats, run_id)
-        for name, _env, outcome_id, run_id in repository.latest_holding(session, disagreeing)
+        for name, _env, outcome_id, run_id, _device in repository.latest_holding(
+            session, disagreeing)
         if (o := disagreeing[outcome_id])
     )
-    # A strict answer that changed within one environment, drill runs left out: a node
+    # A strict answer that changed within one environment, drill runs left out: a device
     # that changed answered unusually at least once, so its history has been read.
-    answers: dict[tuple[str, int, Key], set[str]] = defaultdict(set)
-    newest: dict[tuple[str, int, Key], str] = {}
+    answers: dict[tuple[int, int, Key], set[str]] = defaultdict(set)
+    newest: dict[tuple[int, int, Key], str] = {}
     for row in fleet.history.rows:
         if int(row.runs) > int(row.drill_runs or 0):
-            found = (row.name, row.environment_id, strict_key(row))
+            found = (row.device_id, row.environment_id, strict_key(row))
             answers[found].add(row.manifest_hash)
             newest[found] = max(newest.get(found, row.run_id), row.run_id)
+    devices = fleet.history.devices
     changes = strict_changes(
-        (name, env_keys.get(env_id, ""), key, len(manifests), newest[(name, env_id, key)])
-        for (name, env_id, key), manifests in answers.items() if len(manifests) > 1
+        (devices[device].node, devices[device].slot, env_keys.get(env_id, ""), key,
+         len(manifests), newest[(device, env_id, key)])
+        for (device, env_id, key), manifests in answers.items() if len(manifests) > 1
     )
     rows: list[NondeterministicRow] = [
         *(RepeatsDisagreeRow.model_validate(entry) for entry in repeats),
@@ -196,7 +204,8 @@ def _broken_inputs(session: Session, held: Sequence[Held]) -> list[BrokenInputsR
         for h in held if h.outcome.status == "ok")
     rows = [BrokenInputsRow(node=name, run_id=run_id,
                             **asdict(broken[outcome_id]))
-            for name, _env, outcome_id, run_id in repository.latest_holding(session, broken)]
+            for name, _env, outcome_id, run_id, _device in repository.latest_holding(
+                session, broken)]
     return sorted(rows, key=lambda row: (row.node, row.workload, row.variant))
 
 

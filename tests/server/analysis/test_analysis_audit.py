@@ -9,6 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from numparity_server.analysis.audit import (
+    DeviceLabel,
     Deviation,
     Majority,
     classify_suspects,
@@ -48,9 +49,13 @@ def test_the_usual_answer_and_when_it_judges():
     assert set(majorities(usual, min_peers=2)) == {(1, CNN), (3, CNN), (4, CNN)}
 
 
-def deviation(node, key=CNN, runs=1, drills=0, run_id="r9"):
-    return Deviation(node=node, environment=1, key=key, manifest_hash="b", runs=runs,
-                     drill_runs=drills, run_id=run_id)
+NODE_DEVICE = {"twice": 1, "once": 2, "spoiled": 3, "elsewhere": 4}
+LABELS = {device: DeviceLabel("cpu", None, None, None, None) for device in range(1, 5)}
+
+
+def deviation(node, key=CNN, runs=1, drills=0, run_id="r9", device=None):
+    return Deviation(device=device or NODE_DEVICE[node], node=node, environment=1, key=key,
+                     manifest_hash="b", runs=runs, drill_runs=drills, run_id=run_id)
 
 
 def test_suspect_after_two_runs_watch_after_one_drills_marked():
@@ -60,10 +65,10 @@ def test_suspect_after_two_runs_watch_after_one_drills_marked():
         # One bad run spoils two workloads: counted per key, the largest count is the node's.
         deviation("spoiled", key=CNN), deviation("spoiled", key=MLP),
         # Not judged: its environment has no majority here.
-        Deviation("elsewhere", 2, CNN, "b", 5, 0, "r1")]
-    current = {("twice", 1, "b"), ("spoiled", 1, "b")}  # "once" agrees again
+        Deviation(4, "elsewhere", 2, CNN, "b", 5, 0, "r1")]
+    current = {(1, 1, "b"), (3, 1, "b")}  # "once" agrees again
     entries = classify_suspects(deviations, majority, {1: "env-1"}, {(1, CNN): "peer-run"},
-                                current)
+                                current, LABELS)
     by_node = {entry.node: entry for entry in entries}
     assert set(by_node) == {"twice", "once", "spoiled"}
     assert by_node["twice"].status == "suspect" and by_node["twice"].drill is True
@@ -75,9 +80,29 @@ def test_suspect_after_two_runs_watch_after_one_drills_marked():
     assert by_node["spoiled"].disagreeing_runs == 1
     assert [k.workload for k in by_node["spoiled"].keys] == ["cnn", "mlp"]
     assert by_node["twice"].peers == 4 and by_node["twice"].env_key == "env-1"
+    assert by_node["twice"].detail == "twice / cpu disagrees with 4 identical peers in 2 runs"
     # The summary's statuses, read without current answers or peer runs, are the same.
     assert suspect_statuses(deviations, majority) == {
         node: entry.status for node, entry in by_node.items()}
+
+
+def test_each_gpu_of_a_node_is_judged_on_its_own_and_the_node_takes_the_worst():
+    """Two GPUs of one node disagree, one in two runs, one in one: two entries naming
+    each GPU by slot and UUID; the node is suspect."""
+    gpu = "cuda/NVIDIA A100-SXM4-80GB/8.0"
+    key = ("standard", "cnn", 1, gpu)
+    majority = {(1, key): Majority("a", 6, 8)}
+    labels = {11: DeviceLabel("cuda:3", "GPU-3333", "s3", "0000:03:00.0", "NVIDIA A100"),
+              12: DeviceLabel("cuda:5", "GPU-5555", None, None, "NVIDIA A100")}
+    deviations = [deviation("gpu-17", key=key, runs=2, device=11),
+                  deviation("gpu-17", key=key, runs=1, device=12)]
+    entries = classify_suspects(deviations, majority, {1: "env-1"}, {}, set(), labels)
+    assert [(e.node, e.device, e.device_uuid, e.status) for e in entries] == [
+        ("gpu-17", "cuda:3", "GPU-3333", "suspect"), ("gpu-17", "cuda:5", "GPU-5555", "watch")]
+    assert entries[0].detail == ("gpu-17 / cuda:3 (NVIDIA A100, UUID GPU-3333, serial s3) "
+                                 "disagrees with 7 identical peers in 2 runs")
+    assert entries[0].keys[0].device == gpu
+    assert suspect_statuses(deviations, majority) == {"gpu-17": "suspect"}
 
 
 def test_a_node_counts_under_each_of_its_statuses_and_ok_is_none_of_them():
