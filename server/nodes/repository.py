@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import chunked, lookup
-from numparity_server.models import Environment, Node, Run
+from numparity_server.models import Device, Environment, Node, Run
 
 
 def count_nodes(session: Session) -> int:
@@ -57,3 +57,19 @@ def timeline_runs(session: Session, node_id: int, *, limit: int, offset: int) ->
 
 def environment_documents(session: Session, env_keys: Sequence[str]) -> dict[str, Any]:
     return lookup(session, Environment.env_key, Environment.document, env_keys)
+
+
+def devices(session: Session, node_id: int) -> Sequence[Any]:
+    """The devices sitting on the node now, by slot (cuda:2 before cuda:10)."""
+    rows = session.execute(
+        select(Device.slot.label("device"), Device.type, Device.model, Device.uuid,
+               Device.serial, Device.pci_bus_id, Device.name, Device.compute_capability,
+               Device.mig, Device.first_seen, Device.last_seen)
+        .where(Device.node_id == node_id)
+    ).all()
+
+    def order(row: Any) -> tuple[str, int, str]:
+        kind, _, index = row.device.partition(":")
+        return kind, int(index) if index.isdigit() else -1, row.device
+
+    return sorted(rows, key=order)

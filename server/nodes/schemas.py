@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from numparity_server.kit.pagination import Page
 
@@ -57,9 +57,28 @@ class TimelineRun(BaseModel):
     changed_results: list[ResultChange]
 
 
+class DeviceItem(BaseModel):
+    """A device that sits on the node now (its newest run used it or saw it)."""
+
+    device: str = Field(description="Its slot on the node: cuda:3, cpu")
+    type: str
+    model: str = Field(description="cpu, or type/name/compute capability: devices of one "
+                                   "model on one environment are peers in the audit")
+    uuid: str | None = Field(description="GPU or MIG UUID, which follows the device from "
+                                         "node to node")
+    serial: str | None
+    pci_bus_id: str | None
+    name: str | None
+    compute_capability: str | None
+    mig: bool
+    first_seen: datetime
+    last_seen: datetime
+
+
 class NodeTimeline(BaseModel):
     name: str
     labels: dict[str, Any]
     first_seen: datetime
     last_seen: datetime
+    devices: list[DeviceItem]
     runs: Page[TimelineRun]

@@ -13,6 +13,7 @@ from numparity_server.kit.pagination import Page
 from numparity_server.nodes import repository
 from numparity_server.nodes.schemas import (
     AttributeChange,
+    DeviceItem,
     NodeItem,
     NodeTimeline,
     ResultChange,
@@ -90,6 +91,8 @@ def node_timeline(*, session: Session, name: str, limit: int, offset: int) -> No
     return NodeTimeline(
         name=node.name, labels=node.labels or {}, first_seen=node.first_seen,
         last_seen=node.last_seen,
+        devices=[DeviceItem.model_validate(row, from_attributes=True)
+                 for row in repository.devices(session, node.id)],
         runs=Page[TimelineRun](items=items, total=total, limit=limit, offset=offset),
     )
 

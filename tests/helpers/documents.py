@@ -176,3 +176,43 @@ def audit_document(node: str, hours_ago: float, *, shift: float = 0.0, drill: bo
             result["repeats_agree"] = repeats_agree
             result["wall_s"] = 1.0 if result["variant"] == "default" else 1.5
     return doc
+
+
+A100 = {"name": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}
+
+
+def gpu_document(node: str, hours_ago: float, uuids: list[str], *,
+                 shifted: dict[str, float] | None = None, drill: bool = False,
+                 visible: list[str] | None = None) -> dict[str, Any]:
+    """A strict cnn run on each of a node's GPUs (``uuids``, at cuda:0, cuda:1 …), the
+    run's ``devices`` describing each; ``shifted`` maps a UUID to the shift its answer
+    has (a GPU computing wrong); ``visible``: the GPUs the environment lists (default:
+    the ones run)."""
+    shifted = shifted or {}
+    doc = run_document(node, started_at=at(hours_ago), variants=("strict",))
+    doc["drill"] = drill
+    template = doc["results"][0]
+    gpus = [{"index": i, **A100, "sm_count": 108, "memory_bytes": 85_899_345_920,
+             "uuid": uuid_, "serial": f"serial-{uuid_}"}
+            for i, uuid_ in enumerate(visible if visible is not None else uuids)]
+    env = doc["environment"]
+    env["gpus"] = gpus
+    keyed = _strip_identity({k: v for k, v in env.items() if k not in ("env_key", "unknown")})
+    env["env_key"] = hashlib.sha256(
+        json.dumps(keyed, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    doc["devices"] = [{"device": f"cuda:{i}", "type": "cuda", "index": i, "uuid": uuid_,
+                       "serial": f"serial-{uuid_}", "pci_bus_id": f"00000000:{i:02x}:00.0",
+                       **A100, "mig": False, "wall_s": 1.0, "status": "ok"}
+                      for i, uuid_ in enumerate(uuids)]
+    doc["results"] = [{**template, "device": f"cuda:{i}",
+                       "tensors": cnn_tensors(shifted.get(uuid_, 0.0))}
+                      for i, uuid_ in enumerate(uuids)]
+    return doc
+
+
+def _strip_identity(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_identity(v) for k, v in value.items() if k not in IDENTITY_KEYS}
+    if isinstance(value, list):
+        return [_strip_identity(v) for v in value]
+    return value

@@ -1,0 +1,69 @@
+"""The audit judges each GPU of a node on its own (issue 18): a node's identical GPUs are
+each other's peers, a suspect is named by node, slot and UUID, a GPU's history follows
+its UUID to another node, and a node whose GPU was replaced is no longer suspect for it."""
+
+from __future__ import annotations
+
+from helpers.documents import gpu_document
+
+GPUS = [f"GPU-{i:08d}-aaaa-bbbb-cccc-{i:012d}" for i in range(8)]
+BAD = GPUS[3]
+
+
+def upload(api, document):
+    response = api.client.post("/api/v1/runs", json=document, headers=api.agent)
+    assert response.status_code in (200, 201), response.text
+
+
+def audit(api):
+    response = api.client.get("/api/v1/audit", headers=api.reader)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_one_gpu_of_an_eight_gpu_node_is_suspect_and_its_siblings_are_not(api):
+    """A lab with a single 8-GPU node: its GPUs are 8 peers; the one that computes wrong
+    in two runs is suspect, named by node, slot, UUID and serial."""
+    for hours in (3, 2):
+        upload(api, gpu_document("gpu-node-17", hours, GPUS, shifted={BAD: 1e-3}, drill=True))
+    report = audit(api)
+    (entry,) = report["suspects"]
+    assert (entry["node"], entry["device"], entry["device_uuid"], entry["status"]) == \
+        ("gpu-node-17", "cuda:3", BAD, "suspect")
+    assert entry["device_serial"] == f"serial-{BAD}"
+    assert entry["device_pci_bus_id"] == "00000000:03:00.0"
+    assert entry["peers"] == 7 and entry["majority_nodes"] == 7
+    assert entry["disagreeing_runs"] == 2 and entry["drill_runs"] == 2
+    assert entry["detail"].startswith(f"gpu-node-17 / cuda:3 (NVIDIA A100-SXM4-80GB, UUID {BAD}")
+    assert entry["detail"].endswith("disagrees with 7 identical peers in 2 runs")
+    assert report["summary"]["suspect"] == 1 and report["summary"]["nodes"] == 1
+
+
+def test_a_moved_gpu_keeps_its_history_and_its_old_node_is_cleared(api):
+    for hours in (5, 4):
+        upload(api, gpu_document("gpu-a", hours, GPUS, shifted={BAD: 1e-3}))
+    assert [e["node"] for e in audit(api)["suspects"]] == ["gpu-a"]
+    # The bad GPU is swapped for a new one: gpu-a no longer sees its UUID.
+    replacement = "GPU-99999999-aaaa-bbbb-cccc-999999999999"
+    swapped = [replacement if u == BAD else u for u in GPUS]
+    upload(api, gpu_document("gpu-a", 3, swapped))
+    report = audit(api)
+    assert report["suspects"] == [] and report["summary"]["suspect"] == 0
+    # It shows up in gpu-b, at cuda:0, computing right this time: its two disagreeing
+    # runs come with it (within the window), so it is suspect there, not now disagreeing.
+    others = [f"GPU-{i:08d}-dddd-eeee-ffff-{i:012d}" for i in range(7)]
+    upload(api, gpu_document("gpu-b", 2, [BAD, *others]))
+    (entry,) = audit(api)["suspects"]
+    assert (entry["node"], entry["device"], entry["device_uuid"]) == ("gpu-b", "cuda:0", BAD)
+    assert entry["status"] == "suspect" and entry["currently_disagrees"] is False
+    node = api.client.get("/api/v1/nodes/gpu-a", headers=api.reader).json()
+    assert BAD not in {d["uuid"] for d in node["devices"]}
+    assert replacement in {d["uuid"] for d in node["devices"]}
+
+
+def test_a_device_not_described_by_the_document_is_refused(api):
+    document = gpu_document("gpu-c", 1, GPUS[:2])
+    document["results"][1]["device"] = "cuda:7"
+    response = api.client.post("/api/v1/runs", json=document, headers=api.agent)
+    assert response.status_code == 422
+    assert "cuda:7" in response.text
