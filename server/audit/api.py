@@ -13,9 +13,10 @@ from numparity_server.deps import DbSession, PolicyDep, ReaderAuth
 
 router = APIRouter(prefix="/api/v1", tags=["analysis"])
 
-_CSV_EXAMPLE = ("node,finding,detail\n"
-                "cpu-3,suspect (drill),strict answers differ from 3 of 3 same-environment "
-                "peers in 2 run(s)\n")
+_CSV_EXAMPLE = ("node,finding,detail\r\n"
+                "gpu-node-17,suspect (drill),\"gpu-node-17 / cuda:3 (NVIDIA A100-SXM4-80GB, "
+                "UUID GPU-8f3c…, serial 1324…) disagrees with 7 identical peers in 2 runs "
+                "(strict answers; 7 of the 7 peers agree)\"\r\n")
 _CSV_DOC = {"content": {"text/csv": {"example": _CSV_EXAMPLE}},
             "description": "With format=csv: one table (findings unless table= names another)."}
 

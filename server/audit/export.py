@@ -24,8 +24,9 @@ from numparity_server.kit.errors import BadRequest
 CSV_TABLES: dict[str, tuple[str, ...]] = {
     "stale": ("node", "last_seen", "hours_since", "last_run_id"),
     "policy": ("node", "env_key", "attribute", "value", "rule", "expected"),
-    "suspects": ("node", "status", "env_key", "peers", "majority_nodes", "disagreeing_runs",
-                 "drill", "drill_runs", "currently_disagrees"),
+    "suspects": ("node", "device", "device_uuid", "device_serial", "device_pci_bus_id",
+                 "device_name", "status", "env_key", "peers", "majority_nodes",
+                 "disagreeing_runs", "drill", "drill_runs", "currently_disagrees"),
     "nondeterministic": ("node", "reason", "suite", "workload", "workload_version", "variant",
                          "device", "run_id", "detail"),
     "broken_inputs": ("node", "run_id", "suite", "workload", "workload_version", "variant",
@@ -44,9 +45,8 @@ def findings(report: AuditOut) -> list[dict[str, str]]:
     for suspect in report.suspects:
         drill = " (drill)" if suspect.drill else ""
         rows.append({"node": suspect.node, "finding": suspect.status + drill,
-                     "detail": f"strict answers differ from {suspect.majority_nodes} of "
-                               f"{suspect.peers} same-environment peers in "
-                               f"{suspect.disagreeing_runs} run(s)"})
+                     "detail": f"{suspect.detail} (strict answers; {suspect.majority_nodes} "
+                               f"of the {suspect.peers} peers agree)"})
     for entry in report.nondeterministic:
         rows.append({"node": entry.node, "finding": "nondeterministic", "detail": entry.detail})
     for stale in report.stale:
