@@ -11,9 +11,10 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Member:
-    """One node's latest result for the key.
+    """One device's latest result for the key (a node's CPU, or one of its GPUs).
 
-    ``tensors`` is the result's manifest: ``(name, kind, hash)`` in execution order.
+    ``tensors`` is the result's manifest: ``(name, kind, hash)`` in execution order;
+    ``device`` the slot it ran on (``cuda:3``; ``cpu``).
     """
 
     node: str
@@ -21,6 +22,7 @@ class Member:
     env_key: str
     environment: dict[str, Any] = field(hash=False)
     tensors: tuple[tuple[str, str, str], ...] = ()
+    device: str = "cpu"
 
     def tensor_hash(self, name: str) -> str | None:
         for tensor_name, _kind, digest in self.tensors:
@@ -41,18 +43,28 @@ class Group:
 
     @property
     def representative(self) -> Member:
-        """The member with the first node name (then run id): stable across queries."""
-        return min(self.members, key=lambda member: (member.node, member.run_id))
+        """The member with the first node name (then run id, device): stable across
+        queries."""
+        return min(self.members,
+                   key=lambda member: (member.node, member.run_id, member.device))
 
     def to_dict(self) -> dict[str, Any]:
+        """``size`` counts devices; ``nodes`` names each member's node (a node twice when
+        two of its GPUs are in the group); ``devices`` names the members that are not a
+        node's CPU, by node and slot (empty on a CPU fleet)."""
         representative = self.representative
         return {
             "id": self.id,
             "hash": self.hash,
             "size": len(self.members),
             "nodes": self.nodes,
+            "devices": [{"node": member.node, "device": member.device}
+                        for member in sorted(self.members,
+                                             key=lambda m: (m.node, m.device))
+                        if member.device != "cpu"],
             "env_keys": sorted({member.env_key for member in self.members}),
-            "representative": {"node": representative.node, "run_id": representative.run_id},
+            "representative": {"node": representative.node, "run_id": representative.run_id,
+                               "device": representative.device},
         }
 
 

@@ -75,6 +75,7 @@ def _member(result: LatestResult) -> analysis.Member:
         node=result.node, run_id=result.run_id, env_key=result.env_key,
         environment=result.environment,
         tensors=tuple((e["name"], e["kind"], e["hash"]) for e in result.entries),
+        device=result.device,
     )
 
 

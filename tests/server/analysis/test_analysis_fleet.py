@@ -175,9 +175,11 @@ def test_report_round_trips_through_strict_json_with_nan(fleet):
     assert zero_pair["metrics"]["sqnr_db"] is None  # infinite: no noise at all
     assert set(report) == {"tensor", "groups", "pairs", "attribution", "members_without_tensor"}
     group = report["groups"][0]
-    assert set(group) == {"id", "hash", "size", "nodes", "env_keys", "representative"}
+    assert set(group) == {"id", "hash", "size", "nodes", "devices", "env_keys",
+                          "representative"}
+    assert group["devices"] == []  # a CPU fleet: every member is its node's CPU
     assert group["representative"] == {"node": group["nodes"][0],
-                                       "run_id": f"run-{group['nodes'][0]}"}
+                                       "run_id": f"run-{group['nodes'][0]}", "device": "cpu"}
 
 
 def test_fp64_judgement_per_group(make_fingerprint, rng):

@@ -67,3 +67,15 @@ def test_a_device_not_described_by_the_document_is_refused(api):
     response = api.client.post("/api/v1/runs", json=document, headers=api.agent)
     assert response.status_code == 422
     assert "cuda:7" in response.text
+
+
+def test_divergence_names_each_gpu_of_a_split_by_node_and_slot(api):
+    upload(api, gpu_document("gpu-d", 1, GPUS[:4], shifted={GPUS[2]: 1e-3}))
+    response = api.client.get("/api/v1/divergence", headers=api.reader,
+                              params={"workload": "cnn", "variant": "strict"})
+    assert response.status_code == 200, response.text
+    groups = response.json()["groups"]
+    assert [group["size"] for group in groups] == [3, 1]
+    assert groups[0]["nodes"] == ["gpu-d"] * 3
+    assert groups[1]["devices"] == [{"node": "gpu-d", "device": "cuda:2"}]
+    assert groups[1]["representative"]["device"] == "cuda:2"
