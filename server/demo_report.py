@@ -339,8 +339,10 @@ def format_audit(report: FleetReport) -> str:
         drill = (f", {entry.drill_runs} of them drills (run --fault-drill)" if entry.drill
                  else "")
         workloads = ", ".join(sorted({key.workload for key in entry.keys}))
+        where = entry.node if entry.device == "cpu" else entry.detail.partition(
+            " disagrees")[0]
         lines.append(
-            f"  {entry.status}: {entry.node} — strict answers of {workloads} differ "
+            f"  {entry.status}: {where} — strict answers of {workloads} differ "
             f"from its {entry.peers} same-environment peers in "
             f"{entry.disagreeing_runs} run(s){drill}")
     for row in payload.nondeterministic:
