@@ -33,10 +33,11 @@ class TensorSeen(BaseModel):
 
 class VariantSeen(BaseModel):
     variant: str
-    nodes: int = Field(description="Nodes with a newest result of this key")
-    statuses: dict[str, int] = Field(description="Those nodes by their result's status "
+    nodes: int = Field(description="Devices (a node's CPU, each of its GPUs) with a newest "
+                                   "result of this key")
+    statuses: dict[str, int] = Field(description="Those devices by their result's status "
                                                  "(ok, skipped, failed)")
-    devices: list[str] = Field(description="Device types of the ok results")
+    devices: list[str] = Field(description="Device types of the ok results (cpu, cuda)")
     versions: list[int] = Field(description="Workload versions of the ok results")
     divergence: str | None = Field(description="GET /divergence of this key (whole results); "
                                                "null when no result is ok")

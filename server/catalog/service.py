@@ -73,7 +73,7 @@ def _workload(key: tuple[str, str], outcomes: Sequence[SeenOutcome],
         ok = [o for o in held if _ok(o)]
         variants.append(VariantSeen(
             variant=variant, nodes=sum(o.nodes for o in held), statuses=dict(statuses),
-            devices=sorted({o.device for o in ok}),
+            devices=sorted({o.device.partition(":")[0] for o in ok}),
             versions=sorted({o.workload_version for o in ok if o.workload_version is not None}),
             divergence=("/api/v1/divergence?" + urlencode(
                 {"suite": suite, "workload": workload, "variant": variant})) if ok else None))
