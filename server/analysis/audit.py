@@ -66,8 +66,8 @@ class Deviation:
     """A device's strict answer that is not its environment's majority answer.
 
     ``runs`` runs gave ``manifest_hash`` for ``key`` on the device (``drill_runs`` of
-    them were drills), on whichever node it sat; ``run_id`` is the newest of them;
-    ``node`` is where the device sits now.
+    them were drills), on whichever node it sat; ``run_id`` is the newest of them and
+    ``slot`` the device's slot in it; ``node`` is where the device sits now.
     """
 
     device: int
@@ -78,6 +78,7 @@ class Deviation:
     runs: int
     drill_runs: int
     run_id: str
+    slot: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,9 @@ class SuspectKey:
 
 @dataclass(frozen=True)
 class PeerComparison:
-    """A run holding the majority answer (``run_a``) against the node's newest
-    disagreeing run (``run_b``), on one strict key."""
+    """A run holding the majority answer (``run_a``, on its device ``device_a``) against
+    the device's newest disagreeing run (``run_b``, on ``device_b``), on one strict key
+    (``device``: the model). Both runs may be one: two GPUs of one node."""
 
     run_a: str | None
     run_b: str
@@ -105,6 +107,8 @@ class PeerComparison:
     workload_version: int | None
     variant: str
     device: str
+    device_a: str | None
+    device_b: str
 
 
 @dataclass(frozen=True)
@@ -218,15 +222,16 @@ def describe(node: str, label: DeviceLabel, *, peers: int, runs: int) -> str:
 def classify_suspects(deviations: Iterable[Deviation],
                       majority: Mapping[tuple[int, Key], Majority],
                       env_keys: Mapping[int, str],
-                      peer_runs: Mapping[tuple[int, Key], str],
+                      peer_runs: Mapping[tuple[int, Key], tuple[str, str]],
                       current: Collection[tuple[int, int, str]],
                       labels: Mapping[int, DeviceLabel]) -> list[Suspect]:
     """One entry per device that disagreed with its peers: ``suspect`` (2+ runs) or
     ``watch``, by node and slot.
 
-    ``peer_runs`` names a run holding the majority answer of each (environment, key), for
-    a comparison link; ``current`` holds the (device, environment, manifest) of the
-    answers that are a device's latest; ``labels`` name each device.
+    ``peer_runs`` names a run holding the majority answer of each (environment, key) and
+    the slot it holds it on, for a comparison link; ``current`` holds the (device,
+    environment, manifest) of the answers that are a device's latest; ``labels`` name
+    each device.
     """
     entries = []
     for device, found in _judged_by_device(deviations, majority).items():
@@ -241,6 +246,7 @@ def classify_suspects(deviations: Iterable[Deviation],
         newest = max(found, key=lambda d: (latest(d), d.key == worst, d.run_id))
         chosen = majority[(newest.environment, newest.key)]
         label, node = labels[device], found[0].node
+        peer = peer_runs.get((newest.environment, newest.key))
         entries.append(Suspect(
             node=node, device=label.slot, device_uuid=label.uuid,
             device_serial=label.serial, device_pci_bus_id=label.pci_bus_id,
@@ -253,8 +259,9 @@ def classify_suspects(deviations: Iterable[Deviation],
             keys=[SuspectKey(*_strict(key), runs=runs_by_key[key],
                              drill_runs=drills_by_key[key])
                   for key in sorted(runs_by_key, key=_key_order)],
-            compare=PeerComparison(peer_runs.get((newest.environment, newest.key)),
-                                   newest.run_id, *_strict(newest.key))))
+            compare=PeerComparison(peer[0] if peer else None, newest.run_id,
+                                   *_strict(newest.key), device_a=peer[1] if peer else None,
+                                   device_b=newest.slot)))
     return sorted(entries, key=lambda entry: (entry.node, entry.device))
 
 

@@ -104,5 +104,6 @@ def deviations(history: History, rows: Sequence[Any] | None = None) -> list[Devi
     return [Deviation(device=row.device_id, node=history.devices[row.device_id].node,
                       environment=row.environment_id, key=strict_key(row),
                       manifest_hash=row.manifest_hash, runs=int(row.runs),
-                      drill_runs=int(row.drill_runs or 0), run_id=row.run_id)
+                      drill_runs=int(row.drill_runs or 0), run_id=row.run_id,
+                      slot=row.slot)
             for row in (history.deviating if rows is None else rows)]

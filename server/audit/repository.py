@@ -176,14 +176,16 @@ def strict_history(session: Session, *, devices: Iterable[int], since: datetime
                    ) -> Sequence[Any]:
     """These devices' strict ok answers since ``since``, on whichever node they ran:
     (device_id, environment_id, suite, workload, version, model, manifest_hash, runs,
-    drill runs, newest run_id)."""
+    drill runs, newest run_id, slot: the device's slot in its runs, the last by name
+    when it moved)."""
     rows: list[Any] = []
     for part in chunked(sorted(set(devices))):
         rows.extend(session.execute(
             select(Result.device_id, Run.environment_id, *_STRICT_KEY, Outcome.manifest_hash,
                    func.count().label("runs"),
                    func.sum(cast(Run.drill, Integer)).label("drill_runs"),
-                   func.max(Run.run_id).label("run_id"))
+                   func.max(Run.run_id).label("run_id"),
+                   func.max(Outcome.device).label("slot"))
             .select_from(Run)
             .join(Result, Result.run_pk == Run.id)
             .join(Outcome, Outcome.id == Result.outcome_id)

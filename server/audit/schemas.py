@@ -33,7 +33,8 @@ EXAMPLE: dict[str, Any] = {
                             "drill_runs": 2}],
                   "compare": {"run_a": "0f1c…", "run_b": "7d3e…", "suite": "standard",
                               "workload": "cnn", "workload_version": 1, "variant": "strict",
-                              "device": "cuda/NVIDIA A100-SXM4-80GB/8.0"}}],
+                              "device": "cuda/NVIDIA A100-SXM4-80GB/8.0",
+                              "device_a": "cuda:0", "device_b": "cuda:3"}}],
     "nondeterministic": [{"node": "cpu-2", "reason": "repeats_disagree", "suite": "standard",
                           "workload": "scatter", "workload_version": 1,
                           "variant": "default", "device": "cpu", "repeats": 2,
@@ -110,7 +111,9 @@ class SuspectKeyRow(_Row):
 
 
 class CompareLink(_Row):
-    """A run holding the majority answer (``run_a``) and the suspect's run (``run_b``)."""
+    """A run holding the majority answer (``run_a``, on ``device_a``) and the suspect's
+    run (``run_b``, on ``device_b``): ``GET /compare`` with all four compares the two
+    devices, also when both are GPUs of one run."""
 
     run_a: str | None
     run_b: str
@@ -119,6 +122,8 @@ class CompareLink(_Row):
     workload_version: int | None
     variant: str
     device: str
+    device_a: str | None
+    device_b: str
 
 
 class SuspectRow(_Row):

@@ -131,8 +131,10 @@ def _suspects(session: Session, fleet: Fleet, env_keys: Mapping[int, str]) -> li
                for h in fleet.strict
                if (found := majority.get((h.environment, held_key(h))))
                and found.manifest_hash == h.outcome.manifest_hash}
+    slots = {h.outcome.id: h.outcome.device for h in fleet.strict}
     run_ids = repository.run_ids_holding(session, holding.values())
-    peer_runs = {key: run_ids[pair] for key, pair in holding.items() if pair in run_ids}
+    peer_runs = {key: (run_ids[pair], slots[pair[1]]) for key, pair in holding.items()
+                 if pair in run_ids}
 
     judged = [row for row in fleet.history.deviating
               if (row.environment_id, strict_key(row)) in majority]

@@ -31,10 +31,19 @@ def compare_runs(
     run_b: Annotated[str, Query(min_length=1, description="The candidate run")],
     workload: Annotated[str | None, Query(min_length=1)] = None,
     variant: Annotated[str | None, Query(min_length=1)] = None,
+    device_a: Annotated[str | None, Query(
+        min_length=1, max_length=64,
+        description="Only run a's results on this device (cuda:3); matched with run b's "
+                    "on device_b")] = None,
+    device_b: Annotated[str | None, Query(
+        min_length=1, max_length=64,
+        description="Only run b's results on this device")] = None,
 ) -> CompareOut:
     """Per-tensor comparison of run b against run a, result by result (matched by suite,
-    workload, variant and device): verdicts and metrics under the lab's tolerance policy,
-    the first divergent layer, the largest jump, the first NaN or Inf, and the
-    environment attributes that differ."""
+    workload, variant and device; with device_a and device_b, two devices of one run or
+    of two runs): verdicts and metrics under the lab's tolerance policy, the first
+    divergent layer, the largest jump, the first NaN or Inf, and the environment
+    attributes that differ."""
     return service.compare_runs(session=session, policy=policy, run_a=run_a, run_b=run_b,
-                                workload=workload, variant=variant)
+                                workload=workload, variant=variant, device_a=device_a,
+                                device_b=device_b)

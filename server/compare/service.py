@@ -34,7 +34,11 @@ from numparity_server.reads.fingerprints import load_fingerprints
 def compare_runs(
     *, session: Session, policy: Policy, run_a: str, run_b: str,
     workload: str | None = None, variant: str | None = None,
+    device_a: str | None = None, device_b: str | None = None,
 ) -> CompareOut:
+    """With ``device_a`` (``device_b``) only run a's (b's) results on that device count,
+    and run a's are matched with run b's of the same suite, workload and variant on
+    ``device_b``: two GPUs of one node's run compare like two runs."""
     runs = repository.runs_by_id(session, {run_a, run_b})
     missing = [run_id for run_id in dict.fromkeys((run_a, run_b)) if run_id not in runs]
     if missing:
@@ -43,8 +47,9 @@ def compare_runs(
 
     results = repository.results_of_runs(session, {a.pk, b.pk}, workload=workload,
                                          variant=variant)
-    results_a = {r.key: r for r in results if r.run_pk == a.pk}
-    results_b = {r.key: r for r in results if r.run_pk == b.pk}
+    results_a = _on_device([r for r in results if r.run_pk == a.pk], device_a, a.run_id,
+                           key_device=device_b)
+    results_b = _on_device([r for r in results if r.run_pk == b.pk], device_b, b.run_id)
     common = [key for key in results_a if key in results_b]
     if (workload is not None or variant is not None) and not common:
         raise NotFound(_nothing_in_common(a, b, results_a, results_b, workload, variant))
@@ -67,6 +72,20 @@ def compare_runs(
         only_in_a=[_key(key) for key in results_a if key not in results_b],
         only_in_b=[_key(key) for key in results_b if key not in results_a],
     )
+
+
+def _on_device(results: Sequence[ResultRow], device: str | None, run_id: str, *,
+               key_device: str | None = None) -> dict[ResultKey, ResultRow]:
+    """A run's results by key; with ``device``, those on it only (404 naming the devices
+    the run has when none is), keyed as on ``key_device`` when given."""
+    if device is None:
+        return {r.key: r for r in results}
+    chosen = {r.key[:3] + ((key_device or device),): r for r in results if r.device == device}
+    if not chosen and results:
+        devices = ", ".join(sorted({r.device for r in results}))
+        raise NotFound(f"run {run_id!r} has no result on device {device!r}; its devices: "
+                       f"{devices}")
+    return chosen
 
 
 def _has_tensors(result: ResultRow) -> bool:

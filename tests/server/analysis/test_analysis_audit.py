@@ -67,7 +67,7 @@ def test_suspect_after_two_runs_watch_after_one_drills_marked():
         # Not judged: its environment has no majority here.
         Deviation(4, "elsewhere", 2, CNN, "b", 5, 0, "r1")]
     current = {(1, 1, "b"), (3, 1, "b")}  # "once" agrees again
-    entries = classify_suspects(deviations, majority, {1: "env-1"}, {(1, CNN): "peer-run"},
+    entries = classify_suspects(deviations, majority, {1: "env-1"}, {(1, CNN): ("peer-run", "cpu")},
                                 current, LABELS)
     by_node = {entry.node: entry for entry in entries}
     assert set(by_node) == {"twice", "once", "spoiled"}

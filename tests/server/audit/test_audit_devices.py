@@ -37,6 +37,17 @@ def test_one_gpu_of_an_eight_gpu_node_is_suspect_and_its_siblings_are_not(api):
     assert entry["detail"].startswith(f"gpu-node-17 / cuda:3 (NVIDIA A100-SXM4-80GB, UUID {BAD}")
     assert entry["detail"].endswith("disagrees with 7 identical peers in 2 runs")
     assert report["summary"]["suspect"] == 1 and report["summary"]["nodes"] == 1
+    # Its compare link compares it with a sibling GPU of the same run.
+    link = entry["compare"]
+    assert link["run_a"] == link["run_b"] and link["device_b"] == "cuda:3"
+    assert link["device_a"] != "cuda:3"
+    compared = api.client.get("/api/v1/compare", headers=api.reader, params={
+        key: link[key] for key in ("run_a", "run_b", "device_a", "device_b")}).json()
+    (pair,) = compared["pairs"]
+    assert pair["summary"]["result_verdict"]["verdict"] != "identical"
+    missing = api.client.get("/api/v1/compare", headers=api.reader, params={
+        "run_a": link["run_a"], "run_b": link["run_b"], "device_a": "cuda:9"})
+    assert missing.status_code == 404 and "cuda:0" in missing.json()["detail"]
 
 
 def test_a_moved_gpu_keeps_its_history_and_its_old_node_is_cleared(api):
