@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, delete, func, insert, select, update
+from sqlalchemy import bindparam, case, delete, func, insert, select, true, update
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import chunked, dialect_insert, insert_ignoring_conflicts
@@ -99,17 +99,35 @@ def resolve_devices(session: Session, *, node_id: int, rows: Sequence[dict[str, 
     if new:
         insert_ignoring_conflicts(session, Device.__table__, new, keys=["identity"])
         found.update(_device_ids(session, [row["identity"] for row in new]))
-    for identity, row in by_identity.items():
-        newer = (Device.newest_started_at.is_(None)
-                 | (Device.newest_started_at <= started_at))
-        session.execute(update(Device).where(Device.id == found[identity], newer).values(
-            node_id=node_id, slot=row["slot"], newest_started_at=started_at,
-            model=row["model"], pci_bus_id=row["pci_bus_id"], name=row["name"],
-            compute_capability=row["compute_capability"]))
-        session.execute(update(Device).where(Device.id == found[identity],
-                                             Device.last_seen < seen_at)
-                        .values(last_seen=seen_at))
+    session.execute(_place_devices_statement(), [
+        {"b_id": found[identity], "b_node": node_id, "b_slot": row["slot"],
+         "b_started": started_at, "b_seen": seen_at, "b_model": row["model"],
+         "b_pci": row["pci_bus_id"], "b_name": row["name"],
+         "b_cc": row["compute_capability"]}
+        for identity, row in by_identity.items()])
     return {row["slot"]: found[identity] for identity, row in by_identity.items()}
+
+
+@functools.cache
+def _place_devices_statement() -> Any:
+    """One UPDATE per device, sent as one executemany: a device whose newest run this is
+    sits at this node and slot now (and its description is this run's); last_seen never
+    goes back."""
+    table = Device.__table__
+    newer = (table.c.newest_started_at.is_(None)
+             | (table.c.newest_started_at <= bindparam("b_started")))
+
+    def if_newer(column: str, value: str) -> Any:
+        return case((newer, bindparam(value)), else_=table.c[column])
+
+    return (update(table).where(table.c.id == bindparam("b_id")).values(
+        node_id=if_newer("node_id", "b_node"), slot=if_newer("slot", "b_slot"),
+        newest_started_at=if_newer("newest_started_at", "b_started"),
+        model=if_newer("model", "b_model"), pci_bus_id=if_newer("pci_bus_id", "b_pci"),
+        name=if_newer("name", "b_name"),
+        compute_capability=if_newer("compute_capability", "b_cc"),
+        last_seen=case((table.c.last_seen < bindparam("b_seen"), bindparam("b_seen")),
+                       else_=table.c.last_seen)))
 
 
 def _device_ids(session: Session, identities: Iterable[str]) -> dict[str, int]:
@@ -129,13 +147,12 @@ def detach_devices(session: Session, *, node_id: int, started_at: datetime,
 
     Only the node's own newest run moves its devices away, so no other node's runs can
     hide this node's devices from the audit."""
-    newest = session.scalar(select(Node.newest_started_at).where(Node.id == node_id))
-    if newest is None or started_at < newest:
-        return
-    gone = session.scalars(select(Device.id).where(
-        Device.node_id == node_id, Device.uuid.is_not(None),
-        Device.uuid.not_in(sorted(visible_uuids)) if visible_uuids else Device.uuid.is_not(None),
-    )).all()
+    gone = session.scalars(
+        select(Device.id).join(Node, Node.id == Device.node_id).where(
+            Device.node_id == node_id, Node.newest_started_at <= started_at,
+            Device.uuid.is_not(None),
+            Device.uuid.not_in(sorted(visible_uuids)) if visible_uuids else true())
+    ).all()
     if gone:
         session.execute(delete(Latest).where(Latest.node_id == node_id,
                                              Latest.device_id.in_(gone)))
