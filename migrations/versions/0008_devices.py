@@ -62,10 +62,12 @@ def upgrade() -> None:
         sa.Column("first_seen", sa.DateTime(timezone=True), nullable=False),
         sa.Column("last_seen", sa.DateTime(timezone=True), nullable=False),
         sa.Column("newest_started_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("moved_at", sa.DateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(["node_id"], ["nodes.id"], name=op.f("fk_devices_node_id_nodes")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_devices")),
         sa.UniqueConstraint("identity", name=op.f("uq_devices_identity")),
     )
+    op.create_index(op.f("ix_devices_moved_at"), "devices", ["moved_at"], unique=False)
     op.create_index(op.f("ix_devices_node_id"), "devices", ["node_id"], unique=False)
     op.create_index(op.f("ix_devices_serial"), "devices", ["serial"], unique=False)
     op.create_index(op.f("ix_devices_uuid"), "devices", ["uuid"], unique=False)
@@ -138,4 +140,5 @@ def downgrade() -> None:
     op.drop_index(op.f("ix_devices_uuid"), table_name="devices")
     op.drop_index(op.f("ix_devices_serial"), table_name="devices")
     op.drop_index(op.f("ix_devices_node_id"), table_name="devices")
+    op.drop_index(op.f("ix_devices_moved_at"), table_name="devices")
     op.drop_table("devices")

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import ClassVar
 
 from .consensus import Support, judges, tally, usual
@@ -79,6 +80,7 @@ class Deviation:
     drill_runs: int
     run_id: str
     slot: str = "cpu"
+    newest_at: datetime | None = None  # when the run ``run_id`` started
 
 
 @dataclass(frozen=True)
@@ -243,7 +245,9 @@ def classify_suspects(deviations: Iterable[Deviation],
         def latest(d: Deviation) -> bool:
             return (d.device, d.environment, d.manifest_hash) in current
 
-        newest = max(found, key=lambda d: (latest(d), d.key == worst, d.run_id))
+        newest = max(found, key=lambda d: (
+            latest(d), d.key == worst,
+            d.newest_at.timestamp() if d.newest_at else float("-inf"), d.run_id))
         chosen = majority[(newest.environment, newest.key)]
         label, node = labels[device], found[0].node
         peer = peer_runs.get((newest.environment, newest.key))

@@ -105,5 +105,5 @@ def deviations(history: History, rows: Sequence[Any] | None = None) -> list[Devi
                       environment=row.environment_id, key=strict_key(row),
                       manifest_hash=row.manifest_hash, runs=int(row.runs),
                       drill_runs=int(row.drill_runs or 0), run_id=row.run_id,
-                      slot=row.slot)
+                      slot=row.slot, newest_at=row.newest_at)
             for row in (history.deviating if rows is None else rows)]

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Integer, cast, func, select, true
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from numparity_server.analysis.consensus import Support
 from numparity_server.kit.db import chunked, codepoint_order
@@ -176,24 +176,34 @@ def strict_history(session: Session, *, devices: Iterable[int], since: datetime
                    ) -> Sequence[Any]:
     """These devices' strict ok answers since ``since``, on whichever node they ran:
     (device_id, environment_id, suite, workload, version, model, manifest_hash, runs,
-    drill runs, newest run_id, slot: the device's slot in its runs, the last by name
-    when it moved)."""
+    drill runs, run_id and slot of the newest of those runs (by started_at, then id),
+    newest_at: its started_at)."""
     rows: list[Any] = []
+    group = (Result.device_id, Run.environment_id, *_STRICT_KEY, Outcome.manifest_hash)
     for part in chunked(sorted(set(devices))):
-        rows.extend(session.execute(
-            select(Result.device_id, Run.environment_id, *_STRICT_KEY, Outcome.manifest_hash,
-                   func.count().label("runs"),
-                   func.sum(cast(Run.drill, Integer)).label("drill_runs"),
-                   func.max(Run.run_id).label("run_id"),
-                   func.max(Outcome.device).label("slot"))
+        newest_first = (Run.started_at.desc(), Run.id.desc())
+        answers = (
+            select(*(column.label(f"c{i}") for i, column in enumerate(group)),
+                   Run.drill, Run.started_at,
+                   func.first_value(Run.run_id).over(partition_by=group,
+                                                     order_by=newest_first).label("run_id"),
+                   func.first_value(Outcome.device).over(partition_by=group,
+                                                         order_by=newest_first).label("slot"))
             .select_from(Run)
             .join(Result, Result.run_pk == Run.id)
             .join(Outcome, Outcome.id == Result.outcome_id)
             .join(Device, Device.id == Result.device_id)
             .where(Result.device_id.in_(part), Outcome.variant == STRICT,
                    Outcome.status == "ok", Run.started_at >= since)
-            .group_by(Result.device_id, Run.environment_id, *_STRICT_KEY,
-                      Outcome.manifest_hash)
+            .subquery())
+        keys = [answers.c[f"c{i}"].label(column.key) for i, column in enumerate(group)]
+        rows.extend(session.execute(
+            select(*keys, func.count().label("runs"),
+                   func.sum(cast(answers.c.drill, Integer)).label("drill_runs"),
+                   func.max(answers.c.run_id).label("run_id"),
+                   func.max(answers.c.slot).label("slot"),
+                   func.max(answers.c.started_at).label("newest_at"))
+            .group_by(*(answers.c[f"c{i}"] for i in range(len(group))))
         ).all())
     return rows
 
@@ -241,6 +251,53 @@ def environment_changes(session: Session, *, node_ids: Sequence[int], since: dat
             .join(Node, Node.id == ordered.c.node_id)
             .where(ordered.c.prev_env.is_not(None),
                    ordered.c.prev_env != ordered.c.environment_id)
+        ).all())
+    rows.sort(key=lambda row: (row.started_at, row.name), reverse=True)
+    return rows
+
+
+def moved_devices(session: Session, *, since: datetime) -> list[int]:
+    """Devices that showed up on another node since ``since`` (``devices.moved_at``)."""
+    return [int(pk) for pk in session.scalars(
+        select(Device.id).where(Device.moved_at >= since))]
+
+
+def device_moves(session: Session, *, device_ids: Sequence[int], since: datetime
+                 ) -> Sequence[Any]:
+    """Consecutive runs of one of these devices (by started_at) on different nodes since
+    ``since``: (device_id, slot, uuid, node, run id, run_id, previous node, previous run id,
+    previous run_id, started_at, environment_id, previous environment_id)."""
+    rows: list[Any] = []
+    for part in chunked(sorted(set(device_ids))):
+        used = (select(Result.device_id, Run.id, Run.run_id, Run.node_id, Run.started_at,
+                       Run.environment_id)
+                .distinct()
+                .join(Run, Run.id == Result.run_pk)
+                .where(Result.device_id.in_(part), Run.started_at >= since)
+                .subquery())
+        order = (used.c.started_at, used.c.id)
+        ordered = select(
+            used.c.device_id, used.c.id, used.c.run_id, used.c.node_id, used.c.started_at,
+            used.c.environment_id,
+            func.lag(used.c.node_id).over(partition_by=used.c.device_id, order_by=order)
+            .label("prev_node"),
+            func.lag(used.c.id).over(partition_by=used.c.device_id, order_by=order)
+            .label("prev_id"),
+            func.lag(used.c.run_id).over(partition_by=used.c.device_id, order_by=order)
+            .label("prev_run"),
+            func.lag(used.c.environment_id).over(partition_by=used.c.device_id,
+                                                 order_by=order).label("prev_env"),
+        ).subquery()
+        previous = aliased(Node)
+        rows.extend(session.execute(
+            select(ordered.c.device_id, Device.slot, Device.uuid, Node.name,
+                   ordered.c.id, ordered.c.run_id, previous.name.label("prev_name"),
+                   ordered.c.prev_id, ordered.c.prev_run, ordered.c.started_at,
+                   ordered.c.environment_id, ordered.c.prev_env)
+            .join(Device, Device.id == ordered.c.device_id)
+            .join(Node, Node.id == ordered.c.node_id)
+            .join(previous, previous.id == ordered.c.prev_node)
+            .where(ordered.c.prev_node != ordered.c.node_id)
         ).all())
     rows.sort(key=lambda row: (row.started_at, row.name), reverse=True)
     return rows

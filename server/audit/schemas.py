@@ -209,7 +209,14 @@ class ChangedOutputRow(_Row):
 
 
 class DriftRow(_Row):
+    """A node that changed environment between two runs, or (``device`` set) a device
+    that moved from ``previous_node`` to ``node`` between two of its runs."""
+
     node: str
+    device: str | None = Field(default=None, description="A moved device's slot on node")
+    device_uuid: str | None = None
+    previous_node: str | None = Field(default=None,
+                                      description="Where the moved device ran before")
     run_id: str
     previous_run_id: str
     started_at: str

@@ -212,20 +212,30 @@ def _broken_inputs(session: Session, held: Sequence[Held]) -> list[BrokenInputsR
 
 
 def _drift(session: Session, fleet: Fleet, environments: Mapping[int, Any]) -> list[DriftRow]:
-    """Environment changes of a node between consecutive runs: the attributes that changed
-    and the results whose answer changed with them. Only the runs of nodes that changed
-    environment within the window are read (``nodes.environment_changed_at``)."""
+    """Environment changes of a node between consecutive runs, and moves of a device (a
+    GPU that showed up on another node) between its consecutive runs: the attributes
+    that changed and the results whose answer changed with them. Only the runs of nodes
+    that changed environment and of devices that moved within the window are read
+    (``nodes.environment_changed_at``, ``devices.moved_at``)."""
     changed = [node.id for node in fleet.nodes if node.environment_changed_at is not None
                and node.environment_changed_at >= fleet.since]
     changes = repository.environment_changes(session, node_ids=changed, since=fleet.since)
-    if not changes:
+    moves = repository.device_moves(
+        session, device_ids=repository.moved_devices(session, since=fleet.since),
+        since=fleet.since)
+    if not changes and not moves:
         return []
-    run_ids = {row.id for row in changes} | {row.prev_id for row in changes}
+    run_ids = {row.id for row in [*changes, *moves]} | {row.prev_id for row in [*changes, *moves]}
     results: dict[int, dict[tuple[str, str, str, str], str | None]] = defaultdict(dict)
+    # A device's answers by key (its slot may differ between two nodes).
+    on_device: dict[tuple[int, int], dict[tuple[str, str, str, str], str | None]] = \
+        defaultdict(dict)
     for row in results_of_runs(session, sorted(run_ids)):
         if row.status == "ok":
             results[row.run_pk][(row.suite, row.workload, row.variant, row.device)] = \
                 row.manifest_hash
+            on_device[(row.run_pk, row.device_id)][(row.suite, row.workload, row.variant,
+                                                    "")] = row.manifest_hash
     flattened: dict[int, dict[str, str]] = {}
 
     def flat(env_id: int) -> dict[str, str]:
@@ -233,7 +243,7 @@ def _drift(session: Session, fleet: Fleet, environments: Mapping[int, Any]) -> l
             flattened[env_id] = flatten_environment(environments[env_id].document)
         return flattened[env_id]
 
-    return [DriftRow.model_validate({
+    node_rows = [DriftRow.model_validate({
         "node": change.name, "run_id": change.run_id, "previous_run_id": change.prev_run,
         "started_at": change.started_at.isoformat(),
         "env_key": environments[change.environment_id].env_key,
@@ -241,6 +251,18 @@ def _drift(session: Session, fleet: Fleet, environments: Mapping[int, Any]) -> l
         "attributes": attribute_changes(flat(change.prev_env), flat(change.environment_id)),
         "outputs_changed": outputs_changed(results[change.prev_id], results[change.id]),
     }) for change in changes]
+    device_rows = [DriftRow.model_validate({
+        "node": move.name, "device": move.slot, "device_uuid": move.uuid,
+        "previous_node": move.prev_name, "run_id": move.run_id,
+        "previous_run_id": move.prev_run, "started_at": move.started_at.isoformat(),
+        "env_key": environments[move.environment_id].env_key,
+        "previous_env_key": environments[move.prev_env].env_key,
+        "attributes": attribute_changes(flat(move.prev_env), flat(move.environment_id)),
+        "outputs_changed": [{**asdict(found), "device": move.slot} for found in outputs_changed(
+            on_device[(move.prev_id, move.device_id)], on_device[(move.id, move.device_id)])],
+    }) for move in moves]
+    return sorted([*node_rows, *device_rows], key=lambda row: (row.started_at, row.node),
+                  reverse=True)
 
 
 def _wall_times(held: Sequence[Held]) -> list[WallTime]:

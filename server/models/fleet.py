@@ -81,3 +81,6 @@ class Device(Base):
     last_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     # The order time of the newest run that used it (what decides where it sits).
     newest_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # When a newer run last showed it on another node than before: /audit reads the
+    # runs of devices that moved within its window for drift.
+    moved_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)

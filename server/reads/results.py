@@ -14,13 +14,13 @@ from numparity_server.models import Manifest, Outcome, Result
 
 
 def results_of_runs(session: Session, run_pks: Sequence[int]) -> Sequence[Any]:
-    """Rows (run_pk, suite, workload, variant, device, status, manifest_hash) of every
-    result of these runs (``runs.id`` keys)."""
+    """Rows (run_pk, suite, workload, variant, device, status, manifest_hash, device_id)
+    of every result of these runs (``runs.id`` keys)."""
     rows: list[Any] = []
     for part in chunked(run_pks):
         rows.extend(session.execute(
             select(Result.run_pk, Outcome.suite, Outcome.workload, Outcome.variant,
-                   Outcome.device, Outcome.status, Outcome.manifest_hash)
+                   Outcome.device, Outcome.status, Outcome.manifest_hash, Result.device_id)
             .join(Outcome, Outcome.id == Result.outcome_id)
             .where(Result.run_pk.in_(part))
         ).all())

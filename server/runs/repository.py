@@ -111,8 +111,8 @@ def resolve_devices(session: Session, *, node_id: int, rows: Sequence[dict[str, 
 @functools.cache
 def _place_devices_statement() -> Any:
     """One UPDATE per device, sent as one executemany: a device whose newest run this is
-    sits at this node and slot now (and its description is this run's); last_seen never
-    goes back."""
+    sits at this node and slot now (and its description is this run's; ``moved_at`` when
+    that is another node); last_seen never goes back."""
     table = Device.__table__
     newer = (table.c.newest_started_at.is_(None)
              | (table.c.newest_started_at <= bindparam("b_started")))
@@ -120,7 +120,11 @@ def _place_devices_statement() -> Any:
     def if_newer(column: str, value: str) -> Any:
         return case((newer, bindparam(value)), else_=table.c[column])
 
+    # Another node than the one it sat on (or none, once it left): it moved.
+    moved = newer & table.c.newest_started_at.is_not(None) & (
+        table.c.node_id.is_(None) | (table.c.node_id != bindparam("b_node")))
     return (update(table).where(table.c.id == bindparam("b_id")).values(
+        moved_at=case((moved, bindparam("b_started")), else_=table.c.moved_at),
         node_id=if_newer("node_id", "b_node"), slot=if_newer("slot", "b_slot"),
         newest_started_at=if_newer("newest_started_at", "b_started"),
         model=if_newer("model", "b_model"), pci_bus_id=if_newer("pci_bus_id", "b_pci"),

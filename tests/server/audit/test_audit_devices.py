@@ -67,6 +67,13 @@ def test_a_moved_gpu_keeps_its_history_and_its_old_node_is_cleared(api):
     (entry,) = audit(api)["suspects"]
     assert (entry["node"], entry["device"], entry["device_uuid"]) == ("gpu-b", "cuda:0", BAD)
     assert entry["status"] == "suspect" and entry["currently_disagrees"] is False
+    # Its move is drift of the device: from gpu-a to gpu-b, its answer changed with it.
+    (move,) = [row for row in audit(api)["drift"] if row["device"]]
+    assert (move["node"], move["device"], move["device_uuid"], move["previous_node"]) == \
+        ("gpu-b", "cuda:0", BAD, "gpu-a")
+    assert move["attributes"] == []  # identical environments
+    assert [(c["workload"], c["variant"], c["device"]) for c in move["outputs_changed"]] == \
+        [("cnn", "strict", "cuda:0")]
     node = api.client.get("/api/v1/nodes/gpu-a", headers=api.reader).json()
     assert BAD not in {d["uuid"] for d in node["devices"]}
     assert replacement in {d["uuid"] for d in node["devices"]}
