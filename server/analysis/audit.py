@@ -188,15 +188,22 @@ def _worst(runs_by_key: Mapping[Key, int]) -> Key:
     return max(runs_by_key, key=lambda key: (runs_by_key[key], key[1]))
 
 
+def device_statuses(deviations: Iterable[Deviation],
+                    majority: Mapping[tuple[int, Key], Majority]) -> dict[int, tuple[str, str]]:
+    """device → (its node, ``suspect`` or ``watch``), as ``classify_suspects`` says,
+    without reading which answers are current or which peer runs to compare with."""
+    statuses = {}
+    for device, found in _judged_by_device(deviations, majority).items():
+        runs, _drills = _runs_by_key(found)
+        statuses[device] = (found[0].node, suspect_status(runs[_worst(runs)]))
+    return statuses
+
+
 def suspect_statuses(deviations: Iterable[Deviation],
                      majority: Mapping[tuple[int, Key], Majority]) -> dict[str, str]:
-    """node → ``suspect`` or ``watch``, the worst of its devices' as ``classify_suspects``
-    says, without reading which answers are current or which peer runs to compare with."""
+    """node → ``suspect`` or ``watch``, the worst of its devices'."""
     statuses: dict[str, str] = {}
-    for found in _judged_by_device(deviations, majority).values():
-        runs, _drills = _runs_by_key(found)
-        node = found[0].node
-        status = suspect_status(runs[_worst(runs)])
+    for node, status in device_statuses(deviations, majority).values():
         if statuses.get(node) != "suspect":
             statuses[node] = status
     return statuses

@@ -43,6 +43,7 @@ class Fleet:
     majority: dict[tuple[int, Key], Majority]  # the usual answers that judge
     history: History
     since: datetime  # the window's start
+    devices: int  # devices that sit on a node
 
 
 def judged_fleet(session: Session, policy: Policy, now: datetime) -> Fleet:
@@ -59,7 +60,8 @@ def judged_fleet(session: Session, policy: Policy, now: datetime) -> Fleet:
                            if node.environment_id is not None},
                  held=held, strict=strict,
                  majority=majorities(usual, min_peers=policy.min_peers),
-                 history=read_history(session, strict, usual, since), since=since)
+                 history=read_history(session, strict, usual, since), since=since,
+                 devices=repository.count_devices(session))
 
 
 def strict_key(row: Any) -> Key:

@@ -301,3 +301,9 @@ def device_moves(session: Session, *, device_ids: Sequence[int], since: datetime
         ).all())
     rows.sort(key=lambda row: (row.started_at, row.name), reverse=True)
     return rows
+
+
+def count_devices(session: Session) -> int:
+    """Devices that sit on a node."""
+    return session.scalar(
+        select(func.count()).select_from(Device).where(Device.node_id.is_not(None))) or 0

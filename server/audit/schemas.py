@@ -72,6 +72,10 @@ class NodeStatusCounts(_Row):
     watch: int
     nondeterministic: int
     stale: int
+    devices: int = Field(description="Devices that sit on a node (a node's CPU, each GPU "
+                                     "or MIG instance)")
+    suspect_devices: int
+    watched_devices: int
 
 
 class AuditSummary(NodeStatusCounts):

@@ -20,6 +20,7 @@ from numparity_server.analysis.audit import (
     RepeatsDisagree,
     Suspect,
     classify_suspects,
+    device_statuses,
     node_suspect_statuses,
     repeat_disagreements,
     strict_changes,
@@ -76,6 +77,7 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None) -> A
     ]
     broken = _broken_inputs(session, fleet.held)
     counts = _counts(fleet, suspects=node_suspect_statuses(suspects),
+                     devices=[suspect.status for suspect in suspects],
                      nondeterministic={row.node for row in nondeterministic},
                      stale={row.node for row in stale})
     columns = {env_id: {column: getattr(row, column) for column in INVENTORY_COLUMNS}
@@ -107,19 +109,25 @@ def audit_summary(*, session: Session, policy: Policy, now: datetime | None = No
     now = now or datetime.now(timezone.utc)
     fleet = judged_fleet(session, policy, now)
     nondeterministic = _nondeterministic(session, fleet, repository.env_keys(session))
+    found = deviations(fleet.history)
     return _counts(
-        fleet, suspects=suspect_statuses(deviations(fleet.history), fleet.majority),
+        fleet, suspects=suspect_statuses(found, fleet.majority),
+        devices=[status for _node, status in device_statuses(found, fleet.majority).values()],
         nondeterministic={row.node for row in nondeterministic},
         stale={entry.node for entry in _stale_nodes(fleet, now, policy)})
 
 
-def _counts(fleet: Fleet, *, suspects: Mapping[str, str], nondeterministic: set[str],
-            stale: set[str]) -> NodeStatusCounts:
+def _counts(fleet: Fleet, *, suspects: Mapping[str, str], devices: Sequence[str],
+            nondeterministic: set[str], stale: set[str]) -> NodeStatusCounts:
+    """``suspects``: node → its worst device's status; ``devices``: each suspect or
+    watched device's status."""
     statuses = node_statuses([node.name for node in fleet.nodes], suspects=suspects,
                              nondeterministic=nondeterministic, stale=stale)
     return NodeStatusCounts(nodes=len(fleet.nodes),
                             environments=len(set(fleet.node_env.values())),
-                            **status_counts(statuses))
+                            **status_counts(statuses), devices=fleet.devices,
+                            suspect_devices=devices.count("suspect"),
+                            watched_devices=devices.count("watch"))
 
 
 def _suspects(session: Session, fleet: Fleet, env_keys: Mapping[int, str]) -> list[Suspect]:

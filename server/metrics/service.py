@@ -88,6 +88,14 @@ def fleet_metrics(snapshot: FleetSnapshot, now: datetime | None = None) -> list[
         "stale at once, ok is a node with none of the others.", labels=["status"])
     for status in STATUSES:
         nodes.add_metric([status], getattr(snapshot.summary, status))
+    devices = GaugeMetricFamily(
+        "numparity_devices",
+        "Devices that sit on a node (a node's CPU, each GPU or MIG instance; status all) "
+        "and those the audit finds suspect or watches.", labels=["status"])
+    for status, count in (("all", snapshot.summary.devices),
+                          ("suspect", snapshot.summary.suspect_devices),
+                          ("watch", snapshot.summary.watched_devices)):
+        devices.add_metric([status], count)
     groups = GaugeMetricFamily(
         "numparity_groups",
         "Distinct answers (whole results: every tensor) among the nodes' latest results "
@@ -106,7 +114,7 @@ def fleet_metrics(snapshot: FleetSnapshot, now: datetime | None = None) -> list[
         GaugeMetricFamily("numparity_fleet_environments",
                           "Distinct environments (env_key) the nodes' newest runs ran on.",
                           value=snapshot.summary.environments),
-        nodes, groups, ages,
+        nodes, devices, groups, ages,
     ]
 
 

@@ -118,7 +118,8 @@ def test_the_summary_alone_counts_what_the_whole_audit_counts(fleet, policy, hou
         whole = service.audit(session=session, policy=policy, now=now).summary
         alone = service.audit_summary(session=session, policy=policy, now=now)
     assert alone.model_dump().items() <= whole.model_dump().items()
-    assert set(alone.model_dump()) == {"nodes", "environments", *STATUSES}
+    assert set(alone.model_dump()) == {"nodes", "environments", *STATUSES, "devices",
+                                       "suspect_devices", "watched_devices"}
 
 
 def test_the_openapi_schema_names_every_row(fleet):

@@ -37,6 +37,11 @@ def test_one_gpu_of_an_eight_gpu_node_is_suspect_and_its_siblings_are_not(api):
     assert entry["detail"].startswith(f"gpu-node-17 / cuda:3 (NVIDIA A100-SXM4-80GB, UUID {BAD}")
     assert entry["detail"].endswith("disagrees with 7 identical peers in 2 runs")
     assert report["summary"]["suspect"] == 1 and report["summary"]["nodes"] == 1
+    assert (report["summary"]["devices"], report["summary"]["suspect_devices"],
+            report["summary"]["watched_devices"]) == (8, 1, 0)
+    metrics = api.client.get("/metrics", headers=api.reader).text
+    assert 'numparity_devices{status="suspect"} 1.0' in metrics
+    assert 'numparity_devices{status="all"} 8.0' in metrics
     # Its compare link compares it with a sibling GPU of the same run.
     link = entry["compare"]
     assert link["run_a"] == link["run_b"] and link["device_b"] == "cuda:3"
