@@ -1,10 +1,11 @@
 """The child process of one variant: `python -m numparity_agent._child SPEC OUT`.
 
 SPEC is a JSON file {"variant", "workloads", "device", "repeats", "node_env_vars",
-"fault_drill", "progress", "values_dir"} (fault_drill: flip one bit in each workload,
-design §2.6; progress: a file that gets one line per finished workload, for the parent's
-progress display; values_dir: where large tensors' values are kept, `_values`; all
-optional);
+"fault_drill", "progress", "values_dir"} (device: the slot, "cuda:3", that the results
+name, computed on `_devices.torch_device(slot)`; fault_drill: flip one bit in each
+workload, design §2.6; progress: a file that gets one line per finished workload, for
+the parent's progress display; values_dir: where large tensors' values are kept,
+`_values`; all optional);
 OUT receives {"environment", "results"} (written atomically, so a crash leaves none).
 The environment is captured first, before the variant touches any knob, with the
 node's numeric environment variables (not the ones the variant added), so that it
@@ -23,7 +24,7 @@ from typing import Any
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from numparity_agent import _variants, _workloads
+    from numparity_agent import _devices, _variants, _workloads
     from numparity_agent._environment import capture_environment
     from numparity_agent._runner import _error_text, result_head, run_workload
     from numparity_agent._values import ValuesStore
@@ -45,9 +46,11 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         }
 
     try:
+        requested = _devices.torch_device(device_name)
         # fp64-reference runs on the CPU whatever device the node asked for.
-        device = variant.target_device(torch.device(device_name))
-        device_name = str(device)
+        device = variant.target_device(requested)
+        if device != requested:
+            device_name = str(device)
         if device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"device {device_name} requested but CUDA is not available")
     except Exception as exc:  # noqa: BLE001
@@ -74,6 +77,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                     workload,
                     variant=variant,
                     device=device,
+                    slot=device_name,
                     repeats=spec["repeats"],
                     fault_drill=fault_drill,
                     keep_values=store.keep if store is not None else None,

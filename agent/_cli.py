@@ -19,7 +19,16 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from numparity_agent import _config, _flush, _spool, _upload, _values, _variants, _workloads
+from numparity_agent import (
+    _config,
+    _devices,
+    _flush,
+    _spool,
+    _upload,
+    _values,
+    _variants,
+    _workloads,
+)
 from numparity_agent._answer import tls_verify
 from numparity_agent._lock import LockBusy, spool_lock
 from numparity_agent._log import end_progress, hide, interactive, log, progress
@@ -49,10 +58,12 @@ exit codes:
   0  ok: uploaded (or written with --output, or printed when no server is set)
   1  doctor --strict: a check warned (something this node can fix; facts
      about every process or the format never fail it)
-  2  usage: a bad option, config key or value, unknown workload or variant
+  2  usage: a bad option, config key or value, unknown workload, variant or
+     device (the message lists the visible ones)
   3  spooled: the server was unreachable, busy (5xx, 408, 429) or its TLS
      certificate could not be verified; the next run or flush sends it
-  4  a variant failed (crash, timeout, exception); the rest is still uploaded
+  4  a variant failed (crash, timeout, exception) on a device; the rest is
+     still uploaded. Also: the devices could not be listed (nothing ran)
   5  refused by the server: 401/403 (the token; the document stays spooled) or
      another 4xx (the document is moved to <spool>/rejected/ with a .reason)
   6  the spool (or --output) could not be written (disk full, read-only, no
@@ -118,8 +129,10 @@ def _parser() -> argparse.ArgumentParser:
                      help=f"workloads: {', '.join(_workloads.builtin_names())} or "
                      "module:factory (NUMPARITY_WORKLOADS, config workloads; default all "
                      "built-ins)")
-    run.add_argument("--device", metavar="cpu|cuda:N",
-                     help="the device (NUMPARITY_DEVICE, config device; default cpu)")
+    run.add_argument("--device", metavar="LIST",
+                     help="devices, comma-separated: cuda:N, cpu, or all (every visible CUDA "
+                     "device, MIG instances included, else the CPU); they run one after "
+                     "another (NUMPARITY_DEVICE, config device; default all)")
     run.add_argument("--repeats", metavar="N",
                      help="runs per variant (NUMPARITY_REPEATS, config repeats; default 2)")
     run.add_argument("--node", metavar="NAME",
@@ -139,6 +152,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="flip one bit of one activation per workload in the strict variant "
                      "and mark the document as a drill: checks that the audit catches a "
                      "corrupting GPU")
+    run.add_argument("--drill-device", metavar="SLOT",
+                     help="with --fault-drill: the one device whose strict results are "
+                     "corrupted, e.g. cuda:3 (default the first device of the run)")
 
     flush = sub.add_parser("flush", help="upload what is spooled, oldest first",
                            epilog=EXIT_CODES_HELP, formatter_class=formatter)
@@ -312,17 +328,39 @@ def _progress_display() -> Progress | None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from numparity_agent._suite import DEFAULT_REPEATS, DEFAULT_TIMEOUT_S, UsageError, validate
+    from numparity_agent._suite import (
+        DEFAULT_REPEATS,
+        DEFAULT_TIMEOUT_S,
+        DeviceListError,
+        UsageError,
+        drill_slot,
+        select_devices,
+        validate,
+    )
 
     context = _Context(args)
     get = context.settings.get
     variants = get("variants") or _variants.names()
     workloads = get("workloads") or _workloads.builtin_names()
     repeats = get("repeats", DEFAULT_REPEATS)
+    timeout = get("timeout", DEFAULT_TIMEOUT_S)
+    selection = get("device", _devices.ALL)
     try:
         validate(workloads, variants, repeats, drill=args.fault_drill)
+        if args.drill_device and not args.fault_drill:
+            raise UsageError("--drill-device names the device of --fault-drill: add it")
+        try:
+            devices = select_devices(selection, timeout=timeout)
+        except UsageError as exc:
+            where = context.settings.sources.get("device", "--device")
+            raise UsageError(f"{where} {selection}: {exc}") from None
+        if args.fault_drill:
+            drill_slot(devices, args.drill_device)
     except UsageError as exc:
         raise _Usage(str(exc)) from None
+    except DeviceListError as exc:
+        log(f"error: cannot list this node's devices: {exc}")
+        return _finish({EXIT_VARIANT_FAILED})
     jitter = get("jitter", 0.0)
     if jitter > 0:
         delay = random.uniform(0, jitter)
@@ -334,11 +372,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
             if stopped is not None:
                 return stopped
         return _run_locked(args, context, workloads=workloads, variants=variants,
-                           repeats=repeats, timeout=get("timeout", DEFAULT_TIMEOUT_S))
+                           devices=devices, repeats=repeats, timeout=timeout)
 
 
 def _run_locked(args: argparse.Namespace, context: _Context, *, workloads: list[str],
-                variants: list[str], repeats: int, timeout: float) -> int:
+                variants: list[str], devices: list[dict[str, Any]], repeats: int,
+                timeout: float) -> int:
     from numparity_agent._suite import run_suite
 
     codes: set[int] = set()
@@ -350,9 +389,10 @@ def _run_locked(args: argparse.Namespace, context: _Context, *, workloads: list[
     store = _values.ValuesStore(_values.values_dir(context.spool)) if context.server else None
     try:
         document = run_suite(
-            workloads=workloads, variants=variants, device=get("device", "cpu"),
+            workloads=workloads, variants=variants, device=devices,
             repeats=repeats, node=get("node") or socket.gethostname(),
             labels=get("labels") or {}, timeout=timeout, drill=args.fault_drill,
+            drill_device=args.drill_device,
             on_progress=_progress_display(),
             values_dir=store.folder if store is not None else None,
         )

@@ -26,9 +26,13 @@ def build_document(
     started_at: str,
     finished_at: str,
     drill: bool = False,
+    drill_device: str | None = None,
+    devices: list[dict[str, Any]] | None = None,
     run_id: str | None = None,
 ) -> dict[str, Any]:
-    return {
+    """The document; `drill_device` (the slot a drill corrupted) only with `drill`,
+    `devices` (the entries of §2.7, with `wall_s` and `status`) when given."""
+    document: dict[str, Any] = {
         "schema": SCHEMA,
         "run_id": run_id or str(uuid.uuid4()),
         "node": {"name": node, "labels": dict(labels)},
@@ -36,6 +40,11 @@ def build_document(
         "started_at": started_at,
         "finished_at": finished_at,
         "drill": drill,
-        "environment": environment,
-        "results": results,
     }
+    if drill and drill_device is not None:
+        document["drill_device"] = drill_device
+    if devices is not None:
+        document["devices"] = devices
+    document["environment"] = environment
+    document["results"] = results
+    return document

@@ -57,11 +57,14 @@ def run_workload(
     variant: Variant,
     device: torch.device,
     repeats: int,
+    slot: str | None = None,
     fault_drill: bool = False,
     keep_values: Callable[[str, np.ndarray], None] | None = None,
 ) -> dict[str, Any]:
-    """Build and run `workload` `repeats` times; fingerprint every tensor of the first
-    (handing large tensors' values to `keep_values`, see `_fingerprint.fingerprint`).
+    """Build and run `workload` `repeats` times on `device`; fingerprint every tensor of
+    the first (handing large tensors' values to `keep_values`, see
+    `_fingerprint.fingerprint`). The result names `slot`, the device of the run
+    document (default `str(device)`).
 
     Each repeat rebuilds the model and inputs (a workload that trains mutates them), so
     repeats also check that building is deterministic. `repeats_agree` compares the
@@ -72,7 +75,8 @@ def run_workload(
     FaultDrill) and the result says which in its "drill" field; a workload that records
     no layers (probes) runs untouched and has no such field.
     """
-    head = result_head(workload.name, workload.version, variant.name, str(device), workload.suite)
+    head = result_head(workload.name, workload.version, variant.name, slot or str(device),
+                       workload.suite)
     dtype = variant.dtype()
     tensors: list[dict[str, Any]] = []
     signatures: list[list[tuple[str, str]]] = []

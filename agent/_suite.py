@@ -1,8 +1,10 @@
-"""Run the suite: one child process per variant, results gathered into a run document.
+"""Run the suite: device after device, one child process per variant, results gathered
+into a run document.
 
 Each variant runs in its own interpreter (design §2.3): knobs such as
 CUBLAS_WORKSPACE_CONFIG must be set before torch starts, and a crash or a hang in one
-variant must not lose the others. This module does not import torch.
+variant must not lose the others; a GPU that crashes or hangs its children fails its
+own results only. This module does not import torch.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from numparity_agent import _variants, _workloads
+from numparity_agent import _devices, _variants, _workloads
 from numparity_agent._document import build_document, utc_now
 from numparity_agent._knobs import numeric_env_vars
 from numparity_agent._log import log
@@ -178,83 +180,184 @@ def _environment_child(timeout: float) -> dict[str, Any]:
     return json.loads(proc.stdout)
 
 
+class DeviceListError(RuntimeError):
+    """The child that lists the node's devices crashed or timed out."""
+
+
+def list_devices(timeout: float) -> list[dict[str, Any]]:
+    """Every visible device (`_devices.visible_devices`), from a fresh interpreter: CUDA
+    and NVML can hang on a wedged GPU, and the agent's own process stays without torch."""
+    cmd = [sys.executable, "-m", "numparity_agent._devices"]
+    try:
+        proc = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        raise DeviceListError(f"listing the devices timed out after {timeout:g} s") from None
+    if proc.returncode != 0:
+        raise DeviceListError(_child_failure(proc, _describe_exit(proc.returncode)))
+    devices: list[dict[str, Any]] = json.loads(proc.stdout)
+    return devices
+
+
+def select_devices(selection: str, *, timeout: float = DEFAULT_TIMEOUT_S
+                   ) -> list[dict[str, Any]]:
+    """The devices `selection` names (`cuda:0,cuda:3`, `cpu`, `all`: every visible CUDA
+    device, else the CPU). UsageError when it names one this node does not show (the
+    message lists those it does); DeviceListError when they cannot be listed."""
+    try:
+        items = _devices.parse_selection(selection)
+        visible = list_devices(timeout) if _devices.needs_cuda(items) else []
+        return _devices.select(items, visible)
+    except _devices.DeviceError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def drill_slot(devices: Sequence[dict[str, Any]], drill_device: str | None) -> str:
+    """The device `--fault-drill` corrupts: `drill_device`, one of `devices`, else the
+    first of them."""
+    slots = [d["device"] for d in devices]
+    if drill_device is None:
+        return slots[0]
+    try:
+        items = _devices.parse_selection(drill_device)
+    except _devices.DeviceError as exc:
+        raise UsageError(f"--drill-device: {exc}") from None
+    if len(items) != 1 or items[0] not in slots:
+        raise UsageError(f"--drill-device {drill_device} is not one device of this run; "
+                         f"its devices: {', '.join(slots)}")
+    return items[0]
+
+
+def device_plan(
+    devices: Sequence[dict[str, Any]], variants: Sequence[str]
+) -> list[tuple[dict[str, Any], list[str]]]:
+    """Each device with the variants it runs, in order: every variant on every device,
+    except the CPU-only ones (the float64 reference), which run once, on the CPU, added
+    at the end when the run has no CPU of its own."""
+    once = [v for v in variants if _variants.get(v).cpu_only]
+    plan = []
+    for device in devices:
+        runs = list(variants) if device["type"] == "cpu" else [
+            v for v in variants if v not in once]
+        if runs:
+            plan.append((dict(device), runs))
+    if once and not any(d["type"] == "cpu" for d in devices):
+        plan.append((_devices.cpu_device(), once))
+    return plan
+
+
+def _log_results(log_line: Callable[[str], None], prefix: str,
+                 results: list[dict[str, Any]]) -> None:
+    for result in results:
+        status = result["status"]
+        detail = ""
+        if status == "ok":
+            detail = f" in {result['wall_s']:.3f} s, repeats agree: {result['repeats_agree']}"
+            if "drill" in result:
+                flip = result["drill"]
+                detail += (
+                    f"; fault drill flipped bit {flip['bit']} of {flip['layer']}"
+                    f"[{flip['index']}]: {flip['before']!r} -> {flip['after']!r}"
+                )
+        elif status == "failed":
+            detail = ": " + result["error"].strip().splitlines()[0]
+        else:
+            detail = ": " + result.get("reason", "")
+        log_line(f"{prefix}variant {result['variant']}: {result['workload']} {status}{detail}")
+
+
 def run_suite(
     *,
     workloads: Sequence[str] | None = None,
     variants: Sequence[str] | None = None,
-    device: str = "cpu",
+    device: str | Sequence[dict[str, Any]] = _devices.ALL,
     repeats: int = DEFAULT_REPEATS,
     node: str | None = None,
     labels: dict[str, str] | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     log_line: Callable[[str], None] = log,
     drill: bool = False,
+    drill_device: str | None = None,
     on_progress: Progress | None = None,
     values_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Run `workloads` under `variants` (all built-ins by default): the run document.
-    Large tensors' values are kept in `values_dir` when given (`_values`).
+    """Run `workloads` under `variants` (all built-ins by default) on each device: the
+    run document. Large tensors' values are kept in `values_dir` when given (`_values`).
+
+    `device` is a selection (see select_devices; default every visible CUDA device,
+    else the CPU) or the devices select_devices gave for one. Devices run one after
+    another, each variant of each in its own child; the float64 reference runs once,
+    on the CPU (device_plan). The document lists the devices with the seconds each
+    took and its status: "failed" when every one of its results failed.
 
     With `drill` (`run --fault-drill`, design §2.6) the document is marked as a drill
-    and, in the FAULT_DRILL_VARIANT only, every workload that records layers has one
-    bit of one activation flipped; the other variants run as without it.
+    and, in the FAULT_DRILL_VARIANT on `drill_device` only (default: the first
+    device), every workload that records layers has one bit of one activation
+    flipped; everything else runs as without it.
     `on_progress` follows the run workload by workload (see Progress).
     """
     workloads = list(workloads or _workloads.builtin_names())
     variants = list(variants or _variants.names())
     validate(workloads, variants, repeats, drill=drill)
+    devices = select_devices(device, timeout=timeout) if isinstance(device, str) else device
+    drill_at = drill_slot(devices, drill_device) if drill else None
+    plan = device_plan(devices, variants)
+    several = len(plan) > 1
+    if several:
+        log_line("devices: " + "; ".join(
+            f"{_devices.describe(d)}: {', '.join(runs)}" for d, runs in plan))
     if drill:
         log_line(
-            f"fault drill: one bit flipped per workload in {_variants.FAULT_DRILL_VARIANT}; "
-            "the document is marked as a drill"
+            f"fault drill: one bit flipped per workload in {_variants.FAULT_DRILL_VARIANT} "
+            f"on {drill_at}; the document is marked as a drill"
         )
     node_env_vars = numeric_env_vars()
     started_at = utc_now()
     environment: dict[str, Any] | None = None
     results: list[dict[str, Any]] = []
-    total = len(variants) * len(workloads)
-    for variant in variants:
-        log_line(f"variant {variant}: running {', '.join(workloads)} on {device}")
-        watch = None
-        if on_progress is not None:
-            def watch(finished: int, variant: str = variant, done: int = len(results)) -> None:
-                now = workloads[min(finished, len(workloads) - 1)]
-                on_progress(done + finished, total, f"{now}/{variant}")
+    entries: list[dict[str, Any]] = []
+    total = sum(len(runs) for _, runs in plan) * len(workloads)
+    for entry, runs in plan:
+        slot = entry["device"]
+        prefix = f"{slot} " if several else ""
+        device_started = time.monotonic()
+        device_results: list[dict[str, Any]] = []
+        for variant in runs:
+            log_line(f"{prefix}variant {variant}: running {', '.join(workloads)}"
+                     + ("" if several else f" on {slot}"))
+            watch = None
+            if on_progress is not None:
+                def watch(finished: int, variant: str = variant, done: int = len(results),
+                          prefix: str = prefix) -> None:
+                    now = workloads[min(finished, len(workloads) - 1)]
+                    on_progress(done + finished, total, f"{prefix}{now}/{variant}")
 
-            watch(0)
-        started = time.monotonic()
-        child_env, child_results = run_variant(
-            variant,
-            workloads=workloads,
-            device=device,
-            repeats=repeats,
-            timeout=timeout,
-            node_env_vars=node_env_vars,
-            fault_drill=drill and variant == _variants.FAULT_DRILL_VARIANT,
-            on_progress=watch,
-            values_dir=values_dir,
-        )
-        environment = environment or child_env
-        for result in child_results:
-            status = result["status"]
-            detail = ""
-            if status == "ok":
-                detail = f" in {result['wall_s']:.3f} s, repeats agree: {result['repeats_agree']}"
-                if "drill" in result:
-                    flip = result["drill"]
-                    detail += (
-                        f"; fault drill flipped bit {flip['bit']} of {flip['layer']}"
-                        f"[{flip['index']}]: {flip['before']!r} -> {flip['after']!r}"
-                    )
-            elif status == "failed":
-                detail = ": " + result["error"].strip().splitlines()[0]
-            else:
-                detail = ": " + result.get("reason", "")
-            log_line(f"variant {variant}: {result['workload']} {status}{detail}")
-        results.extend(child_results)
-        log_line(f"variant {variant}: done in {time.monotonic() - started:.1f} s")
-        if on_progress is not None:
-            on_progress(len(results), total, f"{variant} done")
+                watch(0)
+            started = time.monotonic()
+            child_env, child_results = run_variant(
+                variant,
+                workloads=workloads,
+                device=slot,
+                repeats=repeats,
+                timeout=timeout,
+                node_env_vars=node_env_vars,
+                fault_drill=(drill_at == slot and variant == _variants.FAULT_DRILL_VARIANT),
+                on_progress=watch,
+                values_dir=values_dir,
+            )
+            environment = environment or child_env
+            _log_results(log_line, prefix, child_results)
+            results.extend(child_results)
+            device_results.extend(child_results)
+            log_line(f"{prefix}variant {variant}: done in {time.monotonic() - started:.1f} s")
+            if on_progress is not None:
+                on_progress(len(results), total, f"{prefix}{variant} done")
+        wall_s = time.monotonic() - device_started
+        failed = all(r["status"] == "failed" for r in device_results)
+        entries.append({**entry, "wall_s": round(wall_s, 3),
+                        "status": "failed" if failed else "ok"})
+        log_line(f"device {_devices.describe(entry)}: done in {wall_s:.1f} s"
+                 + (", every result failed" if failed else ""))
     if environment is None:
         try:
             environment = _environment_child(timeout)
@@ -269,4 +372,6 @@ def run_suite(
         started_at=started_at,
         finished_at=utc_now(),
         drill=drill,
+        drill_device=drill_at,
+        devices=entries,
     )

@@ -6,8 +6,9 @@ A variant acts at three moments, all in its own child process:
 - `apply`: knobs set once, before the workloads;
 and a variant may wrap each run in a context (`run_context`, for autocast) and choose
 the dtype workloads are built in (`dtype`, float64 for the reference) and the device
-they run on (`target_device`: the reference always runs on the CPU). `knobs` adds what
-read_knobs cannot see (autocast is a context, not a global flag) to each result.
+they run on (`target_device`: the reference is `cpu_only`, it always runs on the CPU,
+so a run makes it once, not once per GPU). `knobs` adds what read_knobs cannot see
+(autocast is a context, not a global flag) to each result.
 
 Nothing here imports torch at module level: the parent process only validates names.
 """
@@ -30,6 +31,8 @@ FAULT_DRILL_VARIANT = "strict"
 class Variant:
     name: str = ""
     dtype_name: str = "float32"
+    # Runs on the CPU whatever device is asked for, and so once per run, not per device.
+    cpu_only: bool = False
 
     def child_env(self, environ: dict[str, str]) -> dict[str, str]:
         return dict(environ)
@@ -51,6 +54,10 @@ class Variant:
 
     def target_device(self, device: Any) -> Any:
         """The device this variant runs on when `device` is requested."""
+        if self.cpu_only:
+            import torch
+
+            return torch.device("cpu")
         return device
 
     def knobs(self, device: Any) -> dict[str, Any]:
@@ -251,11 +258,7 @@ class FP64Reference(Variant):
 
     name = "fp64-reference"
     dtype_name = "float64"
-
-    def target_device(self, device: Any) -> Any:
-        import torch
-
-        return torch.device("cpu")
+    cpu_only = True
 
 
 VARIANTS: dict[str, Variant] = {

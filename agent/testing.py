@@ -18,6 +18,7 @@ from numparity_agent._child import run_child
 from numparity_agent._cli import main
 from numparity_agent._config import ConfigError
 from numparity_agent._config import resolve as resolve_config
+from numparity_agent._devices import visible_devices
 from numparity_agent._document import build_document, utc_now
 from numparity_agent._environment import capture_environment, compute_env_key
 from numparity_agent._flush import send_spooled
@@ -25,7 +26,7 @@ from numparity_agent._knobs import numeric_env_vars, read_knobs
 from numparity_agent._lock import spool_lock
 from numparity_agent._rng import uniform as portable_uniform
 from numparity_agent._spool import KnownManifests, known_manifests_file, spool_document, spooled
-from numparity_agent._suite import run_suite, run_variant
+from numparity_agent._suite import device_plan, drill_slot, run_suite, run_variant, select_devices
 from numparity_agent._upload import MISSING_PATH, RUNS_PATH, manifest_hash, upload_document
 from numparity_agent._values import ValuesStore, raw_size, values_dir
 from numparity_agent._variants import get as variant
@@ -37,12 +38,13 @@ __all__ = [
     "MISSING_PATH", "RUNS_PATH", "SAMPLE_M", "VALUES_MAX", "Adam", "Built", "ConfigError",
     "KnownManifests", "Recorder", "Train", "ValuesStore", "Workload", "bell_tensor",
     "build_document", "built_hashes", "builtin_workloads", "capture_environment",
-    "compute_env_key", "fingerprint", "init_default_", "known_manifests_file",
-    "load_workload", "main", "manifest_hash", "numeric_env_vars", "portable_uniform",
-    "raw_size", "read_knobs", "resolve_config", "run_child", "run_suite", "run_variant",
-    "run_workload", "sample_positions", "send_spooled", "spool_document", "spool_lock",
-    "spooled", "tensor_hash", "unsupported_half_reason", "upload_document", "utc_now",
-    "values_dir", "variant", "variant_names",
+    "compute_env_key", "device_plan", "drill_slot", "fingerprint", "init_default_",
+    "known_manifests_file", "load_workload", "main", "manifest_hash", "numeric_env_vars",
+    "portable_uniform", "raw_size", "read_knobs", "resolve_config", "run_child",
+    "run_suite", "run_variant", "run_workload", "sample_positions", "select_devices",
+    "send_spooled", "spool_document", "spool_lock", "spooled", "tensor_hash",
+    "unsupported_half_reason", "upload_document", "utc_now", "values_dir", "variant",
+    "variant_names", "visible_devices",
 ]
 
 if TYPE_CHECKING:

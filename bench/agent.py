@@ -1,16 +1,19 @@
 """Agent benchmark: the whole standard suite through the real CLI. Not run by CI.
 
-    .venv/bin/python bench/agent.py [--repeats 2] [--device cpu] [--keep FILE]
+    .venv/bin/python bench/agent.py [--repeats 2] [--device all] [--keep FILE]
 
 1. Runs ``python -m numparity_agent run --output FILE`` with every registered workload
    and every registered variant (names read from the registries, so new ones are
-   included; variants that cannot run here are reported as skipped by the agent) and
-   prints:
-   - wall time of the whole suite (the CLI process, start to exit);
-   - per variant: the time between the agent's "variant X: running" log lines, read
-     as they arrive (child start, torch import, environment capture, every workload
-     with its repeats and its fingerprints);
-   - per workload: the document's ``wall_s`` (mean of one run, building and
+   included; variants that cannot run here are reported as skipped by the agent) on
+   the agent's devices (default: every visible GPU, else the CPU) and prints:
+   - wall time of the whole run (the CLI process, start to exit: listing the devices,
+     then every device);
+   - per device: the document's ``devices[].wall_s`` (every variant child of that
+     device, one after another), the figure the suite's target applies to;
+   - per device and variant: the time between the agent's "variant X: running" log
+     lines, read as they arrive (child start, torch import, environment capture, every
+     workload with its repeats and its fingerprints);
+   - per device and workload: the document's ``wall_s`` (mean of one run, building and
      fingerprinting excluded) for each variant;
    - peak RSS of the children: ``getrusage(RUSAGE_CHILDREN).ru_maxrss`` after the
      CLI exits (the largest of the CLI and its variant children, which it waits for).
@@ -24,8 +27,10 @@
    ``wall_s_repeats`` (``workload.run`` inside the variant's run context). Overhead =
    fingerprint time / run time, over the whole suite and per workload. The profiled
    tensor hashes are checked against the CLI's document (same path, same numbers).
+   The profile runs on the run's first device.
 
-Targets (design §2.2): suite <= 60 s, fingerprint overhead <= 10 %, peak RSS <= 1.5 GiB.
+Targets (design §2.2): suite <= 60 s per device, fingerprint overhead <= 10 %, peak RSS
+<= 1.5 GiB.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -44,12 +50,17 @@ from typing import Any
 TARGET_SUITE_S = 60.0
 TARGET_OVERHEAD = 0.10
 TARGET_RSS_BYTES = 1.5 * 2**30
+# "cuda:1 variant strict: running cnn, …" (several devices) or "variant strict: running
+# cnn, … on cpu" (one).
+RUNNING = re.compile(r"numparity-agent: (?:(\S+) )?variant (\S+): running .*?(?: on (\S+))?$")
 
 
 def run_cli(
     workloads: list[str], variants: list[str], repeats: int, device: str, output: str
-) -> tuple[float, dict[str, float], list[str], int]:
-    """(suite wall s, per-variant wall s, log lines, return code) of one CLI run."""
+) -> tuple[float, dict[tuple[str, str], float], list[str], int]:
+    """(run wall s, wall s per (device, variant), log lines, return code) of one CLI
+    run. A variant's time ends where the next starts: the last one of a device also
+    counts the device's closing line, the last of the run the document's writing."""
     cmd = [
         sys.executable,
         "-m",
@@ -68,7 +79,7 @@ def run_cli(
         "--output",
         output,
     ]
-    marks: list[tuple[float, str]] = []
+    marks: list[tuple[float, tuple[str, str]]] = []
     lines: list[str] = []
     start = time.perf_counter()
     with subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True) as p:
@@ -76,15 +87,16 @@ def run_cli(
         for line in p.stderr:
             now = time.perf_counter()
             lines.append(line.rstrip("\n"))
-            _, sep, rest = line.partition("numparity-agent: variant ")
-            if sep and ": running " in rest:
-                marks.append((now, rest.split(":", 1)[0]))
+            running = RUNNING.search(line.rstrip("\n"))
+            if running:
+                device = running.group(1) or running.group(3)
+                marks.append((now, (device, running.group(2))))
         code = p.wait()
     end = time.perf_counter()
-    per_variant: dict[str, float] = {}
-    for i, (t, name) in enumerate(marks):
+    per_variant: dict[tuple[str, str], float] = {}
+    for i, (t, key) in enumerate(marks):
         t_next = marks[i + 1][0] if i + 1 < len(marks) else end
-        per_variant[name] = t_next - t
+        per_variant[key] = t_next - t
     return end - start, per_variant, lines, code
 
 
@@ -173,7 +185,9 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2, help="as the agent (default 2)")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="all",
+                        help="as the agent's --device (default all: every visible GPU, "
+                        "else the CPU)")
     parser.add_argument("--keep", help="also keep the run document here")
     args = parser.parse_args()
 
@@ -199,55 +213,61 @@ def main() -> int:
             document = json.load(f)
 
     results = document["results"]
-    print(
-        f"== suite through the CLI: {total_s:.1f} s (target <= {TARGET_SUITE_S:.0f} s: "
-        f"{verdict(total_s <= TARGET_SUITE_S)}), exit code {code}"
-    )
+    devices = document["devices"]
+    print(f"== the whole run through the CLI: {total_s:.1f} s, exit code {code}")
+    for device in devices:
+        print(
+            f"== suite on {device['device']} ({device['name']}): {device['wall_s']:.1f} s "
+            f"(target <= {TARGET_SUITE_S:.0f} s per device: "
+            f"{verdict(device['wall_s'] <= TARGET_SUITE_S)}), {device['status']}"
+        )
     print(
         f"== peak RSS of the children: {peak_rss / 2**20:.0f} MiB "
         f"(target <= {TARGET_RSS_BYTES / 2**30:.1f} GiB: "
         f"{verdict(peak_rss <= TARGET_RSS_BYTES)})"
     )
-    print()
-    print("per variant (child process wall, from the agent's log lines):")
-    for variant in variants:
-        statuses = [r["status"] for r in results if r["variant"] == variant]
-        skipped = [r for r in results if r["variant"] == variant and r["status"] == "skipped"]
-        note = f"  skipped: {skipped[0].get('reason')}" if skipped else ""
-        counts = ", ".join(f"{statuses.count(s)} {s}" for s in sorted(set(statuses)))
+    for device in devices:
+        slot = device["device"]
+        mine = [r for r in results if r["device"] == slot]
+        ran = [v for v in variants if any(r["variant"] == v for r in mine)]
+        print()
+        print(f"{slot}, per variant (child process wall, from the agent's log lines):")
+        for variant in ran:
+            statuses = [r["status"] for r in mine if r["variant"] == variant]
+            skipped = [r for r in mine if r["variant"] == variant and r["status"] == "skipped"]
+            note = f"  skipped: {skipped[0].get('reason')}" if skipped else ""
+            counts = ", ".join(f"{statuses.count(s)} {s}" for s in sorted(set(statuses)))
+            wall = per_variant_s.get((slot, variant), float("nan"))
+            print(f"  {variant:<16} {wall:7.2f} s  ({counts}){note}")
         print(
-            f"  {variant:<16} {per_variant_s.get(variant, float('nan')):7.2f} s  ({counts}){note}"
+            f"{slot}, per workload: wall_s from the document (mean of one of "
+            f"{args.repeats} runs, building and fingerprinting excluded), by variant"
         )
-    print()
-    print(
-        f"per workload: wall_s from the document (mean of one of {args.repeats} runs, "
-        "building and fingerprinting excluded), by variant"
-    )
-    print(
-        "  "
-        + f"{'workload':<12}"
-        + "".join(f"{v[:14]:>15}" for v in variants)
-        + f"{'sum x repeats':>15}"
-    )
-    by_key = {(r["workload"], r["variant"]): r for r in results}
-    for workload in workloads:
-        row, total = [], 0.0
-        for variant in variants:
-            r = by_key.get((workload, variant))
-            if r is None or r["status"] != "ok":
-                row.append(f"{(r or {}).get('status', '-'):>15}")
-            else:
-                row.append(f"{r['wall_s']:>15.4f}")
-                total += r["wall_s"] * r["repeats"]
-        print(f"  {workload:<12}" + "".join(row) + f"{total:>15.3f}")
+        print(
+            "  "
+            + f"{'workload':<12}"
+            + "".join(f"{v[:14]:>15}" for v in ran)
+            + f"{'sum x repeats':>15}"
+        )
+        by_key = {(r["workload"], r["variant"]): r for r in mine}
+        for workload in workloads:
+            row, total = [], 0.0
+            for variant in ran:
+                r = by_key.get((workload, variant))
+                if r is None or r["status"] != "ok":
+                    row.append(f"{(r or {}).get('status', '-'):>15}")
+                else:
+                    row.append(f"{r['wall_s']:>15.4f}")
+                    total += r["wall_s"] * r["repeats"]
+            print(f"  {workload:<12}" + "".join(row) + f"{total:>15.3f}")
     failed = [r for r in results if r["status"] == "failed"]
     for r in failed:
         print(
-            f"  FAILED {r['workload']}/{r['variant']}: "
+            f"  FAILED {r['device']} {r['workload']}/{r['variant']}: "
             f"{r.get('error', '').strip().splitlines()[-1:]}"
         )
     disagree = [
-        f"{r['workload']}/{r['variant']}"
+        f"{r['device']} {r['workload']}/{r['variant']}"
         for r in results
         if r["status"] == "ok" and not r["repeats_agree"]
     ]
@@ -261,11 +281,14 @@ def main() -> int:
         "wrapped by timers; run time = the runner's own wall_s_repeats (workload.run "
         "inside the variant's run context); overhead = time in those calls / run time"
     )
+    first = devices[0]["device"]
+    print(f"  on {first}")
+    cli_results = {(r["device"], r["workload"], r["variant"]): r for r in results}
     fp_total = run_total = 0.0
     per_workload: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0])
     mismatched: list[str] = []
     for variant in variants:
-        profile = profile_variant(variant, workloads, args.repeats, args.device)
+        profile = profile_variant(variant, workloads, args.repeats, first)
         if profile.get("error"):
             print(f"  {variant:<16} error: {profile['error']}")
             continue
@@ -284,7 +307,7 @@ def main() -> int:
             acc[2] += timer.get("total_s", 0.0)
             acc[3] = len(r["tensors"])
             # Same code path, same numbers: the profiled hashes are the CLI's.
-            cli = by_key.get((r["workload"], variant))
+            cli = cli_results.get((r["device"], r["workload"], variant))
             if cli is not None and document_hashes(cli) != document_hashes(r):
                 mismatched.append(f"{r['workload']}/{variant}")
         fp_total, run_total = fp_total + v_fp, run_total + v_run

@@ -60,8 +60,8 @@ def values(entry: dict) -> np.ndarray:
 
 
 def test_the_document_is_marked_as_a_drill(clean, drill):
-    assert drill["drill"] is True
-    assert clean["drill"] is False
+    assert drill["drill"] is True and drill["drill_device"] == "cpu"
+    assert clean["drill"] is False and "drill_device" not in clean
 
 
 @pytest.mark.parametrize("workload", ["cnn", "mlp"])

@@ -369,6 +369,7 @@ def test_cron_gets_one_plain_timestamped_line_per_event(tmp_path):
                 r"variant default: running probes on cpu",
                 r"variant default: probes ok in .* s, repeats agree: True",
                 r"variant default: done in .* s",
+                r"device cpu \(.+\): done in .* s",
                 rf"spooled \d{{8}}T\d{{6}}Z-{run_id}\.json in {re.escape(str(spool))}",
                 rf"uploaded \d{{8}}T\d{{6}}Z-{run_id}\.json \(HTTP 201\)",
                 r"spool .*: 1 uploaded",

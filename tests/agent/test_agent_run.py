@@ -44,6 +44,15 @@ def test_output_writes_a_run_document_with_both_variants(cnn_document):
     # The environment describes the node, not the strict child's additions.
     assert "CUBLAS_WORKSPACE_CONFIG" not in doc["environment"]["env_vars"]
     assert doc["environment"]["threads"]["num_threads"] == 2
+    # No GPU here: the default device, every visible GPU, is the CPU.
+    (cpu,) = doc["devices"]
+    assert {k: v for k, v in cpu.items() if k != "wall_s"} == {
+        "device": "cpu", "type": "cpu", "index": None, "uuid": None, "serial": None,
+        "pci_bus_id": None, "name": doc["environment"]["cpu"]["model"],
+        "compute_capability": None, "mig": False, "status": "ok",
+    }
+    assert cpu["wall_s"] > sum(r["wall_s"] * r["repeats"] for r in doc["results"])
+    assert "drill_device" not in doc
 
 
 def test_strict_repeats_agree(cnn_document):

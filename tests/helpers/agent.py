@@ -1,5 +1,6 @@
 """Helpers shared by the agent tests (a unique module name: tests/ has no packages)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -7,6 +8,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 HERE = Path(__file__).resolve().parents[1] / "agent"
+# sitecustomize.py, fake_gpus.py and pynvml.py: fake GPUs for the agent's processes.
+FAKE_CUDA = Path(__file__).resolve().parent / "fake_cuda"
 
 # torch.cuda.get_device_properties of GPUs that are not there (tests fake the edge).
 A100 = SimpleNamespace(
@@ -47,3 +50,19 @@ def run_agent(*args: str, env: dict[str, str] | None = None, timeout: float = 12
         timeout=timeout,
         check=False,
     )
+
+
+def fake_gpu(n: int, **fields: object) -> dict[str, object]:
+    """Fake GPU number `n` of fake_cuda/fake_gpus.py: an A100 with its own UUID, serial
+    and PCI bus id, and the node's 2 threads, unless `fields` say otherwise."""
+    return {"uuid": f"GPU-00000000-0000-4000-8000-{n:012x}", "serial": f"13202210{n:05d}",
+            "pci_bus_id": f"00000000:{7 + n:02X}:00.0", "name": "NVIDIA A100-SXM4-80GB",
+            "cc": "8.0", "threads": 2, **fields}
+
+
+def fake_gpu_env(gpus: list[dict[str, object]], **overrides: str) -> dict[str, str]:
+    """clean_env for an agent on a node with the fake `gpus` (fake_cuda/fake_gpus.py)."""
+    env = clean_env(**overrides)
+    env["PYTHONPATH"] = os.pathsep.join([str(FAKE_CUDA), env["PYTHONPATH"]])
+    env["NUMPARITY_TEST_FAKE_GPUS"] = json.dumps(gpus)
+    return env

@@ -1,0 +1,236 @@
+"""The devices a run measures (design §2.6): every visible CUDA device, else the CPU.
+
+A device is what the run document's `devices` lists (design §2.7): its slot (`cuda:3`,
+the name its results carry), torch's index (after CUDA_VISIBLE_DEVICES: a MIG instance
+named there is a device of its own), the UUID as NVML spells it (`GPU-…`, `MIG-…`), the
+board serial and PCI bus id from NVML (nvidia-ml-py, optional), the name and the compute
+capability. What cannot be read is null, never guessed.
+
+`visible_devices` imports torch and asks CUDA and NVML, which can hang on a wedged GPU:
+the agent runs it in a child process, `python -m numparity_agent._devices`, which prints
+the list as JSON. The rest of this module does not import torch.
+
+`torch_device` is the one seam of the test edge: the tests' fake GPUs
+(tests/helpers/fake_cuda) replace it so that a fake `cuda:N` computes on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+ALL = "all"
+CPU = "cpu"
+_CUDA_SLOT = re.compile(r"cuda:(\d+)")
+# CUDA names a MIG instance after its GPU and profile: "NVIDIA A100-SXM4-40GB MIG 1g.5gb".
+_MIG_NAME = re.compile(r"\sMIG\s")
+
+
+class DeviceError(ValueError):
+    """A device selection that is malformed or names a device this node does not show."""
+
+
+def parse_selection(text: str) -> list[str]:
+    """The slots and `all` of a selection ("cuda:0,cuda:3", "cpu", "all"), in order,
+    each once; DeviceError naming the first item that is none of them."""
+    items: list[str] = []
+    for item in text.replace(",", " ").split():
+        match = _CUDA_SLOT.fullmatch(item)
+        slot = f"cuda:{int(match.group(1))}" if match else item
+        if slot not in (ALL, CPU) and match is None:
+            raise DeviceError(f"unknown device {item!r}: use cpu, cuda:N, {ALL}, or a "
+                              "comma-separated list of them")
+        if slot not in items:
+            items.append(slot)
+    if not items:
+        raise DeviceError("no device named")
+    return items
+
+
+def needs_cuda(selection: Sequence[str]) -> bool:
+    """Whether resolving `selection` needs the list of visible CUDA devices."""
+    return any(item != CPU for item in selection)
+
+
+def select(selection: Sequence[str], visible: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The devices `selection` names, in its order: `all` is every visible CUDA device
+    (the CPU where there is none), `cpu` the CPU. DeviceError naming the visible ones
+    when an item is not among them."""
+    cuda = [d for d in visible if d["type"] == "cuda"]
+    chosen: list[dict[str, Any]] = []
+    for item in selection:
+        if item == ALL:
+            found = cuda or [cpu_device()]
+        elif item == CPU:
+            found = [cpu_device()]
+        else:
+            found = [d for d in cuda if d["device"] == item]
+            if not found:
+                names = ", ".join([d["device"] for d in cuda] + [CPU])
+                raise DeviceError(f"no device {item} on this node; visible: {names}")
+        for device in found:
+            if all(c["device"] != device["device"] for c in chosen):
+                chosen.append(device)
+    return chosen
+
+
+def describe(device: dict[str, Any]) -> str:
+    """`cuda:1 (NVIDIA A100-SXM4-80GB, GPU-8f3c…)` for log lines."""
+    what = ", ".join(str(v) for v in (device.get("name"), device.get("uuid")) if v)
+    return f"{device['device']} ({what})" if what else device["device"]
+
+
+def _entry(slot: str, type_: str, index: int | None) -> dict[str, Any]:
+    return {"device": slot, "type": type_, "index": index, "uuid": None, "serial": None,
+            "pci_bus_id": None, "name": None, "compute_capability": None, "mig": False}
+
+
+def cpu_device() -> dict[str, Any]:
+    """The CPU as a device: its name is the CPU model of the environment (`cpu.model`)."""
+    from numparity_agent._environment import _read_cpuinfo
+
+    device = _entry(CPU, CPU, None)
+    device["name"], _flags = _read_cpuinfo({})
+    return device
+
+
+def visible_devices() -> list[dict[str, Any]]:
+    """Every CUDA device this process sees (CUDA_VISIBLE_DEVICES applies, as torch
+    applies it), enriched from NVML when pynvml imports; the CPU alone when there is
+    none. Needs torch."""
+    import torch
+
+    try:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - a driver that fails here shows no device
+        count = 0
+    if count == 0:
+        return [cpu_device()]
+    devices, torch_uuids = [], []
+    for index in range(count):
+        device = _entry(f"cuda:{index}", "cuda", index)
+        torch_uuid = None
+        try:
+            props = torch.cuda.get_device_properties(index)
+        except Exception:  # noqa: BLE001 - listed all the same, its fields unknown
+            pass
+        else:
+            device["name"] = props.name
+            device["compute_capability"] = f"{props.major}.{props.minor}"
+            device["mig"] = bool(_MIG_NAME.search(props.name))
+            torch_uuid = _torch_uuid(props)
+            device["uuid"] = _nvml_spelling(torch_uuid, mig=device["mig"])
+            device["pci_bus_id"] = _torch_pci_bus_id(props)
+        devices.append(device)
+        torch_uuids.append(torch_uuid)
+    _enrich_from_nvml(devices, torch_uuids)
+    return devices
+
+
+def _torch_uuid(props: Any) -> str | None:
+    uuid = getattr(props, "uuid", None)  # torch >= 2.1; a _CUuuid whose str is the UUID
+    return str(uuid) if uuid is not None and str(uuid) else None
+
+
+def _nvml_spelling(uuid: str | None, *, mig: bool) -> str | None:
+    """torch's UUID as NVML (and nvidia-smi, and CUDA_VISIBLE_DEVICES) spell it."""
+    if uuid is None or uuid.startswith(("GPU-", "MIG-")):
+        return uuid
+    return f"{'MIG' if mig else 'GPU'}-{uuid}"
+
+
+def _torch_pci_bus_id(props: Any) -> str | None:
+    """NVML's `domain:bus:device.function` from torch's PCI ids (newer torch). torch has
+    no function number; a GPU's compute function is function 0."""
+    ids = [getattr(props, name, None) for name in ("pci_domain_id", "pci_bus_id",
+                                                   "pci_device_id")]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        return None
+    domain, bus, dev = ids
+    return f"{domain:08X}:{bus:02X}:{dev:02X}.0"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _enrich_from_nvml(devices: list[dict[str, Any]], torch_uuids: list[str | None]) -> None:
+    """UUID, MIG flag, serial and PCI bus id from NVML, found by torch's UUID. NVML's own
+    index is not torch's (CUDA orders the fastest GPU first unless CUDA_DEVICE_ORDER is
+    PCI_BUS_ID, and CUDA_VISIBLE_DEVICES hides and reorders), so a device without a
+    UUID keeps what torch said."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - optional dependency, or no driver: fields stay null
+        return
+    try:
+        for device, torch_uuid in zip(devices, torch_uuids, strict=True):
+            if torch_uuid is not None:
+                _from_nvml(pynvml, device, torch_uuid)
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001, S110 - shutting down is best effort
+            pass
+
+
+def _from_nvml(pynvml: Any, device: dict[str, Any], torch_uuid: str) -> None:
+    # torch's UUID has no prefix: a MIG instance is found under "MIG-", a GPU under "GPU-".
+    handle = None
+    for candidate in dict.fromkeys([_nvml_spelling(torch_uuid, mig=device["mig"]),
+                                    _nvml_spelling(torch_uuid, mig=not device["mig"])]):
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(candidate)
+            break
+        except Exception:  # noqa: BLE001, S112 - not under this spelling
+            continue
+    if handle is None:
+        return
+    try:
+        device["uuid"] = _text(pynvml.nvmlDeviceGetUUID(handle))
+    except Exception:  # noqa: BLE001, S110 - keep torch's UUID, spelled as NVML would
+        pass
+    board = handle
+    try:
+        device["mig"] = bool(pynvml.nvmlDeviceIsMigDeviceHandle(handle))
+        if device["mig"]:
+            # Serial and PCI address belong to the board the instance is carved from.
+            board = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+    except Exception:  # noqa: BLE001 - bindings without MIG: the name decided it
+        board = None if device["mig"] else handle
+    if board is None:
+        return
+    try:
+        device["serial"] = _text(pynvml.nvmlDeviceGetSerial(board))
+    except Exception:  # noqa: BLE001, S110 - consumer GPUs have no serial
+        pass
+    try:
+        device["pci_bus_id"] = _text(pynvml.nvmlDeviceGetPciInfo(board).busId)
+    except Exception:  # noqa: BLE001, S110 - keep what torch said
+        pass
+
+
+def torch_device(slot: str) -> Any:
+    """The torch.device a child computes on for `slot` ("cpu", "cuda:1").
+
+    The test edge: tests/helpers/fake_cuda replaces this one function so that a fake
+    GPU computes on the CPU (with its own thread count, or crashing on demand). Nothing
+    else in the agent knows of fakes."""
+    import torch
+
+    return torch.device(slot)
+
+
+def main() -> int:
+    json.dump(visible_devices(), sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Which devices a run measures (design §2.6): enumeration, `--device`, the plan.
+
+The GPUs are not there: torch.cuda and NVML are the fakes of tests/helpers/fake_cuda,
+in this process (monkeypatched) or in the agent's enumeration child (on PYTHONPATH).
+"""
+
+import json
+import sys
+
+import pytest
+import torch
+from helpers.agent import FAKE_CUDA, fake_gpu
+from helpers.fake_cuda import fake_gpus
+from helpers.fake_cuda import pynvml as fake_pynvml
+
+from numparity_agent import _devices
+from numparity_agent.testing import device_plan, drill_slot, main, visible_devices
+
+A100 = fake_gpu(0)
+V100 = fake_gpu(1, name="Tesla V100-SXM2-32GB", cc="7.0")
+# A MIG instance of the A100: what CUDA calls it, and NVML's UUID for it.
+MIG = {"uuid": "MIG-5c1d2e3f-0000-4000-8000-0000000000a1", "parent": A100["uuid"],
+       "name": "NVIDIA A100-SXM4-80GB MIG 1g.10gb", "cc": "8.0"}
+
+
+def cpu_model() -> str:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        return next(line.split(":", 1)[1].strip() for line in f
+                    if line.startswith("model name"))
+
+
+@pytest.fixture
+def node(monkeypatch):
+    """Install fake GPUs for this process: node(gpus, visible=CUDA_VISIBLE_DEVICES,
+    nvml=whether pynvml imports)."""
+    def install(gpus, *, visible=None, nvml=True):
+        monkeypatch.setenv(fake_gpus.ENV, json.dumps(gpus))
+        if visible is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        fake_gpus.patch_torch(torch, monkeypatch.setattr)
+        # None in sys.modules: `import pynvml` raises ImportError, as without nvidia-ml-py.
+        monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml if nvml else None)
+
+    return install
+
+
+def gpu_entry(slot, gpu, **fields):
+    return {"device": slot, "type": "cuda", "index": int(slot.split(":")[1]),
+            "uuid": gpu["uuid"], "serial": gpu.get("serial"),
+            "pci_bus_id": gpu.get("pci_bus_id"), "name": gpu["name"],
+            "compute_capability": gpu["cc"], "mig": False, **fields}
+
+
+def test_every_gpu_with_the_identity_nvml_gives(node):
+    node([A100, MIG, V100])
+    # Without CUDA_VISIBLE_DEVICES CUDA shows the GPUs, not their MIG instances.
+    assert visible_devices() == [gpu_entry("cuda:0", A100), gpu_entry("cuda:1", V100)]
+
+
+def test_cuda_visible_devices_makes_a_mig_instance_a_device_and_hides_the_rest(node):
+    node([A100, MIG, V100], visible=f"{MIG['uuid']},1")
+    mig, v100 = visible_devices()
+    # The instance's serial and PCI address are its board's (NVML has none of its own).
+    assert mig == gpu_entry("cuda:0", MIG, mig=True, serial=A100["serial"],
+                            pci_bus_id=A100["pci_bus_id"])
+    assert v100 == gpu_entry("cuda:1", V100)  # index 1 among the boards: the V100
+    node([A100, MIG, V100], visible=V100["uuid"])
+    assert visible_devices() == [gpu_entry("cuda:0", V100)]
+
+
+def test_without_nvml_torch_says_what_it_knows_and_the_rest_is_null(node):
+    no_pci = fake_gpu(2, pci_bus_id=None)
+    node([A100, MIG, no_pci], visible=f"0,{MIG['uuid']},1", nvml=False)
+    a100, mig, other = visible_devices()
+    # torch's UUID spelled as NVML does; the PCI address from torch's ids; no serial.
+    assert a100 == gpu_entry("cuda:0", A100, serial=None)
+    assert mig == gpu_entry("cuda:1", MIG, mig=True, serial=None,
+                            pci_bus_id=A100["pci_bus_id"])
+    assert other == gpu_entry("cuda:2", no_pci, serial=None, pci_bus_id=None)
+
+
+def test_a_node_without_cuda_is_its_cpu(node):
+    node([])
+    assert visible_devices() == [{
+        "device": "cpu", "type": "cpu", "index": None, "uuid": None, "serial": None,
+        "pci_bus_id": None, "name": cpu_model(), "compute_capability": None, "mig": False,
+    }]
+
+
+def test_a_selection_is_slots_in_order_each_once():
+    assert _devices.parse_selection("cuda:3, cuda:0,cuda:03 cpu") == ["cuda:3", "cuda:0", "cpu"]
+    assert _devices.parse_selection("all") == ["all"]
+    for bad in ("gpu0", "cuda", "cuda:-1", "cuda:x", ","):
+        with pytest.raises(_devices.DeviceError):
+            _devices.parse_selection(bad)
+
+
+def test_all_is_every_gpu_else_the_cpu_and_an_invisible_one_is_named(node):
+    node([A100, V100])
+    visible = visible_devices()
+    assert _devices.select(["all"], visible) == visible
+    assert [d["device"] for d in _devices.select(["cuda:1", "all", "cpu"], visible)] == [
+        "cuda:1", "cuda:0", "cpu"]
+    node([])
+    assert [d["device"] for d in _devices.select(["all"], visible_devices())] == ["cpu"]
+    with pytest.raises(_devices.DeviceError,
+                       match=r"no device cuda:2 on this node; visible: cuda:0, cuda:1, cpu$"):
+        _devices.select(["cuda:2"], visible)
+
+
+def test_the_reference_runs_once_on_the_cpu():
+    gpus = [{"device": "cuda:0", "type": "cuda"}, {"device": "cuda:1", "type": "cuda"}]
+    variants = ["default", "strict", "fp64-reference"]
+    plan = device_plan(gpus, variants)
+    assert [(d["device"], runs) for d, runs in plan] == [
+        ("cuda:0", ["default", "strict"]), ("cuda:1", ["default", "strict"]),
+        ("cpu", ["fp64-reference"])]
+    assert plan[-1][0]["name"] == cpu_model()
+    with_cpu = device_plan([*gpus, {"device": "cpu", "type": "cpu"}], variants)
+    assert [(d["device"], runs) for d, runs in with_cpu] == [
+        ("cuda:0", ["default", "strict"]), ("cuda:1", ["default", "strict"]),
+        ("cpu", variants)]
+    assert [d["device"] for d, _ in device_plan(gpus, ["fp64-reference"])] == ["cpu"]
+
+
+def test_the_drill_device_is_one_of_the_run_the_first_by_default():
+    devices = [{"device": "cuda:2"}, {"device": "cuda:5"}]
+    assert drill_slot(devices, None) == "cuda:2"
+    assert drill_slot(devices, "cuda:05") == "cuda:5"
+    for bad in ("cuda:0", "cpu", "all", "cuda:2,cuda:5"):
+        with pytest.raises(ValueError, match="its devices: cuda:2, cuda:5"):
+            drill_slot(devices, bad)
+
+
+def test_an_invisible_device_is_a_usage_error_naming_the_visible_ones(monkeypatch, capsys):
+    """Through the CLI, whose enumeration child sees the fake GPUs."""
+    monkeypatch.setenv("PYTHONPATH", str(FAKE_CUDA))
+    monkeypatch.setenv(fake_gpus.ENV, json.dumps([A100, V100]))
+    assert main(["run", "--workloads", "mlp", "--device", "cuda:0,cuda:7"]) == 2
+    assert capsys.readouterr().err.rstrip().endswith(
+        "usage: --device cuda:0,cuda:7: no device cuda:7 on this node; "
+        "visible: cuda:0, cuda:1, cpu")
+
+
+def test_a_gpu_that_hangs_the_listing_stops_the_run_with_exit_4(monkeypatch, capsys):
+    monkeypatch.setenv("PYTHONPATH", str(FAKE_CUDA))
+    monkeypatch.setenv(fake_gpus.ENV, json.dumps([A100, fake_gpu(1, wedged=True)]))
+    assert main(["run", "--workloads", "mlp", "--timeout", "3"]) == 4
+    err = capsys.readouterr().err
+    assert "error: cannot list this node's devices: listing the devices timed out after 3 s" \
+        in err
+    assert ": running " not in err  # nothing ran
+
+
+@pytest.mark.parametrize(("args", "env", "message"), [
+    (["--device", "gpu0"], {}, "--device gpu0: unknown device 'gpu0'"),
+    ([], {"NUMPARITY_DEVICE": "cuda"}, "NUMPARITY_DEVICE cuda: unknown device 'cuda'"),
+    (["--drill-device", "cpu"], {}, "--drill-device names the device of --fault-drill"),
+    (["--device", "cpu", "--fault-drill", "--drill-device", "cuda:0"], {},
+     "--drill-device cuda:0 is not one device of this run; its devices: cpu"),
+])
+def test_bad_device_options_are_usage_errors(monkeypatch, capsys, args, env, message):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert main(["run", "--variants", "strict", *args]) == 2
+    assert f"usage: {message}" in capsys.readouterr().err

@@ -1,0 +1,78 @@
+"""NVML (nvidia-ml-py's `pynvml`) for the fake GPUs of fake_gpus.py.
+
+NVML sees every GPU and MIG instance, whatever CUDA_VISIBLE_DEVICES says; a handle is
+the device's UUID. Serial numbers come back as bytes, as older bindings return them; a
+MIG instance has no serial of its own (NVML: Not Supported).
+"""
+
+from types import SimpleNamespace
+
+try:
+    import fake_gpus
+except ImportError:  # imported in-process by a test, as helpers.fake_cuda.pynvml
+    from helpers.fake_cuda import fake_gpus
+
+DRIVER = "550.54.15"
+CUDA_DRIVER = 12040
+
+
+class NVMLError(Exception):
+    pass
+
+
+def _gpu(handle):
+    for gpu in fake_gpus.gpus():
+        if gpu["uuid"] == handle:
+            return gpu
+    raise NVMLError("Not Found")
+
+
+def nvmlInit():
+    pass
+
+
+def nvmlShutdown():
+    pass
+
+
+def nvmlSystemGetDriverVersion():
+    return DRIVER
+
+
+def nvmlSystemGetCudaDriverVersion_v2():
+    return CUDA_DRIVER
+
+
+def nvmlDeviceGetHandleByUUID(uuid):
+    return _gpu(uuid)["uuid"]
+
+
+def nvmlDeviceGetUUID(handle):
+    return _gpu(handle)["uuid"]
+
+
+def nvmlDeviceIsMigDeviceHandle(handle):
+    return int("parent" in _gpu(handle))
+
+
+def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle):
+    return _gpu(_gpu(handle)["parent"])["uuid"]
+
+
+def nvmlDeviceGetSerial(handle):
+    serial = _gpu(handle).get("serial")
+    if serial is None:
+        raise NVMLError("Not Supported")
+    return serial.encode()
+
+
+def nvmlDeviceGetPciInfo(handle):
+    bus_id = _gpu(handle).get("pci_bus_id")
+    if bus_id is None:
+        raise NVMLError("Not Supported")
+    return SimpleNamespace(busId=bus_id.encode())
+
+
+def nvmlDeviceGetEccMode(handle):
+    _gpu(handle)
+    return (1, 1)
