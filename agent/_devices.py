@@ -10,13 +10,15 @@ capability. What cannot be read is null, never guessed.
 the agent runs it in a child process, `python -m numparity_agent._devices`, which prints
 the list as JSON. The rest of this module does not import torch.
 
-`torch_device` is the one seam of the test edge: the tests' fake GPUs
-(tests/helpers/fake_cuda) replace it so that a fake `cuda:N` computes on the CPU.
+`torch_device` and `gpu_driver_present` are the seams of the test edge: the tests' fake
+GPUs (tests/helpers/fake_cuda) replace them so that a fake `cuda:N` exists and computes
+on the CPU.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -48,6 +50,20 @@ def parse_selection(text: str) -> list[str]:
     if not items:
         raise DeviceError("no device named")
     return items
+
+
+# What a GPU driver torch.cuda can use leaves on Linux: NVIDIA's device files (also in
+# containers, which get them mounted), WSL2's GPU device, AMD's ROCm (torch.cuda on HIP).
+_DRIVER_PATHS = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/dxg", "/dev/kfd")
+
+
+def gpu_driver_present() -> bool:
+    """Whether torch.cuda could find a GPU here. On Linux without any GPU driver's files
+    `all` is the CPU, and no child is started to ask CUDA (1.5 s of every run on a CPU
+    node); elsewhere only CUDA can tell."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return any(os.path.exists(path) for path in _DRIVER_PATHS)
 
 
 def needs_cuda(selection: Sequence[str]) -> bool:

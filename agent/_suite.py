@@ -206,7 +206,8 @@ def select_devices(selection: str, *, timeout: float = DEFAULT_TIMEOUT_S
     message lists those it does); DeviceListError when they cannot be listed."""
     try:
         items = _devices.parse_selection(selection)
-        visible = list_devices(timeout) if _devices.needs_cuda(items) else []
+        wanted = _devices.needs_cuda(items) and _devices.gpu_driver_present()
+        visible = list_devices(timeout) if wanted else []
         return _devices.select(items, visible)
     except _devices.DeviceError as exc:
         raise UsageError(str(exc)) from None

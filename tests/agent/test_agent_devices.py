@@ -138,6 +138,7 @@ def test_an_invisible_device_is_a_usage_error_naming_the_visible_ones(monkeypatc
     """Through the CLI, whose enumeration child sees the fake GPUs."""
     monkeypatch.setenv("PYTHONPATH", str(FAKE_CUDA))
     monkeypatch.setenv(fake_gpus.ENV, json.dumps([A100, V100]))
+    monkeypatch.setattr(_devices, "gpu_driver_present", lambda: True)  # as the fake's
     assert main(["run", "--workloads", "mlp", "--device", "cuda:0,cuda:7"]) == 2
     assert capsys.readouterr().err.rstrip().endswith(
         "usage: --device cuda:0,cuda:7: no device cuda:7 on this node; "
@@ -147,6 +148,7 @@ def test_an_invisible_device_is_a_usage_error_naming_the_visible_ones(monkeypatc
 def test_a_gpu_that_hangs_the_listing_stops_the_run_with_exit_4(monkeypatch, capsys):
     monkeypatch.setenv("PYTHONPATH", str(FAKE_CUDA))
     monkeypatch.setenv(fake_gpus.ENV, json.dumps([A100, fake_gpu(1, wedged=True)]))
+    monkeypatch.setattr(_devices, "gpu_driver_present", lambda: True)  # as the fake's
     assert main(["run", "--workloads", "mlp", "--timeout", "3"]) == 4
     err = capsys.readouterr().err
     assert "error: cannot list this node's devices: listing the devices timed out after 3 s" \
@@ -166,3 +168,23 @@ def test_bad_device_options_are_usage_errors(monkeypatch, capsys, args, env, mes
         monkeypatch.setenv(key, value)
     assert main(["run", "--variants", "strict", *args]) == 2
     assert f"usage: {message}" in capsys.readouterr().err
+
+
+def test_without_a_gpu_driver_all_is_the_cpu_and_no_child_asks_cuda(monkeypatch, tmp_path):
+    """A Linux machine with none of the GPU drivers' device files: every device is the
+    CPU, found without starting a child that imports torch."""
+    from numparity_agent import _suite
+
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(_devices, "_DRIVER_PATHS", (str(tmp_path / "nvidiactl"),))
+    assert not _devices.gpu_driver_present()
+
+    def no_child(timeout):
+        raise AssertionError("a child was started to list devices")
+
+    monkeypatch.setattr(_suite, "list_devices", no_child)
+    assert [d["device"] for d in _suite.select_devices("all")] == ["cpu"]
+    with pytest.raises(_suite.UsageError, match="no device cuda:0 on this node; visible: cpu"):
+        _suite.select_devices("cuda:0")
+    (tmp_path / "nvidiactl").write_text("")
+    assert _devices.gpu_driver_present()

@@ -16,6 +16,7 @@ import pytest
 import torch
 from helpers.agent import fake_gpu, fake_gpu_env, run_agent
 
+from numparity_agent import _devices
 from numparity_agent.testing import load_workload, run_suite, run_workload, variant
 
 # The node's two threads on cuda:0 and cuda:1; cuda:2 computes with one.
@@ -59,6 +60,8 @@ def drill_run():
             patch.delenv(key)
         for key, value in env.items():
             patch.setenv(key, value)
+        # This process has no fake GPU driver of its own (its children do).
+        patch.setattr(_devices, "gpu_driver_present", lambda: True)
         document = run_suite(
             workloads=["mlp"], variants=["strict"], device="cuda:0,cuda:1,cuda:3",
             repeats=1, drill=True, drill_device="cuda:1", log_line=logs.append,

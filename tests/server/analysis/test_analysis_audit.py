@@ -9,8 +9,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from numparity_server.analysis.audit import (
-    DeviceLabel,
     Deviation,
+    DeviceLabel,
     Majority,
     classify_suspects,
     majorities,
