@@ -19,6 +19,7 @@ BUILTIN: dict[str, tuple[str, str]] = {
     "lstm": ("numparity_agent._workloads.lstm", "LSTM"),
     "train": ("numparity_agent._workloads.train", "Train"),
     "probes": ("numparity_agent._workloads.probes", "Probes"),
+    "collectives": ("numparity_agent._workloads.collectives", "Collectives"),
 }
 
 

@@ -43,8 +43,15 @@ PINNED = {
         # sha256 of nothing: the probes have no parameters, only inputs.
         "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
     ),
+    "collectives": (
+        # Ranks 0-7's inputs, whatever the node's world size.
+        "fee44e1516ae8a7d29f263640887856d3313b2b25233670703bd2e5e9ba969fd",
+        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+    ),
 }
-VERSIONS = {"mlp": 1, "cnn": 1, "transformer": 1, "lstm": 1, "train": 1, "probes": 1}
+VERSIONS = {
+    "mlp": 1, "cnn": 1, "transformer": 1, "lstm": 1, "train": 1, "probes": 1, "collectives": 1,
+}
 
 
 def run_once(workload, dtype=torch.float32):
