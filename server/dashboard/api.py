@@ -176,14 +176,16 @@ async def workload_page(request: Request, workload: str, session: DbSession, pol
 
 @router.get("/nodes/{name}", response_class=HTMLResponse)
 async def node_page(request: Request, name: str, session: DbSession, settings: SettingsDep,
-                    _reader: PageReader,
+                    policy: PolicyDep, _reader: PageReader,
                     limit: Annotated[int, Query(ge=1)] = 100,
                     offset: Offset = 0) -> HTMLResponse:
     limit = min(limit, settings.page_max)
     timeline = await run_in_threadpool(node_timeline, session=session, name=name, limit=limit,
                                        offset=offset)
+    findings = await run_in_threadpool(service.device_findings, session=session,
+                                       policy=policy, node=name)
     runs = timeline.runs.items
-    return render(request, "node.html", node=timeline, runs=runs,
+    return render(request, "node.html", node=timeline, runs=runs, findings=findings,
                   chart=service.timeline_points(runs), title=f"Node {name}",
                   newer=offset > 0, older=offset + limit < timeline.runs.total,
                   limit=limit, offset=offset)

@@ -4,43 +4,52 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import chunked, codepoint_order
-from numparity_server.models import Latest, Node, Outcome, Result, Run
+from numparity_server.models import Device, Latest, Node, Outcome, Result, Run
 
 
 @dataclass(frozen=True)
 class Cell:
-    """One node's newest result of one (suite, workload, variant, device)."""
+    """One device's newest result of one (suite, workload, variant) on a node."""
 
     node: str
+    device_id: int
+    slot: str  # where the result ran on the node: cuda:3, cpu
+    model: str  # devices.model: cpu, or type/name/compute capability
+    device_name: str | None
+    device_uuid: str | None
     suite: str
     workload: str
     variant: str
-    device: str
     status: str
     reason: str | None
     error: str | None
     manifest_hash: str | None
+    input_hash: str | None
+    param_hash: str | None
     run_id: str
+    started_at: datetime
 
 
 def answer_counts(session: Session, *, suite: str) -> list[tuple[str, str, str, str, int, str]]:
-    """The fleet's answers: (workload, variant, device, manifest hash, nodes, first node
-    name) of the newest ok results, one row per distinct answer (a few hundred rows
-    however many nodes)."""
+    """The fleet's answers: (workload, variant, device model, manifest hash, devices,
+    first node name) of the newest ok results, one row per distinct answer (a few
+    hundred rows however many nodes). A node's eight identical GPUs count eight."""
     rows = session.execute(
-        select(Outcome.workload, Outcome.variant, Outcome.device, Outcome.manifest_hash,
+        select(Outcome.workload, Outcome.variant, Device.model, Outcome.manifest_hash,
                func.count(), func.min(codepoint_order(session, Node.name)))
         .select_from(Latest)
         .join(Outcome, Outcome.id == Latest.outcome_id)
         .join(Node, Node.id == Latest.node_id)
+        .join(Device, Device.id == Latest.device_id)
         .where(Latest.suite == suite, Outcome.status == "ok",
                Outcome.manifest_hash.is_not(None))
-        .group_by(Outcome.workload, Outcome.variant, Outcome.device, Outcome.manifest_hash)
+        .group_by(Outcome.workload, Outcome.variant, Device.model, Outcome.manifest_hash)
     ).all()
     return [tuple(row) for row in rows]  # type: ignore[misc]
 
@@ -58,18 +67,22 @@ def node_names(session: Session, *, suite: str, limit: int, offset: int
 
 
 def latest_cells(session: Session, *, suite: str, nodes: Collection[str]) -> list[Cell]:
-    """The newest result of every key of ``suite`` of these nodes."""
+    """The newest result of every key of ``suite`` of each device of these nodes."""
     found: list[Cell] = []
     for part in chunked(sorted(set(nodes))):
         rows = session.execute(
-            select(Node.name.label("node"), Outcome.suite, Outcome.workload,
-                   Outcome.variant, Outcome.device, Outcome.status, Outcome.reason,
-                   Outcome.error, Outcome.manifest_hash, Run.run_id)
+            select(Node.name.label("node"), Latest.device_id, Outcome.device.label("slot"),
+                   Device.model, Device.name.label("device_name"),
+                   Device.uuid.label("device_uuid"), Outcome.suite, Outcome.workload,
+                   Outcome.variant, Outcome.status, Outcome.reason, Outcome.error,
+                   Outcome.manifest_hash, Outcome.input_hash, Outcome.param_hash,
+                   Run.run_id, Latest.started_at)
             .select_from(Latest)
             .join(Outcome, Outcome.id == Latest.outcome_id)
             .join(Result, Result.id == Latest.result_id)
             .join(Run, Run.id == Result.run_pk)
             .join(Node, Node.id == Latest.node_id)
+            .join(Device, Device.id == Latest.device_id)
             .where(Latest.suite == suite, Node.name.in_(part))
         ).all()
         found.extend(Cell(**row._mapping) for row in rows)

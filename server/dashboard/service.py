@@ -11,15 +11,21 @@ from urllib.parse import quote, urlencode
 
 from sqlalchemy.orm import Session
 
+from numparity_server import analysis
 from numparity_server.analysis import consensus
 from numparity_server.analysis.policy import Policy
+from numparity_server.audit import service as audit_service
+from numparity_server.audit.schemas import SuspectRow
 from numparity_server.catalog import service as catalog
 from numparity_server.catalog.service import variant_sort_key
 from numparity_server.compare.schemas import CompareOut, ResultPair
 from numparity_server.compare.service import compare_runs
 from numparity_server.dashboard import repository
+from numparity_server.dashboard.heatmap import DeviceRow, HeatCell, node_rows, slot_order
 from numparity_server.divergence.service import divergence
 from numparity_server.kit.errors import NotFound
+from numparity_server.reads import results as reads_results
+from numparity_server.reads.fingerprints import load_fingerprints
 
 
 def compare_url(run_a: str, run_b: str, workload: str | None = None,
@@ -32,37 +38,21 @@ def compare_url(run_a: str, run_b: str, workload: str | None = None,
     return "/compare?" + urlencode(params)
 
 
-def pair_verdict(pair: ResultPair) -> str:
-    """What a heatmap cell shows for a compared pair: the result verdict (the worst of all
-    its tensors, as /compare and /divergence judge a whole result); broken inputs win,
-    as they make any comparison meaningless."""
-    if pair.inputs.broken:
-        return "broken"
-    if not pair.compared or pair.summary is None:
-        return pair.b.status
-    decided = pair.summary.result_verdict
-    return decided.verdict if decided is not None else "identical"
-
-
 # ---- fleet overview ---------------------------------------------------------------------
-
-
-@dataclass
-class HeatCell:
-    verdict: str  # identical .. nonfinite, broken, failed, skipped, missing
-    title: str
-    href: str | None = None
-    baseline: bool = False
-    run_id: str | None = None  # the run of the node's newest result (None: missing)
-    detail: str = ""  # a skipped result's reason, a failed one's error
 
 
 @dataclass
 class Overview:
     suite: str
     columns: list[tuple[str, str]]  # (workload, variant)
-    rows: list[tuple[str, list[HeatCell]]]  # (node, cells in column order)
-    counts: dict[str, int] = field(default_factory=dict)  # verdicts on this page
+    # (node, cells in column order); a node with several devices shows in each column
+    # the worst of its devices' cells (``heatmap.CELL_SEVERITY``).
+    rows: list[tuple[str, list[HeatCell]]]
+    # node → its devices, for the nodes on the page with more than one.
+    devices: dict[str, list[DeviceRow]] = field(default_factory=dict)
+    # Nodes whose devices do not all give the same answers: their device rows open.
+    disagreeing: set[str] = field(default_factory=set)
+    counts: dict[str, int] = field(default_factory=dict)  # verdicts of the node rows
     nodes: int = 0  # in the fleet
     limit: int = 0
     offset: int = 0
@@ -71,102 +61,166 @@ class Overview:
 @dataclass(frozen=True)
 class _Answer:
     manifest_hash: str
-    nodes: int
+    devices: int
     first_node: str  # the answer's representative
+
+
+Column = tuple[str, str, str]  # workload, variant, device model
 
 
 def overview(*, session: Session, policy: Policy, suite: str, limit: int,
              offset: int) -> Overview:
-    """A page of the nodes x (workload, variant) heatmap.
+    """A page of the nodes x (workload, variant) heatmap, each node's devices under it.
 
-    For each (workload, variant) and device type, the baseline is the usual answer
-    (their result's manifest; ``consensus.usual``): its nodes are
-    identical to it, and every other answer is compared once, its first node's run
-    against the baseline's first node's, the way GET /compare does; each cell links to
-    the comparison of its own run with the baseline's. The answers are counted over the
+    For each (workload, variant) and device model (a CPU is ``cpu``; GPUs of one name and
+    compute capability are one model, in one node as across nodes), the baseline is the
+    usual answer (their result's manifest; ``consensus.usual``, each device counting
+    once): its devices are identical to it, and every other answer is compared once, the
+    result of its first node's first device holding it against the baseline's, tensor by
+    tensor as GET /compare does; each cell links to the comparison of its own run with a
+    run holding the baseline's answer at the same slot. The answers are counted over the
     whole fleet in one aggregate; only the page's nodes are read row by row.
     """
-    answers: dict[tuple[str, str, str], list[_Answer]] = defaultdict(list)
-    for workload, variant, device, digest, count, first in repository.answer_counts(
+    answers: dict[Column, list[_Answer]] = defaultdict(list)
+    for workload, variant, model, digest, count, first in repository.answer_counts(
             session, suite=suite):
-        answers[(workload, variant, device)].append(_Answer(digest, count, first))
-    baselines: dict[tuple[str, str, str], _Answer] = {}
+        answers[(workload, variant, model)].append(_Answer(digest, count, first))
+    baselines: dict[Column, _Answer] = {}
     for key, held in answers.items():
         by_manifest = {a.manifest_hash: a for a in held}
-        chosen = consensus.usual({a.manifest_hash: consensus.Support(a.nodes, a.first_node)
+        chosen = consensus.usual({a.manifest_hash: consensus.Support(a.devices, a.first_node)
                                   for a in held})
         assert chosen is not None
         baselines[key] = by_manifest[chosen]
     names, total = repository.node_names(session, suite=suite, limit=limit, offset=offset)
     cells = repository.latest_cells(session, suite=suite, nodes=names)
 
-    # The runs to compare: each baseline's first node's, and the first node's of every
-    # other answer shown on this page.
-    on_page = {(c.workload, c.variant, c.device, c.manifest_hash) for c in cells
+    # The results to compare: each baseline's first node's, and the first node's of every
+    # other answer shown on this page; of a node's devices holding it, the first by slot.
+    on_page = {(c.workload, c.variant, c.model, c.manifest_hash) for c in cells
                if c.status == "ok" and c.manifest_hash}
     wanted = {baselines[key[:3]].first_node for key in on_page if key[:3] in baselines}
     wanted |= {a.first_node for key in on_page for a in answers.get(key[:3], [])
                if a.manifest_hash == key[3]}
-    first_runs = {(c.node, c.workload, c.variant, c.device): c.run_id
-                  for c in repository.latest_cells(session, suite=suite, nodes=wanted)}
+    held_cells = repository.latest_cells(session, suite=suite, nodes=wanted)
+    representative: dict[tuple[str, Column, str | None], repository.Cell] = {}
+    for cell in sorted(held_cells, key=lambda c: slot_order(c.slot)):
+        representative.setdefault(
+            (cell.node, (cell.workload, cell.variant, cell.model), cell.manifest_hash), cell)
+    # The devices of each node, as far as the slots its results name tell (a result that
+    # names no device, which only hand-made documents send, is the node's own).
+    devices_of: dict[str, set[int]] = defaultdict(set)
+    for cell in (*cells, *held_cells):
+        if cell.slot:
+            devices_of[cell.node].add(cell.device_id)
+
+    def several(node: str) -> bool:
+        return len(devices_of[node]) > 1
+
+    def named(cell: repository.Cell) -> str:
+        """A node, with the slot when it has several devices."""
+        return f"{cell.node} / {cell.slot}" if several(cell.node) else cell.node
+
+    # GET /compare pairs two runs' results by slot: a cell links to a run holding the
+    # baseline's answer at the cell's own slot (the representative's when it is there).
+    holders: dict[tuple[str, str, str, str | None, str], dict[str, repository.Cell]] = \
+        defaultdict(dict)
+    for cell in (*cells, *held_cells):
+        holders[(cell.workload, cell.variant, cell.model, cell.manifest_hash, cell.slot)][
+            cell.run_id] = cell
+
+    def link(cell: repository.Cell, base: repository.Cell) -> tuple[str, str]:
+        """The cell's link, and what the title says of it when it cannot compare."""
+        peers = [held for run_id, held in holders[(
+            cell.workload, cell.variant, cell.model, base.manifest_hash, cell.slot)].items()
+            if run_id != cell.run_id]
+        peer = min(peers, key=lambda held: (held.node != base.node, held.node), default=None)
+        if peer is None:
+            return (f"/nodes/{quote(cell.node, safe='')}#devices",
+                    f"; no other run read for this page holds it at {cell.slot} to compare "
+                    f"with (/compare pairs results by slot)")
+        return compare_url(peer.run_id, cell.run_id, cell.workload, cell.variant), ""
 
     verdicts: dict[tuple[str, str, str, str], tuple[str, str]] = {}
-    found: dict[tuple[str, str, str], HeatCell] = {}
+    found: dict[tuple[str, int, str, str], HeatCell] = {}
     for cell in cells:
-        key = (cell.workload, cell.variant, cell.device)
+        key = (cell.workload, cell.variant, cell.model)
         where = f"{cell.node} · {cell.workload}/{cell.variant}"
+        place = (cell.node, cell.device_id, cell.workload, cell.variant)
         if cell.status != "ok" or not cell.manifest_hash or key not in baselines:
             detail = cell.reason or cell.error or ""
-            found[key[:2] + (cell.node,)] = HeatCell(
-                cell.status, f"{where}: {cell.status}" + (f" ({detail})" if detail else ""),
+            on = f" on {cell.slot}" if several(cell.node) else ""
+            found[place] = HeatCell(
+                cell.status, f"{where}{on}: {cell.status}" + (f" ({detail})" if detail else ""),
                 run_id=cell.run_id, detail=detail)
             continue
         baseline = baselines[key]
-        baseline_run = first_runs[(baseline.first_node,) + key]
+        base = representative[(baseline.first_node, key, baseline.manifest_hash)]
         if cell.manifest_hash == baseline.manifest_hash:
-            verdict, how = "identical", f"the most common answer ({baseline.nodes} nodes)"
+            counted = "nodes" if cell.model == "cpu" else "devices"
+            verdict, how = "identical", f"the most common answer ({baseline.devices} {counted})"
         else:
             answer = (*key, cell.manifest_hash)
             if answer not in verdicts:
                 (first,) = [a.first_node for a in answers[key]
                             if a.manifest_hash == cell.manifest_hash]
-                verdicts[answer] = _versus(session, policy, key, baseline_run,
-                                           first_runs[(first,) + key])
+                verdicts[answer] = _versus(
+                    session, policy, base,
+                    representative[(first, key, cell.manifest_hash)])
             verdict, how = verdicts[answer]
-        is_baseline = cell.node == baseline.first_node
-        found[key[:2] + (cell.node,)] = HeatCell(
-            verdict,
-            f"{where} on {cell.device}: {verdict} — against {baseline.first_node}, {how}",
-            f"/nodes/{quote(cell.node, safe='')}" if is_baseline
-            else compare_url(baseline_run, cell.run_id, cell.workload, cell.variant),
-            baseline=is_baseline, run_id=cell.run_id)
+        is_baseline = (cell.node, cell.device_id) == (base.node, base.device_id)
+        href, why = (f"/nodes/{quote(cell.node, safe='')}", "") if is_baseline \
+            else link(cell, base)
+        found[place] = HeatCell(
+            verdict, f"{where} on {cell.slot}: {verdict} — against {named(base)}, {how}{why}",
+            href, baseline=is_baseline, run_id=cell.run_id)
 
     columns = sorted(repository.columns(session, suite=suite),
                      key=lambda wv: (wv[0], variant_sort_key(wv[1])))
-    rows = []
+    by_node: dict[str, dict[int, list[repository.Cell]]] = defaultdict(
+        lambda: defaultdict(list))
+    for cell in cells:
+        by_node[cell.node][cell.device_id].append(cell)
+    view = Overview(suite=suite, columns=columns, rows=[], nodes=total, limit=limit,
+                    offset=offset)
     counts: dict[str, int] = defaultdict(int)
     for node in names:
-        row = []
-        for workload, variant in columns:
-            heat = found.get((workload, variant, node)) or HeatCell(
-                "missing", f"{node} has no result of {workload}/{variant}")
+        row, devices, agree = node_rows(node, by_node[node], columns, found)
+        if several(node):
+            view.devices[node] = devices
+            if not agree:
+                view.disagreeing.add(node)
+        for heat in row:
             counts[heat.verdict] += 1
-            row.append(heat)
-        rows.append((node, row))
-    return Overview(suite=suite, columns=columns, rows=rows, counts=dict(counts),
-                    nodes=total, limit=limit, offset=offset)
+        view.rows.append((node, row))
+    view.counts = dict(counts)
+    return view
 
 
-def _versus(session: Session, policy: Policy, key: tuple[str, str, str], baseline_run: str,
-            other_run: str) -> tuple[str, str]:
-    """The verdict of one answer against the baseline, from their first nodes' runs."""
-    workload, variant, device = key
-    compared = compare_runs(session=session, policy=policy, run_a=baseline_run,
-                            run_b=other_run, workload=workload, variant=variant)
-    for pair in compared.pairs:
-        if pair.device == device:
-            return pair_verdict(pair), "judged on the first node of each answer"
-    return "missing", "no result of the same device to compare"
+def _versus(session: Session, policy: Policy, baseline: repository.Cell,
+            other: repository.Cell) -> tuple[str, str]:
+    """The verdict of one answer against the baseline, from the results of their first
+    nodes' first devices: broken inputs win, then the result verdict (the worst of its
+    tensors', ``analysis.compare_manifests``, as GET /compare judges a pair). The two
+    may be on other slots (cuda:3 against cuda:0), even in one run."""
+    how = "judged on the first device of each answer's first node"
+    broken = analysis.broken_inputs((other.input_hash, other.param_hash),
+                                    (baseline.input_hash, baseline.param_hash))
+    if broken:
+        return "broken", f"{' and '.join(broken)} differ: broken inputs, not a divergence"
+    assert baseline.manifest_hash and other.manifest_hash
+    manifests = {digest: [(e["name"], e["kind"], e["hash"]) for e in entries]
+                 for digest, entries in reads_results.manifest_entries(
+                     session, [baseline.manifest_hash, other.manifest_hash]).items()}
+    if baseline.manifest_hash not in manifests or other.manifest_hash not in manifests:
+        return "missing", "the tensors of a result are no longer stored"
+    fingerprints = load_fingerprints(session, {digest for manifest in manifests.values()
+                                               for _name, _kind, digest in manifest})
+    rows = analysis.compare_manifests(
+        manifests[other.manifest_hash], manifests[baseline.manifest_hash], fingerprints,
+        tolerance_for=lambda dtype: policy.tolerance(other.workload, dtype))
+    decided = analysis.result_verdict(rows)
+    return (decided.verdict if decided is not None else "identical"), how
 
 
 # ---- per-workload page ------------------------------------------------------------------
@@ -227,6 +281,14 @@ def _default_tensor(workload: str, tensors: Sequence[tuple[str, str]]
 
 
 # ---- node page --------------------------------------------------------------------------
+
+
+def device_findings(*, session: Session, policy: Policy, node: str) -> dict[str, SuspectRow]:
+    """slot → the audit's suspect or watch entry of the device sitting there on ``node``
+    (the entry names the node a device sits on now, as the node page lists them)."""
+    report = audit_service.audit(session=session, policy=policy)
+    return {row.device: row for row in report.suspects if row.node == node}
+
 
 
 def timeline_points(runs: Sequence[Any]) -> dict[str, Any]:

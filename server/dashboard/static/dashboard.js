@@ -13,21 +13,26 @@
     return raw !== "" && raw !== "None" && !isNaN(number) ? number : raw.toLowerCase();
   }
 
+  // A table with several bodies (the heatmap: a node's row and its devices' rows in one)
+  // sorts the bodies by their first row, so a group stays together.
   function sortBy(table, header) {
     var index = Array.prototype.indexOf.call(header.parentNode.children, header);
     var body = table.tBodies[0];
     if (!body) return;
+    var grouped = table.tBodies.length > 1;
     var ascending = header.getAttribute("aria-sort") !== "ascending";
-    var rows = Array.prototype.filter.call(body.rows, function (r) { return !r.classList.contains("none"); });
+    var rows = grouped ? Array.prototype.slice.call(table.tBodies)
+      : Array.prototype.filter.call(body.rows, function (r) { return !r.classList.contains("none"); });
+    var first = function (item) { return grouped ? item.rows[0] : item; };
     rows.sort(function (a, b) {
-      var x = cellValue(a, index), y = cellValue(b, index);
+      var x = cellValue(first(a), index), y = cellValue(first(b), index);
       var order = typeof x === typeof y ? (x < y ? -1 : x > y ? 1 : 0)
                                         : (typeof x === "number" ? -1 : 1);
       return ascending ? order : -order;
     });
     Array.prototype.forEach.call(header.parentNode.children, function (th) { th.removeAttribute("aria-sort"); });
     header.setAttribute("aria-sort", ascending ? "ascending" : "descending");
-    rows.forEach(function (row) { body.appendChild(row); });
+    rows.forEach(function (row) { (grouped ? table : body).appendChild(row); });
   }
 
   document.querySelectorAll("table.sortable").forEach(function (table) {

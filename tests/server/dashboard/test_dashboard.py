@@ -19,7 +19,7 @@ from numparity_server.kit.db import get_engine, session_factory
 
 
 class Cells(HTMLParser):
-    """The heatmap: {node: {"workload/variant": (verdict, href, link class)}}."""
+    """The heatmap's node rows: {node: {"workload/variant": (verdict, href, link class)}}."""
 
     def __init__(self, html: str) -> None:
         super().__init__()
@@ -36,6 +36,8 @@ class Cells(HTMLParser):
         elif tag == "tr" and "data-node" in a:
             self._node = a["data-node"]
             self.rows[self._node or ""] = {}
+        elif tag == "tr":  # a device's row under its node's: not the node's cells
+            self._node = None
         elif tag == "td" and a.get("class") == "cell" and self._node is not None:
             self._cell = [a.get("data-verdict"), None, None]
         elif tag == "a" and self._cell is not None:
