@@ -247,6 +247,21 @@ def device_plan(
     return plan
 
 
+def device_workloads(plan: Sequence[tuple[dict[str, Any], list[str]]],
+                     workloads: Sequence[str]) -> list[list[str]]:
+    """The workloads each entry of `plan` runs: all of them, but the node-wide ones
+    (`_workloads.NODE_WIDE`: the collectives span every GPU of the node) only on the
+    first device of each type — eight identical all-reduces on an 8-GPU node would
+    measure the same thing eight times."""
+    seen: set[str] = set()
+    found = []
+    for device, _runs in plan:
+        first = device["type"] not in seen
+        seen.add(device["type"])
+        found.append([w for w in workloads if first or w not in _workloads.NODE_WIDE])
+    return found
+
+
 def _log_results(log_line: Callable[[str], None], prefix: str,
                  results: list[dict[str, Any]]) -> None:
     for result in results:
@@ -317,27 +332,29 @@ def run_suite(
     environment: dict[str, Any] | None = None
     results: list[dict[str, Any]] = []
     entries: list[dict[str, Any]] = []
-    total = sum(len(runs) for _, runs in plan) * len(workloads)
-    for entry, runs in plan:
+    per_device = device_workloads(plan, workloads)
+    total = sum(len(runs) * len(names) for (_, runs), names in zip(plan, per_device,
+                                                                    strict=True))
+    for (entry, runs), on_device in zip(plan, per_device, strict=True):
         slot = entry["device"]
         prefix = f"{slot} " if several else ""
         device_started = time.monotonic()
         device_results: list[dict[str, Any]] = []
         for variant in runs:
-            log_line(f"{prefix}variant {variant}: running {', '.join(workloads)}"
+            log_line(f"{prefix}variant {variant}: running {', '.join(on_device)}"
                      + ("" if several else f" on {slot}"))
             watch = None
             if on_progress is not None:
                 def watch(finished: int, variant: str = variant, done: int = len(results),
-                          prefix: str = prefix) -> None:
-                    now = workloads[min(finished, len(workloads) - 1)]
+                          prefix: str = prefix, on_device: list[str] = on_device) -> None:
+                    now = on_device[min(finished, len(on_device) - 1)]
                     on_progress(done + finished, total, f"{prefix}{now}/{variant}")
 
                 watch(0)
             started = time.monotonic()
             child_env, child_results = run_variant(
                 variant,
-                workloads=workloads,
+                workloads=on_device,
                 device=slot,
                 repeats=repeats,
                 timeout=timeout,

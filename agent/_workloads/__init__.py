@@ -23,6 +23,12 @@ BUILTIN: dict[str, tuple[str, str]] = {
 }
 
 
+# Workloads that measure the node rather than one device (collectives span every GPU of
+# it): run once per device type of a run, on its first device of that type, not on
+# every GPU (design §2.6).
+NODE_WIDE = frozenset({"collectives"})
+
+
 def builtin_names() -> list[str]:
     return list(BUILTIN)
 

@@ -188,3 +188,19 @@ def test_without_a_gpu_driver_all_is_the_cpu_and_no_child_asks_cuda(monkeypatch,
         _suite.select_devices("cuda:0")
     (tmp_path / "nvidiactl").write_text("")
     assert _devices.gpu_driver_present()
+
+
+def test_the_collectives_run_once_per_device_type_not_on_every_gpu():
+    """An 8-GPU node: the collectives (NCCL over all eight) run on cuda:0 only, and on
+    the CPU under the float64 reference; every other workload runs on every GPU."""
+    from numparity_agent._suite import device_workloads
+
+    gpus = [{"device": f"cuda:{i}", "type": "cuda"} for i in range(8)]
+    plan = device_plan(gpus, ["default", "strict", "fp64-reference"])
+    found = device_workloads(plan, ["mlp", "collectives"])
+    assert [(d["device"], names) for (d, _), names in zip(plan, found, strict=True)] == [
+        ("cuda:0", ["mlp", "collectives"]),
+        *((f"cuda:{i}", ["mlp"]) for i in range(1, 8)),
+        ("cpu", ["mlp", "collectives"])]
+    cpu_only = device_plan([{"device": "cpu", "type": "cpu"}], ["default"])
+    assert device_workloads(cpu_only, ["collectives"]) == [["collectives"]]
