@@ -196,10 +196,14 @@ async def compare_page(request: Request, session: DbSession, policy: PolicyDep,
                        _reader: PageReader,
                        run_a: Annotated[str, Query(min_length=1)],
                        run_b: Annotated[str, Query(min_length=1)],
-                       workload: str | None = None, variant: str | None = None) -> HTMLResponse:
+                       workload: str | None = None, variant: str | None = None,
+                       device_a: Annotated[str | None, Query(max_length=64)] = None,
+                       device_b: Annotated[str | None, Query(max_length=64)] = None
+                       ) -> HTMLResponse:
     compared, charts = await run_in_threadpool(
         service.comparison, session=session, policy=policy, run_a=run_a, run_b=run_b,
-        workload=workload or None, variant=variant or None)
+        workload=workload or None, variant=variant or None, device_a=device_a or None,
+        device_b=device_b or None)
     return render(request, "compare.html", compared=compared,
                   pairs=list(zip(compared.pairs, charts, strict=True)),
                   title=f"{compared.run_a.node} vs {compared.run_b.node}")

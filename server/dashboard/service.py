@@ -29,12 +29,15 @@ from numparity_server.reads.fingerprints import load_fingerprints
 
 
 def compare_url(run_a: str, run_b: str, workload: str | None = None,
-                variant: str | None = None) -> str:
+                variant: str | None = None, device_a: str | None = None,
+                device_b: str | None = None) -> str:
+    """The comparison page of run b against run a; with devices, of run a's results on
+    ``device_a`` against run b's on ``device_b`` (two GPUs of one run, say)."""
     params = {"run_a": run_a, "run_b": run_b}
-    if workload:
-        params["workload"] = workload
-    if variant:
-        params["variant"] = variant
+    for name, value in (("workload", workload), ("variant", variant),
+                        ("device_a", device_a), ("device_b", device_b)):
+        if value:
+            params[name] = value
     return "/compare?" + urlencode(params)
 
 
@@ -121,25 +124,6 @@ def overview(*, session: Session, policy: Policy, suite: str, limit: int,
         """A node, with the slot when it has several devices."""
         return f"{cell.node} / {cell.slot}" if several(cell.node) else cell.node
 
-    # GET /compare pairs two runs' results by slot: a cell links to a run holding the
-    # baseline's answer at the cell's own slot (the representative's when it is there).
-    holders: dict[tuple[str, str, str, str | None, str], dict[str, repository.Cell]] = \
-        defaultdict(dict)
-    for cell in (*cells, *held_cells):
-        holders[(cell.workload, cell.variant, cell.model, cell.manifest_hash, cell.slot)][
-            cell.run_id] = cell
-
-    def link(cell: repository.Cell, base: repository.Cell) -> tuple[str, str]:
-        """The cell's link, and what the title says of it when it cannot compare."""
-        peers = [held for run_id, held in holders[(
-            cell.workload, cell.variant, cell.model, base.manifest_hash, cell.slot)].items()
-            if run_id != cell.run_id]
-        peer = min(peers, key=lambda held: (held.node != base.node, held.node), default=None)
-        if peer is None:
-            return (f"/nodes/{quote(cell.node, safe='')}#devices",
-                    f"; no other run read for this page holds it at {cell.slot} to compare "
-                    f"with (/compare pairs results by slot)")
-        return compare_url(peer.run_id, cell.run_id, cell.workload, cell.variant), ""
 
     verdicts: dict[tuple[str, str, str, str], tuple[str, str]] = {}
     found: dict[tuple[str, int, str, str], HeatCell] = {}
@@ -169,10 +153,15 @@ def overview(*, session: Session, policy: Policy, suite: str, limit: int,
                     representative[(first, key, cell.manifest_hash)])
             verdict, how = verdicts[answer]
         is_baseline = (cell.node, cell.device_id) == (base.node, base.device_id)
-        href, why = (f"/nodes/{quote(cell.node, safe='')}", "") if is_baseline \
-            else link(cell, base)
+        # The comparison of the cell's result with the baseline representative's, device
+        # by device where a node has several (two GPUs of one run compare too).
+        by_device = several(cell.node) or several(base.node) or cell.slot != base.slot
+        href = f"/nodes/{quote(cell.node, safe='')}" if is_baseline else compare_url(
+            base.run_id, cell.run_id, cell.workload, cell.variant,
+            device_a=base.slot if by_device else None,
+            device_b=cell.slot if by_device else None)
         found[place] = HeatCell(
-            verdict, f"{where} on {cell.slot}: {verdict} — against {named(base)}, {how}{why}",
+            verdict, f"{where} on {cell.slot}: {verdict} — against {named(base)}, {how}",
             href, baseline=is_baseline, run_id=cell.run_id)
 
     columns = sorted(repository.columns(session, suite=suite),
@@ -348,8 +337,10 @@ def _rel_error(metrics: dict[str, float | None]) -> float | None:
 
 
 def comparison(*, session: Session, policy: Policy, run_a: str, run_b: str,
-               workload: str | None, variant: str | None) -> tuple[CompareOut, list[Any]]:
+               workload: str | None, variant: str | None, device_a: str | None = None,
+               device_b: str | None = None) -> tuple[CompareOut, list[Any]]:
     compared = compare_runs(session=session, policy=policy, run_a=run_a, run_b=run_b,
-                            workload=workload, variant=variant)
+                            workload=workload, variant=variant, device_a=device_a,
+                            device_b=device_b)
     charts = [layer_chart(pair) if pair.compared else None for pair in compared.pairs]
     return compared, charts

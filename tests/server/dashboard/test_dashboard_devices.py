@@ -108,35 +108,38 @@ def test_a_gpu_that_disagrees_opens_its_nodes_device_rows(gpu_fleet):
     assert {d["cells"]["cnn/strict"][0] for slot, d in other.items()
             if slot != "cpu"} == {"identical"}
 
-    # The bad GPU's cell links to the comparison of its run with a run holding the usual
-    # answer at its own slot (GET /compare pairs results by slot): gpu-node-2's, whose
-    # cuda:2 is one of the baseline's peers. That comparison says what the cell says.
+    # The bad GPU's cell links to the comparison of its result with the baseline's own
+    # GPU (gpu-node-1's cuda:0: GET /compare by device). That comparison says what the
+    # cell says.
     query = parse_qs(urlsplit(node["devices"]["cuda:2"]["cells"]["cnn/strict"][1]).query)
+    assert (query["device_a"], query["device_b"]) == (["cuda:0"], ["cuda:2"])
     compared = api.client.get("/api/v1/compare", headers=api.reader,
                               params={k: v[0] for k, v in query.items()}).json()
-    assert (compared["run_a"]["node"], compared["run_b"]["node"]) == ("gpu-node-2",
+    assert (compared["run_a"]["node"], compared["run_b"]["node"]) == ("gpu-node-1",
                                                                        "gpu-node-1")
-    verdicts = {p["device"]: p["summary"]["result_verdict"]["verdict"]
-                for p in compared["pairs"]}
-    assert verdicts == {"cuda:0": "identical", "cuda:1": "identical", "cuda:2": "divergent",
-                        "cuda:3": "identical"}
+    (pair,) = compared["pairs"]
+    assert pair["summary"]["result_verdict"]["verdict"] == "divergent"
 
 
 def test_in_a_lab_of_one_node_the_bad_gpus_cell_leads_to_its_devices(api):
-    """One 4-GPU node: its GPUs are each other's peers; no other run holds the usual
-    answer at the bad GPU's slot, so its cell leads to the node's devices and says why."""
+    """One 4-GPU node: its GPUs are each other's peers; the bad GPU's cell compares it
+    with a sibling GPU of the same run."""
     upload(api, gpu_document("solo", 1, GPUS, shifted={BAD: 1e-3}))
     html = page(api, "/")
     node = Heatmap(html).nodes["solo"]
     assert node["open"] is True and node["cells"]["cnn/strict"][0] == "divergent"
-    assert node["devices"]["cuda:2"]["cells"]["cnn/strict"] == ("divergent",
-                                                                "/nodes/solo#devices")
-    assert "no other run read for this page holds it at cuda:2 to compare with" in unescape(html)
+    verdict, href = node["devices"]["cuda:2"]["cells"]["cnn/strict"]
+    query = parse_qs(urlsplit(href).query)
+    assert verdict == "divergent" and query["run_a"] == query["run_b"]
+    assert (query["device_a"], query["device_b"]) == (["cuda:0"], ["cuda:2"])
     assert node["devices"]["cuda:0"]["cells"]["cnn/strict"] == ("identical", "/nodes/solo")
-    # There the audit watches it (one run), with no comparison: its only peer run is its own.
+    # There the audit watches it (one run), compared with a sibling GPU of its run.
     devices = page(api, "/nodes/solo").split('<table id="devices"')[1].split("</table>")[0]
     (row,) = re.findall(rf'<tr data-device="cuda:2" data-uuid="{BAD}">(.*?)</tr>', devices, re.S)
-    assert '<td data-status="watch"' in row and "compare with a peer" not in row
+    assert '<td data-status="watch"' in row and "compare with a peer" in row
+    assert "device_b=cuda%3A2" in unescape(row)
+    compare_page = page(api, unescape(re.search(r'href="(/compare\?[^"]+)"', row).group(1)))
+    assert "divergent" in compare_page
 
 
 def test_a_node_whose_gpus_agree_shows_them_folded(gpu_fleet):
