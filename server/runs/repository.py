@@ -151,11 +151,15 @@ def detach_devices(session: Session, *, node_id: int, started_at: datetime,
 
     Only the node's own newest run moves its devices away, so no other node's runs can
     hide this node's devices from the audit."""
+    # The GPUs the node holds latest results of (one may sit elsewhere already: it moved
+    # and its new node reported first).
     gone = session.scalars(
-        select(Device.id).join(Node, Node.id == Device.node_id).where(
-            Device.node_id == node_id, Node.newest_started_at <= started_at,
-            Device.uuid.is_not(None),
-            Device.uuid.not_in(sorted(visible_uuids)) if visible_uuids else true())
+        select(Latest.device_id).distinct()
+        .join(Device, Device.id == Latest.device_id)
+        .join(Node, Node.id == Latest.node_id)
+        .where(Latest.node_id == node_id, Node.newest_started_at <= started_at,
+               Device.uuid.is_not(None),
+               Device.uuid.not_in(sorted(visible_uuids)) if visible_uuids else true())
     ).all()
     if gone:
         session.execute(delete(Latest).where(Latest.node_id == node_id,

@@ -4,6 +4,7 @@ its UUID to another node, and a node whose GPU was replaced is no longer suspect
 
 from __future__ import annotations
 
+import pytest
 from helpers.documents import gpu_document
 
 GPUS = [f"GPU-{i:08d}-aaaa-bbbb-cccc-{i:012d}" for i in range(8)]
@@ -55,20 +56,27 @@ def test_one_gpu_of_an_eight_gpu_node_is_suspect_and_its_siblings_are_not(api):
     assert missing.status_code == 404 and "cuda:0" in missing.json()["detail"]
 
 
-def test_a_moved_gpu_keeps_its_history_and_its_old_node_is_cleared(api):
+@pytest.mark.parametrize("new_node_first", [False, True])
+def test_a_moved_gpu_keeps_its_history_and_its_old_node_is_cleared(api, new_node_first):
+    """Whichever of the two nodes reports first after the move."""
     for hours in (5, 4):
         upload(api, gpu_document("gpu-a", hours, GPUS, shifted={BAD: 1e-3}))
     assert [e["node"] for e in audit(api)["suspects"]] == ["gpu-a"]
-    # The bad GPU is swapped for a new one: gpu-a no longer sees its UUID.
+    # The bad GPU is swapped for a new one: gpu-a no longer sees its UUID. It shows up
+    # in gpu-b, at cuda:0, computing right this time.
     replacement = "GPU-99999999-aaaa-bbbb-cccc-999999999999"
     swapped = [replacement if u == BAD else u for u in GPUS]
-    upload(api, gpu_document("gpu-a", 3, swapped))
-    report = audit(api)
-    assert report["suspects"] == [] and report["summary"]["suspect"] == 0
-    # It shows up in gpu-b, at cuda:0, computing right this time: its two disagreeing
-    # runs come with it (within the window), so it is suspect there, not now disagreeing.
     others = [f"GPU-{i:08d}-dddd-eeee-ffff-{i:012d}" for i in range(7)]
-    upload(api, gpu_document("gpu-b", 2, [BAD, *others]))
+    repaired, moved = gpu_document("gpu-a", 3, swapped), gpu_document("gpu-b", 2, [BAD, *others])
+    if new_node_first:
+        upload(api, moved)
+    upload(api, repaired)
+    if not new_node_first:
+        report = audit(api)
+        assert report["suspects"] == [] and report["summary"]["suspect"] == 0
+        upload(api, moved)
+    # Its two disagreeing runs come with it (within the window): suspect there, not now
+    # disagreeing; gpu-a is clear.
     (entry,) = audit(api)["suspects"]
     assert (entry["node"], entry["device"], entry["device_uuid"]) == ("gpu-b", "cuda:0", BAD)
     assert entry["status"] == "suspect" and entry["currently_disagrees"] is False
