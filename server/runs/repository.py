@@ -75,9 +75,11 @@ def resolve_devices(session: Session, *, node_id: int, rows: Sequence[dict[str, 
     """slot → devices.id for this run's devices (``rows``: identity, type, model, uuid,
     serial, pci_bus_id, name, compute_capability, mig, slot), inserting the new ones.
 
-    A UUID the server does not know, on a board whose serial it knows under another UUID
-    (a virtual machine may give a GPU a new UUID), is that device: its row takes the new
-    UUID. A device whose newest run this is sits on this node now, at this slot.
+    A UUID the server does not know, on a board of this node whose serial it knows under
+    another UUID (a virtual machine may give a GPU a new UUID), is that device: its row
+    takes the new UUID. Only a device sitting on this node is taken so: another node
+    claiming its serial cannot take over its history. A device whose newest run this is
+    sits on this node now, at this slot.
     """
     by_identity = {row["identity"]: row for row in rows}
     found = _device_ids(session, by_identity)
@@ -87,7 +89,8 @@ def resolve_devices(session: Session, *, node_id: int, rows: Sequence[dict[str, 
         known = session.execute(
             select(Device.id, Device.identity)
             .where(Device.serial == row["serial"], Device.type == row["type"],
-                   Device.mig.is_(False), Device.identity.like("uuid:%"))
+                   Device.mig.is_(False), Device.identity.like("uuid:%"),
+                   Device.node_id == node_id)
         ).all()
         if len(known) == 1:
             session.execute(update(Device).where(Device.id == known[0].id)

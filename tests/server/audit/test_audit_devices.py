@@ -110,3 +110,25 @@ def test_divergence_names_each_gpu_of_a_split_by_node_and_slot(api):
     assert groups[0]["nodes"] == ["gpu-d"] * 3
     assert groups[1]["devices"] == [{"node": "gpu-d", "device": "cuda:2"}]
     assert groups[1]["representative"]["device"] == "cuda:2"
+
+
+def test_a_gpu_whose_uuid_changed_on_its_node_is_the_same_device_by_its_serial(api):
+    """A virtual machine renumbers a GPU: same board serial, new UUID, same node. Its
+    history stays with it; another node claiming that serial takes nothing."""
+    for hours in (5, 4):
+        upload(api, gpu_document("vm-1", hours, GPUS, shifted={BAD: 1e-3}))
+    renumbered = "GPU-77777777-aaaa-bbbb-cccc-777777777777"
+    document = gpu_document("vm-1", 3, [renumbered if u == BAD else u for u in GPUS])
+    document["devices"][3]["serial"] = f"serial-{BAD}"
+    document["environment"]["gpus"][3]["serial"] = f"serial-{BAD}"
+    upload(api, document)
+    (entry,) = audit(api)["suspects"]
+    assert (entry["node"], entry["device"], entry["device_uuid"]) == \
+        ("vm-1", "cuda:3", renumbered)
+    assert entry["disagreeing_runs"] == 2 and entry["currently_disagrees"] is False
+    # A node elsewhere claims the same serial under yet another UUID: a device of its own.
+    intruder = gpu_document("other", 2, ["GPU-66666666-aaaa-bbbb-cccc-666666666666"])
+    intruder["devices"][0]["serial"] = f"serial-{BAD}"
+    upload(api, intruder)
+    (entry,) = audit(api)["suspects"]
+    assert (entry["node"], entry["device_uuid"]) == ("vm-1", renumbered)
