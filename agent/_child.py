@@ -1,11 +1,11 @@
 """The child process of one variant: `python -m numparity_agent._child SPEC OUT`.
 
 SPEC is a JSON file {"variant", "workloads", "device", "repeats", "node_env_vars",
-"fault_drill", "progress", "values_dir"} (device: the slot, "cuda:3", that the results
-name, computed on `_devices.torch_device(slot)`; fault_drill: flip one bit in each
-workload, design §2.6; progress: a file that gets one line per finished workload, for
-the parent's progress display; values_dir: where large tensors' values are kept,
-`_values`; all optional);
+"fault_drill", "trace_ops", "progress", "values_dir"} (device: the slot, "cuda:3",
+that the results name, computed on `_devices.torch_device(slot)`; fault_drill: flip one
+bit in each workload, design §2.6; trace_ops: record each workload's ops, §2.10;
+progress: a file that gets one line per finished workload, for the parent's progress
+display; values_dir: where large tensors' values are kept, `_values`; all optional);
 OUT receives {"environment", "results"} (written atomically, so a crash leaves none).
 The environment is captured first, before the variant touches any knob, with the
 node's numeric environment variables (not the ones the variant added), so that it
@@ -34,6 +34,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     variant = _variants.get(spec["variant"])
     device_name = spec.get("device", "cpu")
     fault_drill = bool(spec.get("fault_drill", False))
+    trace = bool(spec.get("trace_ops", False))
     results: list[dict[str, Any]] = []
 
     def all_results(**fields: Any) -> dict[str, Any]:
@@ -81,6 +82,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                     repeats=spec["repeats"],
                     fault_drill=fault_drill,
                     keep_values=store.keep if store is not None else None,
+                    trace=trace,
                 )
             )
         _report_progress(spec.get("progress"), spec_name, results[-1]["status"])

@@ -148,6 +148,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--jitter", metavar="S",
                      help="first wait a random 0..S seconds, to spread a fleet's cron jobs "
                      "(NUMPARITY_JITTER, config jitter; default 0)")
+    run.add_argument("--trace-ops", action="store_true", default=None,
+                     help="also record every aten op of each workload with the hashes of "
+                     "its inputs and outputs, so the server can name the op where two "
+                     "environments part (NUMPARITY_TRACE_OPS, config trace_ops; default "
+                     "off; a steady node uploads no trace twice)")
     run.add_argument("--fault-drill", action="store_true",
                      help="flip one bit of one activation per workload in the strict variant "
                      "and mark the document as a drill: checks that the audit catches a "
@@ -395,6 +400,7 @@ def _run_locked(args: argparse.Namespace, context: _Context, *, workloads: list[
             drill_device=args.drill_device,
             on_progress=_progress_display(),
             values_dir=store.folder if store is not None else None,
+            trace_ops=bool(get("trace_ops", False)),
         )
     finally:
         end_progress()

@@ -41,7 +41,11 @@ KINDS: dict[str, str] = {
     "jitter": "delay",
     "ca_bundle": "path",
     "max_wait": "delay",
+    "trace_ops": "flag",
 }
+# How a flag is written in a NUMPARITY_* variable.
+_FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True,
+               "0": False, "false": False, "no": False, "off": False}
 
 
 class ConfigError(ValueError):
@@ -102,6 +106,12 @@ def _convert(kind: str, value: Any, where: str, base: Path | None) -> Any:
         if not items:
             raise ConfigError(f"{where} is empty")
         return items
+    if kind == "flag":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _FLAG_WORDS:
+            return _FLAG_WORDS[value.strip().lower()]
+        raise ConfigError(f"{where} must be true or false, not {value!r}")
     if kind in ("count", "seconds", "delay"):
         if isinstance(value, bool):
             raise ConfigError(f"{where} must be a number, not {value!r}")

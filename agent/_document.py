@@ -46,5 +46,22 @@ def build_document(
     if devices is not None:
         document["devices"] = devices
     document["environment"] = environment
-    document["results"] = results
+    document["results"], traces = hoist_traces(results)
+    if traces:
+        document["traces"] = traces
     return document
+
+
+def hoist_traces(results: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
+                                                          list[dict[str, Any]]]:
+    """The results with each trace body (`run_workload`'s "trace") replaced by its hash,
+    and the bodies, each once, for the document's `traces` (design §2.7)."""
+    bodies: dict[str, dict[str, Any]] = {}
+    hoisted = []
+    for result in results:
+        body = result.get("trace")
+        if isinstance(body, dict):
+            bodies.setdefault(body["hash"], body)
+            result = {**result, "trace": body["hash"]}
+        hoisted.append(result)
+    return hoisted, list(bodies.values())

@@ -60,6 +60,7 @@ def run_workload(
     slot: str | None = None,
     fault_drill: bool = False,
     keep_values: Callable[[str, np.ndarray], None] | None = None,
+    trace: bool = False,
 ) -> dict[str, Any]:
     """Build and run `workload` `repeats` times on `device`; fingerprint every tensor of
     the first (handing large tensors' values to `keep_values`, see
@@ -74,6 +75,10 @@ def run_workload(
     With `fault_drill`, every repeat has the same bit of the same layer flipped (see
     FaultDrill) and the result says which in its "drill" field; a workload that records
     no layers (probes) runs untouched and has no such field.
+
+    With `trace` (design §2.10) one more run records every op (`trace_ops`): the result's
+    "trace" is the trace body, or "trace_error" says why it has none. A trace that
+    cannot be made never fails the result.
     """
     head = result_head(workload.name, workload.version, variant.name, slot or str(device),
                        workload.suite)
@@ -85,6 +90,8 @@ def run_workload(
     fields: dict[str, Any] = {}
     drill_target: int | None = None
     drill_field: dict[str, Any] | None = None
+    traced: dict[str, Any] | None = None
+    trace_error: str | None = None
     try:
         if fault_drill:
             drill_target = _drill_target(workload, variant=variant, dtype=dtype, device=device)
@@ -117,6 +124,11 @@ def run_workload(
                 hashes.extend(zip(names, tensor_hashes(values), strict=True))
             signatures.append(hashes)
             del built, recorder
+        if trace and workload.traceable:
+            first = [(name, digest) for name, digest in signatures[0][2:]]
+            traced, trace_error = trace_ops(workload, variant=variant, dtype=dtype,
+                                            device=device, expected=first,
+                                            drill_target=drill_target)
     except Exception as exc:  # noqa: BLE001 - one workload's failure must not stop others
         # oneDNN without a half-precision kernel here: the variant cannot run it (§2.3).
         reason = unsupported_half_reason(
@@ -145,7 +157,43 @@ def run_workload(
         result["repeats_differ"] = differing
     if drill_field is not None:
         result["drill"] = drill_field
+    if traced is not None:
+        result["trace"] = traced
+    elif trace_error is not None:
+        result["trace_error"] = trace_error
     return result
+
+
+def trace_ops(
+    workload: Workload, *, variant: Variant, dtype: torch.dtype, device: torch.device,
+    expected: list[tuple[str, str]], drill_target: int | None = None,
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(trace body, None), or (None, why there is none): one more run of `workload`
+    with every op recorded (`_trace`), kept only when it recorded the `expected`
+    (name, hash) list, the fingerprinted run's, bit for bit (with the same fault drill
+    when there is one)."""
+    from numparity_agent._trace import tracing
+
+    try:
+        built = workload.build(dtype=dtype, device=device)
+        drill = FaultDrill(drill_target) if drill_target is not None else None
+        recorder = Recorder(layer_fault=drill)
+        with tracing(built.model, device) as tracer, variant.run_context(device):
+            recorder.tracer = tracer
+            workload.run(built, recorder)
+        _sync(device)
+        got = list(zip([name for name, _, _ in recorder.tensors],
+                       tensor_hashes([value for _, _, value in recorder.tensors]),
+                       strict=True))
+    except Exception as exc:  # noqa: BLE001 - the result stands without its trace
+        return None, f"tracing failed: {_error_text(exc, limit=1000)}"
+    if got != expected:
+        differing = [name for (name, digest), (_n, other) in zip(got, expected, strict=False)
+                     if digest != other] or ["the list of tensors"]
+        return None, ("the traced run computed other bits than the fingerprinted one ("
+                      f"{', '.join(differing[:5])}): no trace, rather than one of "
+                      "another computation")
+    return tracer.body(), None
 
 
 class FaultDrill:

@@ -177,7 +177,8 @@ def is_cache_temporary(path: Path) -> bool:
 
 
 class KnownManifests:
-    """Manifests this agent has seen a server store, remembered in a file of the spool.
+    """Manifests (and op traces, design §2.10: content-addressed alike, by sha256 of
+    other content) this agent has seen a server store, remembered in a file of the spool.
 
     A node whose numbers do not change produces the same manifests run after run; with
     this memory it sends them as references without asking first: one request a run. A

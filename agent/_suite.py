@@ -88,9 +88,11 @@ def run_variant(
     fault_drill: bool = False,
     on_progress: Callable[[int], None] | None = None,
     values_dir: Path | None = None,
+    trace_ops: bool = False,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """(environment or None, results) of one variant's child process; with
-    `fault_drill` the child flips one bit in each workload (design §2.6).
+    `fault_drill` the child flips one bit in each workload (design §2.6), with
+    `trace_ops` it records each workload's ops (§2.10).
     `on_progress(finished)` is called while the child runs with how many of its
     workloads it has finished."""
     spec = {
@@ -100,6 +102,7 @@ def run_variant(
         "repeats": repeats,
         "node_env_vars": node_env_vars,
         "fault_drill": fault_drill,
+        "trace_ops": trace_ops,
         "values_dir": str(values_dir) if values_dir is not None else None,
     }
     env = _variants.get(variant).child_env(dict(os.environ))
@@ -296,6 +299,7 @@ def run_suite(
     drill_device: str | None = None,
     on_progress: Progress | None = None,
     values_dir: Path | None = None,
+    trace_ops: bool = False,
 ) -> dict[str, Any]:
     """Run `workloads` under `variants` (all built-ins by default) on each device: the
     run document. Large tensors' values are kept in `values_dir` when given (`_values`).
@@ -310,7 +314,9 @@ def run_suite(
     and, in the FAULT_DRILL_VARIANT on `drill_device` only (default: the first
     device), every workload that records layers has one bit of one activation
     flipped; everything else runs as without it.
-    `on_progress` follows the run workload by workload (see Progress).
+    `on_progress` follows the run workload by workload (see Progress). With
+    `trace_ops` every variant records each workload's ops (design §2.10): the document
+    carries the trace bodies in `traces`, each result the hash of its own.
     """
     workloads = list(workloads or _workloads.builtin_names())
     variants = list(variants or _variants.names())
@@ -362,6 +368,7 @@ def run_suite(
                 fault_drill=(drill_at == slot and variant == _variants.FAULT_DRILL_VARIANT),
                 on_progress=watch,
                 values_dir=values_dir,
+                trace_ops=trace_ops,
             )
             environment = environment or child_env
             _log_results(log_line, prefix, child_results)

@@ -3,8 +3,9 @@
 Uploads ask first (design §3.2). The agent asks which of its results' manifests (the
 ordered (name, kind, hash) lists) the server lacks; a result whose manifest it has
 travels as that one hash. For the others it asks which fingerprints are missing, and
-only those travel in full, the rest as bare references. On a known environment a run is
-then a few KiB. The spool always keeps the full document, so any server can take it.
+only those travel in full, the rest as bare references. Op traces (design §2.10) travel
+likewise: a body only when the server lacks it. On a known environment a run is then a
+few KiB. The spool always keeps the full document, so any server can take it.
 
 Every answer becomes a ServerAnswer: what it means for the spooled document (delete,
 retry later, keep for the operator, move aside) and whether to try again is decided in
@@ -51,6 +52,13 @@ def _manifests(document: dict[str, Any]) -> dict[int, str]:
             if result.get("tensors")}
 
 
+def _traces(document: dict[str, Any]) -> list[str]:
+    """The trace hashes the document's results refer to, first occurrence first, once."""
+    return list(dict.fromkeys(
+        result["trace"] for result in document.get("results") or []
+        if isinstance(result, dict) and isinstance(result.get("trace"), str)))
+
+
 def _tensor_hashes(document: dict[str, Any], only: set[int] | None = None) -> list[str]:
     """Every tensor hash of the document (of results `only`), first occurrence first, once."""
     hashes: dict[str, None] = {}
@@ -65,9 +73,10 @@ def _tensor_hashes(document: dict[str, Any], only: set[int] | None = None) -> li
 
 def slim_document(
     document: dict[str, Any], missing: set[str], known_manifests: dict[int, str] | None = None,
-    values: dict[str, dict[str, str]] | None = None,
+    values: dict[str, dict[str, str]] | None = None, traces: set[str] | None = None,
 ) -> dict[str, Any]:
-    """The document as it travels to a server that lacks only `missing` fingerprints.
+    """The document as it travels to a server that lacks only `missing` fingerprints
+    (and only the `traces` bodies, when given: the others stay behind).
 
     A result in `known_manifests` (index -> manifest hash the server has) carries only
     that hash. Elsewhere the first tensor of each hash in `missing` travels in full and
@@ -98,7 +107,15 @@ def slim_document(
             else:
                 slim.append({key: tensor[key] for key in BARE_KEYS if key in tensor})
         results.append({**result, "tensors": slim})
-    return {**document, "results": results}
+    slimmed = {**document, "results": results}
+    if traces is not None and "traces" in document:
+        bodies = [body for body in document["traces"]
+                  if isinstance(body, dict) and body.get("hash") in traces]
+        if bodies:
+            slimmed["traces"] = bodies
+        else:
+            del slimmed["traces"]
+    return slimmed
 
 
 def _post(
@@ -116,6 +133,7 @@ class _Missing:
     fingerprints: set[str]
     manifests: set[str]
     values: list[str] = field(default_factory=list)  # in the order they were offered
+    traces: set[str] = field(default_factory=set)
 
 
 def _ask_missing(
@@ -126,6 +144,7 @@ def _ask_missing(
     hashes: Sequence[str] = (),
     manifests: Sequence[str] = (),
     values: Sequence[str] = (),
+    traces: Sequence[str] = (),
 ) -> _Missing | ServerAnswer | None:
     """What the server lacks of these; None when it cannot tell us (an older server, or an
     error in this one question: send everything); a ServerAnswer when the upload cannot
@@ -136,6 +155,8 @@ def _ask_missing(
         question: dict[str, list[str]] = {"hashes": list(hashes), "manifests": list(manifests)}
         if values:
             question["values"] = list(values)
+        if traces:
+            question["traces"] = list(traces)
         response = client.post(url, json=question, headers=headers)
     except httpx.HTTPError as exc:
         return no_answer(url, exc)
@@ -150,14 +171,18 @@ def _ask_missing(
         missing_manifests = answer.get("missing_manifests", manifests)
         # A server that predates full values never asks for them.
         missing_values = answer.get("missing_values", [])
+        # One that predates op traces does not answer for them: it has none.
+        missing_traces = answer.get("missing_traces", traces)
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    if not all(isinstance(x, list) for x in (missing, missing_manifests, missing_values)):
+    if not all(isinstance(x, list | tuple)
+               for x in (missing, missing_manifests, missing_values, missing_traces)):
         return None
     offered = set(values)
     return _Missing({h for h in missing if isinstance(h, str)},
                     {h for h in missing_manifests if isinstance(h, str)},
-                    [h for h in missing_values if isinstance(h, str) and h in offered])
+                    [h for h in missing_values if isinstance(h, str) and h in offered],
+                    {h for h in missing_traces if isinstance(h, str)})
 
 
 def upload_document(
@@ -189,18 +214,21 @@ def upload_document(
             return upload_document(document, server=server, token=token, client=own,
                                    gzipped_full=gzipped_full, known=known, values=values)
     manifests = _manifests(document)
-    if known is not None and manifests and all(m in known for m in manifests.values()):
+    traces = _traces(document)
+    stored = set(manifests.values()) | set(traces)  # a server that took this run has these
+    if known is not None and manifests and all(digest in known for digest in stored):
         outcome, text = _post(
             client, server.rstrip("/") + RUNS_PATH,
-            _gzip(_dumps(slim_document(document, set(), manifests))), _headers(token),
+            _gzip(_dumps(slim_document(document, set(), manifests, traces=set()))),
+            _headers(token),
         )
-        if not (outcome.status == 422 and _names_a_bare_hash(text, set(manifests.values()))):
+        if not (outcome.status == 422 and _names_a_bare_hash(text, stored)):
             return outcome
         known.forget()  # the server forgot some: ask from now on
     outcome = _upload_asking(document, manifests, server=server, token=token, client=client,
                              gzipped_full=gzipped_full, values=values)
     if outcome.ok and known is not None:
-        known.remember(sorted(set(manifests.values())))
+        known.remember(sorted(stored))
     return outcome
 
 
@@ -225,12 +253,14 @@ def _upload_asking(
         return _post(client, base + RUNS_PATH, full(), headers)[0]
     large = _large_tensors(document)
     offered = values.held(large) if values is not None else []
+    traces = _traces(document)
     answer = _ask_missing(client, base, auth, manifests=sorted(set(manifests.values())),
-                          values=offered)
+                          values=offered, traces=traces)
     if isinstance(answer, ServerAnswer):
         return answer
     if answer is None:  # a server that cannot tell: send everything
         return _post(client, base + RUNS_PATH, full(), headers)[0]
+    missing_traces = answer.traces & set(traces)
     sent_values = _values_to_send(answer.values, large, values)
     known_manifests = {i: digest for i, digest in manifests.items()
                        if digest not in answer.manifests}
@@ -245,12 +275,15 @@ def _upload_asking(
         if isinstance(answer, ServerAnswer):
             return answer
         missing = set(hashes) if answer is None else answer.fingerprints
-    if not known_manifests and not sent_values and missing.issuperset(hashes):
+    if (not known_manifests and not sent_values and missing.issuperset(hashes)
+            and missing_traces.issuperset(traces)):
         return _post(client, base + RUNS_PATH, full(), headers)[0]
     outcome, text = _post(
         client, base + RUNS_PATH,
-        _gzip(_dumps(slim_document(document, missing, known_manifests, sent_values))), headers)
-    referenced = (set(hashes) - missing) | set(known_manifests.values())
+        _gzip(_dumps(slim_document(document, missing, known_manifests, sent_values,
+                                   traces=missing_traces))), headers)
+    referenced = ((set(hashes) - missing) | set(known_manifests.values())
+                  | (set(traces) - missing_traces))
     if outcome.status == 422 and _names_a_bare_hash(text, referenced):
         # Retention dropped what we referenced between the question and the upload.
         outcome = _post(client, base + RUNS_PATH, full(), headers)[0]

@@ -46,7 +46,19 @@ class Recorder:
     # It returns the output the model goes on with (None: unchanged) and keeps the
     # recorded copies in step with it, so what is fingerprinted is what flows on.
     layer_fault: Callable[[Recorder, int, Any], Any] | None = None
+    # The op tracer of a traced pass (`_trace.OpTracer`), when one runs: `phase` tells it
+    # which ops are the optimizer's.
+    tracer: Any = None
     _seen: dict[str, int] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Ops inside run in phase `name` ("optimizer") for the op trace, if one runs."""
+        if self.tracer is None:
+            yield
+            return
+        with self.tracer.scope(name):
+            yield
 
     def record(self, name: str, kind: str, value: Any) -> None:
         """Record a tensor, or each tensor of a tuple/list as `name.i`."""
@@ -55,7 +67,9 @@ class Recorder:
             self._seen[name] = count + 1
             # A module called twice in one forward: the second call is `name#1`.
             unique = name if count == 0 else f"{name}#{count}"
-            self.tensors.append((unique, kind, value.detach().clone()))
+            with self.tracer.paused() if self.tracer is not None else contextlib.nullcontext():
+                copy = value.detach().clone()
+            self.tensors.append((unique, kind, copy))
         elif isinstance(value, tuple | list):
             for i, item in enumerate(value):
                 self.record(f"{name}.{i}", kind, item)
@@ -131,6 +145,9 @@ class Workload:
     suite: str = SUITE
     name: str = ""
     version: int = 1
+    # Whether `run --trace-ops` traces its ops (design §2.10): not a workload whose work
+    # happens in other processes (the collectives).
+    traceable: bool = True
 
     def build(self, *, dtype: torch.dtype, device: torch.device) -> Built:
         raise NotImplementedError

@@ -154,14 +154,15 @@ class Train(Workload):
                     for name, param in model.named_parameters():
                         if param.grad is not None:
                             recorder.record(f"grad.{name}", "grad", param.grad)
-                if scaler is None:
-                    optimizer.step()
-                else:
-                    scale = scaler.get_scale()
-                    scaler.step(optimizer)
-                    scaler.update()
-                    # The scale only grows after 2000 clean steps: a drop is a skip.
-                    skipped += int(scaler.get_scale() < scale)
+                with recorder.phase("optimizer"):
+                    if scaler is None:
+                        optimizer.step()
+                    else:
+                        scale = scaler.get_scale()
+                        scaler.step(optimizer)
+                        scaler.update()
+                        # The scale only grows after 2000 clean steps: a drop is a skip.
+                        skipped += int(scaler.get_scale() < scale)
         for name, param in model.named_parameters():
             recorder.record(f"param.{name}", "param", param)
         recorder.fields["train"] = {

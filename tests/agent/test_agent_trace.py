@@ -1,0 +1,270 @@
+"""Op traces (`run --trace-ops`, design §2.10): what the agent records of every op.
+
+The oracle for references is an independent hash of the recorded tensors (hashlib over
+numpy's bytes, not the agent's fingerprint code); for the trace hash, the canonical JSON
+recomputed here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from numparity_agent import _trace
+from numparity_agent.testing import load_workload, run_workload, variant
+
+CPU = torch.device("cpu")
+
+
+def _traced(name: str, variant_name: str = "default", **kwargs: Any) -> dict[str, Any]:
+    result = run_workload(load_workload(name), variant=variant(variant_name), device=CPU,
+                          repeats=1, trace=True, **kwargs)
+    assert result["status"] == "ok", result.get("error")
+    assert "trace" in result, result.get("trace_error")
+    return result
+
+
+def _reference_of(tensor: torch.Tensor) -> str:
+    array = tensor.detach().contiguous().numpy()
+    digest = hashlib.sha256(
+        f"{str(tensor.dtype).removeprefix('torch.')};{','.join(map(str, tensor.shape))};"
+        .encode())
+    digest.update(array.astype(array.dtype.newbyteorder("<")).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def test_a_trace_lists_the_ops_of_the_model_with_their_modules_and_tensors() -> None:
+    result = _traced("mlp")
+    trace = result["trace"]
+    ops = trace["ops"]
+    assert trace["format"] == "numparity.trace/v1" and trace["hash_chars"] == 16
+    modules = {name for name, _ in load_workload("mlp").build(
+        dtype=torch.float32, device=CPU).model.named_modules() if name}
+    # Every op ran under one of the model's modules, forward only, and the recorder's
+    # own copies of tensors are not ops of the workload.
+    assert ops and {op["module"] for op in ops} <= modules
+    assert {op["phase"] for op in ops} == {"forward"}
+    assert not any(op["op"] in ("aten.clone.default", "aten.detach.default") for op in ops)
+    # Each reference is described, and each layer's output is the output of an op of
+    # that layer, by the start of its fingerprint hash.
+    used = {ref for op in ops for ref in op["in"] + op["out"]}
+    assert used == set(trace["tensors"])
+    for tensor in result["tensors"]:
+        if tensor["kind"] != "layer":
+            continue
+        producers = [op for op in ops if tensor["hash"][:16] in op["out"]]
+        assert producers and producers[-1]["module"] == tensor["name"]
+        assert trace["tensors"][tensor["hash"][:16]] == [tensor["dtype"], tensor["shape"]]
+
+
+def test_references_are_the_fingerprint_hashes_of_the_tensors_an_op_read_and_wrote() -> None:
+    built = load_workload("mlp").build(dtype=torch.float32, device=CPU)
+    x = next(iter(built.inputs.values()))
+    with _trace.tracing(built.model, CPU) as tracer, torch.no_grad():
+        out = built.model(x)
+    first_linear = next(op for op in tracer.ops if op["op"] == "aten.addmm.default")
+    fc = next(m for m in built.model.modules() if isinstance(m, torch.nn.Linear))
+    assert first_linear["in"] == [_reference_of(fc.bias), _reference_of(x),
+                                  first_linear["in"][2]]
+    assert tracer.ops[-1]["out"] == [_reference_of(out)]
+
+
+def test_the_trace_hash_is_the_sha256_of_its_canonical_json() -> None:
+    trace = _traced("cnn")["trace"]
+    body = {k: v for k, v in trace.items() if k != "hash"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert trace["hash"] == hashlib.sha256(canonical.encode()).hexdigest()
+    # No floats anywhere: any JSON library writes it alike.
+    def leaves(value: Any) -> Iterator[Any]:
+        if isinstance(value, dict):
+            for item in value.values():
+                yield from leaves(item)
+        elif isinstance(value, list):
+            for item in value:
+                yield from leaves(item)
+        else:
+            yield value
+
+    assert {type(leaf) for leaf in leaves(body)} <= {str, int}
+
+
+def test_tracing_changes_no_fingerprint_and_a_steady_computation_gives_the_same_trace() -> None:
+    plain = run_workload(load_workload("transformer"), variant=variant("strict"), device=CPU,
+                         repeats=1)
+    traced = _traced("transformer", "strict")
+    again = _traced("transformer", "strict")
+    assert [t["hash"] for t in traced["tensors"]] == [t["hash"] for t in plain["tensors"]]
+    assert traced["trace"]["hash"] == again["trace"]["hash"]
+
+
+def test_training_names_backward_ops_by_their_module_and_the_optimizer_step() -> None:
+    ops = _traced("train")["trace"]["ops"]
+    phases = [op["phase"] for op in ops]
+    assert phases.index("forward") < phases.index("backward") < phases.index("optimizer")
+    backward = [op for op in ops if op["phase"] == "backward"]
+    # The gradient of a Linear's weight is an mm run for that Linear.
+    assert {op["module"] for op in backward if op["op"] == "aten.mm.default"} == {"fc1", "fc2"}
+    assert {op["module"] for op in ops if op["phase"] == "optimizer"} == {""}
+
+
+def test_kernel_choices_torch_makes_are_recorded() -> None:
+    conv_ops = [op for op in _traced("cnn")["trace"]["ops"]
+                if op["op"] == "aten.convolution.default"]
+    built = load_workload("cnn").build(dtype=torch.float32, device=CPU)
+    conv = built.model.conv1
+    x = next(iter(built.inputs.values()))
+    expected = torch._C._select_conv_backend(
+        x, conv.weight, conv.bias, list(conv.stride), list(conv.padding), list(conv.dilation),
+        False, [0, 0], conv.groups, None)
+    assert conv_ops and conv_ops[0]["kernel"] == f"conv:{expected.name}"
+    sdpa = [op for op in _traced("transformer")["trace"]["ops"]
+            if "scaled_dot_product" in op["op"]]
+    assert sdpa and all(op["kernel"].startswith("sdpa:") for op in sdpa)
+    # The math backend is a composition of ops: they are what the trace shows in the
+    # attention module, where a fused backend shows its one op.
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        math = [op for op in _traced("transformer")["trace"]["ops"]
+                if op["module"] == sdpa[0]["module"]]
+    assert not any("kernel" in op for op in math)
+    names = {op["op"] for op in math}
+    assert "aten.bmm.default" in names and any("softmax" in name for name in names)
+
+
+def test_a_trace_of_another_computation_is_dropped_with_the_reason(monkeypatch) -> None:
+    from numparity_agent import _runner
+
+    real = _runner.trace_ops
+
+    def drifting(*args: Any, expected: list[tuple[str, str]], **kwargs: Any) -> Any:
+        return real(*args, expected=[(n, "0" * 64) for n, _h in expected], **kwargs)
+
+    monkeypatch.setattr(_runner, "trace_ops", drifting)
+    result = run_workload(load_workload("mlp"), variant=variant("default"), device=CPU,
+                          repeats=1, trace=True)
+    assert result["status"] == "ok" and "trace" not in result
+    assert "other bits than the fingerprinted one" in result["trace_error"]
+
+
+def test_the_collectives_are_not_traced() -> None:
+    assert load_workload("collectives").traceable is False
+
+
+# ---- CUDA kernel names, with a fake profiler at the edge (no GPU here) -----------------
+
+
+def _event(name: str, *, children: list[Any] = (), kernels: list[str] = (),
+           device: str = "DeviceType.CPU") -> SimpleNamespace:
+    return SimpleNamespace(name=name, cpu_children=list(children), device_type=device,
+                           kernels=[SimpleNamespace(name=k) for k in kernels])
+
+
+def test_kernel_names_are_gathered_below_each_ops_range() -> None:
+    events = [
+        _event("numparity#0", children=[_event("aten::addmm", kernels=[
+            "ampere_sgemm_128x64_tn", "splitKreduce_kernel"])]),
+        _event("numparity#1", children=[_event("aten::gelu", children=[
+            _event("vectorized_elementwise_kernel<gelu>", device="DeviceType.CUDA")])]),
+        _event("numparity#2"),
+        _event("aten::other", kernels=["not_an_op_of_ours"]),
+    ]
+    kernels = _trace.CudaKernels(SimpleNamespace(events=lambda: events))
+    assert kernels.kernels_by_op() == {
+        0: ["ampere_sgemm_128x64_tn", "splitKreduce_kernel"],
+        1: ["vectorized_elementwise_kernel<gelu>"], 2: []}
+    ops = [{"op": "aten.addmm.default"}, {"op": "aten.gelu.default", "kernel": "x"},
+           {"op": "aten.t.default"}]
+    kernels.annotate(ops)
+    assert ops == [{"op": "aten.addmm.default",
+                    "kernel": "ampere_sgemm_128x64_tn; splitKreduce_kernel"},
+                   {"op": "aten.gelu.default", "kernel": "x; vectorized_elementwise_kernel<gelu>"},
+                   {"op": "aten.t.default"}]
+
+
+_REAL_PROFILE = torch.profiler.profile
+
+
+class _FakeCudaProfiler:
+    """torch.profiler.profile on the CPU, with a TF32 GEMM kernel below every addmm: what
+    a CUDA profile of the same ops shows."""
+
+    def __init__(self, activities: Any = None) -> None:
+        self.activities = activities
+        self._real = _REAL_PROFILE(activities=[torch.profiler.ProfilerActivity.CPU])
+
+    def __enter__(self) -> _FakeCudaProfiler:
+        self._real.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._real.__exit__(*exc)
+
+    def events(self) -> list[Any]:
+        return [self._fake(event) for event in self._real.events()]
+
+    def _fake(self, event: Any) -> SimpleNamespace:
+        kernels = (["sm80_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x16"]
+                   if event.name == "aten::addmm" else [])
+        return SimpleNamespace(
+            name=event.name, device_type="DeviceType.CPU",
+            cpu_children=[self._fake(child) for child in event.cpu_children],
+            kernels=[SimpleNamespace(name=k) for k in kernels])
+
+
+@contextlib.contextmanager
+def _cuda_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.setattr(torch.profiler, "profile", _FakeCudaProfiler)
+    yield SimpleNamespace(type="cuda")
+
+
+def test_on_cuda_each_op_carries_the_kernels_the_profiler_saw(monkeypatch) -> None:
+    built = load_workload("mlp").build(dtype=torch.float32, device=CPU)
+    x = next(iter(built.inputs.values()))
+    with _cuda_device(monkeypatch) as cuda, _trace.tracing(built.model, cuda) as tracer, \
+            torch.no_grad():
+        built.model(x)
+    gemms = [op for op in tracer.ops if op["op"] == "aten.addmm.default"]
+    assert gemms and all("tf32" in op["kernel"] for op in gemms)
+    assert all("kernel" not in op for op in tracer.ops if op["op"] != "aten.addmm.default")
+
+
+# ---- the command line and the config -----------------------------------------------------
+
+
+def test_run_trace_ops_puts_each_trace_once_in_the_document(tmp_path) -> None:
+    from helpers.agent import clean_env, run_agent
+
+    out = tmp_path / "run.json"
+    proc = run_agent("run", "--workloads", "mlp", "probes", "--variants", "default", "strict",
+                     "--repeats", "1", "--output", str(out),
+                     env=clean_env(NUMPARITY_TRACE_OPS="yes"))
+    assert proc.returncode == 0, proc.stderr
+    document = json.loads(out.read_text())
+    traces = {body["hash"]: body for body in document["traces"]}
+    referenced = [r["trace"] for r in document["results"]]
+    # default and strict compute alike on a CPU: one body for both, each body once.
+    assert len(traces) == len(document["traces"]) == len(set(referenced)) == 2
+    assert set(referenced) == set(traces)
+    for result in document["results"]:
+        outputs = {ref for op in traces[result["trace"]]["ops"] for ref in op["out"]}
+        assert {t["hash"][:16] for t in result["tensors"] if t["kind"] == "output"} <= outputs
+
+
+def test_trace_ops_is_a_flag_of_the_config_and_environment(tmp_path) -> None:
+    from numparity_agent.testing import ConfigError, resolve_config
+
+    config = tmp_path / "agent.toml"
+    config.write_text("trace_ops = true\n")
+    assert resolve_config({}, {}, str(config)).get("trace_ops") is True
+    assert resolve_config({}, {"NUMPARITY_TRACE_OPS": "off"}, str(config)).get(
+        "trace_ops") is False
+    assert resolve_config({"trace_ops": True}, {"NUMPARITY_TRACE_OPS": "0"}).get("trace_ops")
+    config.write_text('trace_ops = "sometimes"\n')
+    with pytest.raises(ConfigError, match="trace_ops in .* must be true or false"):
+        resolve_config({}, {}, str(config))
