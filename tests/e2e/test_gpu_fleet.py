@@ -8,7 +8,10 @@ processes) upload through `flush` to a live server:
 - a fault drill on one GPU, twice, makes exactly that GPU suspect, named by node, slot
   and UUID, and not its three siblings — in a lab of this one node;
 - the drilled GPU moved to another node carries its status there, and the node it left
-  (a new GPU in its slot) is no longer suspect.
+  (a new GPU in its slot) is no longer suspect;
+- a GPU that computes with one thread instead of the node's two (a real difference of
+  this CPU's long sums, found from the run itself, never assumed) is split from its
+  siblings by /divergence and watched by the audit, named by slot and UUID.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ DRILLED = A[2]
 B = [DRILLED, *(fake_gpu(n) for n in (10, 11, 12))]  # the drilled GPU at gpu-b's cuda:0
 A_REPAIRED = [A[0], A[1], fake_gpu(20), A[3]]  # a new GPU in gpu-a's cuda:2
 STRICT = ("--variants", "strict", "--repeats", "1")
+# gpu-c's cuda:3 computes with one thread, its siblings with the node's two.
+C = [fake_gpu(n) for n in (30, 31, 32)] + [fake_gpu(33, threads=1)]
 
 
 def _run(out: Path, name: str, node: str, gpus: list[dict[str, Any]], *args: str) -> Path:
@@ -48,6 +53,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "a2": _run(out, "a2", "gpu-a", A, *drill),
         "b1": _run(out, "b1", "gpu-b", B, "--workloads", "mlp,collectives"),
         "a3": _run(out, "a3", "gpu-a", A_REPAIRED, "--workloads", "mlp"),
+        "c1": _run(out, "c1", "gpu-c", C, "--workloads", "probes"),
     }
 
 
@@ -102,3 +108,25 @@ def test_a_drilled_gpu_is_suspect_its_siblings_are_not_and_it_moves_with_its_uui
     assert DRILLED["uuid"] not in devices_a.values()
     (move,) = [row for row in audit["drift"] if row["device"]]
     assert (move["previous_node"], move["node"]) == ("gpu-a", "gpu-b")
+
+
+def test_a_gpu_computing_with_other_threads_is_split_from_its_siblings(
+        runs: dict[str, Path], live_server: Any, tmp_path: Path) -> None:
+    document = json.loads(runs["c1"].read_text())
+    tensors = {r["device"]: {t["name"]: t["hash"] for t in r["tensors"]}
+               for r in document["results"] if r["status"] == "ok"}
+    siblings = [tensors[f"cuda:{i}"] for i in range(3)]
+    assert siblings[0] == siblings[1] == siblings[2]  # same threads: the same bits
+    differing = sorted(name for name, digest in tensors["cuda:3"].items()
+                       if siblings[0][name] != digest)
+    if not differing:
+        pytest.skip("on this CPU no probe depends on the thread count")
+    upload_with_agent([runs["c1"]], live_server, tmp_path / "spool")
+    report = get(live_server, "divergence", workload="probes", variant="strict",
+                 tensor=differing[0])
+    assert [(g["size"], g["devices"]) for g in report["groups"]] == [
+        (3, [{"node": "gpu-c", "device": f"cuda:{i}"} for i in range(3)]),
+        (1, [{"node": "gpu-c", "device": "cuda:3"}])]
+    (entry,) = get(live_server, "audit")["suspects"]
+    assert (entry["node"], entry["device"], entry["device_uuid"], entry["status"]) == \
+        ("gpu-c", "cuda:3", C[3]["uuid"], "watch")
