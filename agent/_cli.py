@@ -19,6 +19,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 from numparity_agent import (
     _config,
     _devices,
@@ -29,7 +31,7 @@ from numparity_agent import (
     _variants,
     _workloads,
 )
-from numparity_agent._answer import tls_verify
+from numparity_agent._answer import server_message, tls_verify
 from numparity_agent._lock import LockBusy, spool_lock
 from numparity_agent._log import end_progress, hide, interactive, log, progress
 
@@ -161,6 +163,33 @@ def _parser() -> argparse.ArgumentParser:
                      help="with --fault-drill: the one device whose strict results are "
                      "corrupted, e.g. cuda:3 (default the first device of the run)")
 
+    explain = sub.add_parser(
+        "explain", help="find the setting under which this node gives another run's bits",
+        epilog=EXIT_CODES_HELP, formatter_class=formatter)
+    server_args(explain)
+    explain.add_argument("--against", metavar="RUN_ID", required=True,
+                         help="the run whose bits to reproduce (a run_id of GET /runs)")
+    explain.add_argument("--workloads", nargs="+", metavar="W",
+                         help="only these workloads (default every one of the run)")
+    explain.add_argument("--variants", nargs="+", metavar="V",
+                         help="only these variants (default every one of the run but "
+                         "fp64-reference)")
+    explain.add_argument("--device", metavar="SLOT",
+                         help="this node's device to compute on (default cpu, or cuda:0 "
+                         "where there is a GPU) and the reference's results to take (its "
+                         "results on the same slot, else its first device)")
+    explain.add_argument("--node", metavar="NAME",
+                         help="this node's name (NUMPARITY_NODE, config node; default the "
+                         "host name)")
+    explain.add_argument("--max-candidates", metavar="N", type=int,
+                         default=_explain_defaults()[0],
+                         help="settings to try at most (default %(default)s)")
+    explain.add_argument("--max-seconds", metavar="S", type=float,
+                         default=_explain_defaults()[1],
+                         help="stop trying after S seconds (default %(default)s)")
+    explain.add_argument("--output", metavar="FILE",
+                         help="also write the findings to this file")
+
     flush = sub.add_parser("flush", help="upload what is spooled, oldest first",
                            epilog=EXIT_CODES_HELP, formatter_class=formatter)
     server_args(flush)
@@ -175,6 +204,12 @@ def _parser() -> argparse.ArgumentParser:
         "never fail it; default exit 0)",
     )
     return parser
+
+
+def _explain_defaults() -> tuple[int, float]:
+    from numparity_agent._explain import DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_SECONDS
+
+    return DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_SECONDS
 
 
 def worst(codes: set[int]) -> int:
@@ -302,6 +337,70 @@ def _cmd_flush(args: argparse.Namespace) -> int:
         return EXIT_OK
     log(f"spool {context.spool}: {result.summary()}")
     return _finish(_flush_codes(result))
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    """`explain --against RUN_ID` (design §2.11): read the reference, try settings in
+    children, print and upload the findings."""
+    from numparity_agent import _explain
+    from numparity_agent._document import utc_now
+
+    context = _Context(args)
+    if not context.server:
+        raise _Usage("explain needs --server (or NUMPARITY_SERVER, or server in the config "
+                     "file): it reads the reference run there")
+    if args.max_candidates < 1 or not args.max_seconds > 0:
+        raise _Usage("--max-candidates must be at least 1 and --max-seconds more than 0")
+    bad = [v for v in args.variants or () if v not in _variants.VARIANTS]
+    if bad:
+        raise _Usage(f"unknown variant(s) {', '.join(bad)}; valid: "
+                     f"{', '.join(_variants.names())}")
+    device = args.device or _default_explain_device()
+    with httpx.Client(timeout=context.upload_timeout, verify=context.verify) as client:
+        answer, reference = _explain.fetch_reference(
+            client, context.server, context.token, args.against)
+        if reference is None:
+            log(f"error: cannot read run {args.against}: {server_message(answer.detail)}")
+            return _finish({EXIT_USAGE if answer.status == 404 else
+                            EXIT_REFUSED if answer.refused else EXIT_SPOOLED})
+        try:
+            targets = _explain.targets_of(reference, workloads=args.workloads,
+                                          variants=args.variants, device=None)
+        except _explain.ExplainError as exc:
+            raise _Usage(str(exc)) from None
+        targets = _explain.on_device(targets, device)
+        started = utc_now()
+        findings = _explain.explain(reference, targets, device=device,
+                                    max_candidates=args.max_candidates,
+                                    max_seconds=args.max_seconds)
+        for finding in findings:
+            _answer(finding.sentence(args.against) + "\n")
+        document = _explain.explanation_document(
+            findings, node=context.settings.get("node") or socket.gethostname(),
+            against=args.against, device=device, started_at=started, finished_at=utc_now())
+        codes: set[int] = set()
+        if args.output:
+            try:
+                _write_output(args.output, document)
+            except OSError as exc:
+                log(f"error: cannot write {args.output}: {exc.strerror or exc}")
+                codes.add(EXIT_SPOOL_UNWRITABLE)
+        sent = _explain.post_findings(client, context.server, context.token, document)
+        if sent.ok:
+            log(f"findings uploaded to {context.server}")
+        else:
+            log(f"error: the findings were not uploaded: {server_message(sent.detail)}")
+            codes.add(EXIT_REFUSED if sent.status is not None and sent.status < 500
+                      else EXIT_SPOOLED)
+    if any(f.status == "failed" for f in findings):
+        codes.add(EXIT_VARIANT_FAILED)
+    return _finish(codes)
+
+
+def _default_explain_device() -> str:
+    """cuda:0 where a GPU driver is, else the CPU: the one device explain computes on."""
+    return "cuda:0" if _devices.gpu_driver_present() and sys.platform.startswith("linux") \
+        else _devices.CPU
 
 
 def _write_output(path: str, document: dict[str, Any]) -> None:
@@ -471,7 +570,8 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
-    handlers = {"run": _cmd_run, "flush": _cmd_flush, "env": _cmd_env, "doctor": _cmd_doctor}
+    handlers = {"run": _cmd_run, "flush": _cmd_flush, "env": _cmd_env, "doctor": _cmd_doctor,
+                "explain": _cmd_explain}
     try:
         return handlers[args.command](args)
     except _Usage as exc:
