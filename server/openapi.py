@@ -14,6 +14,8 @@ once, after every route is registered, the schema is corrected operation by oper
   (an encoding other than gzip) and 429 (over the token's budget, ``kit.budget``); every
   operation but ``/healthz`` and ``/api/v1`` reads the database, so 503;
 - ``limit`` (``deps.page_params``) has the server's ``page_max`` as its maximum;
+- every string a path or query parameter takes has the pattern ``^[^\\u0000]*$``: no value
+  may hold a NUL (``deps``, app-wide: 404 in a path, 422 in a query);
 - the models of hand-read bodies (the run document) are added to the components.
 
 Read from the schema rather than from FastAPI's route objects, whose layout changes
@@ -102,10 +104,24 @@ def _correct(operation: dict[str, Any], page_max: int, *, database: bool) -> Non
                 response["description"] = _DESCRIPTIONS.get(int(code), "Error")
             content = response.setdefault("content", {}).setdefault("application/json", {})
             content["schema"] = _ERROR_REF
+    for parameter in parameters:
+        if parameter["in"] in ("path", "query"):
+            _forbid_nul(parameter.get("schema", {}))
     if ("query", "limit") in where and ("query", "offset") in where:
         for parameter in parameters:
             if parameter["name"] == "limit" and parameter["in"] == "query":
                 _set_maximum(parameter["schema"], page_max)
+
+
+# JSON Schema's regular expressions are ECMA 262: \u0000 is the NUL character.
+_NO_NUL = "^[^\\u0000]*$"
+
+
+def _forbid_nul(schema: dict[str, Any]) -> None:
+    """A NUL-free ``pattern`` on every string branch of a parameter's schema."""
+    for branch in schema.get("anyOf", [schema]):
+        if branch.get("type") == "string" and "pattern" not in branch:
+            branch["pattern"] = _NO_NUL
 
 
 def _set_maximum(schema: dict[str, Any], maximum: int) -> None:

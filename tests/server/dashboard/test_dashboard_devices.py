@@ -205,7 +205,11 @@ def test_the_node_page_lists_its_devices_and_the_audits_status(gpu_fleet):
             assert '<td data-status="suspect"' in row
             assert suspect["detail"].replace("'", "&#39;") in row
             compare = suspect["compare"]
-            assert ("compare with a peer" in row) == (compare["run_a"] != compare["run_b"])
+            # The peer holding the usual answer may sit on another node or beside the
+            # suspect in the same run: either way the link compares two devices.
+            assert "compare with a peer" in row and compare["run_a"]
+            assert (compare["run_a"], compare["device_a"]) != (compare["run_b"],
+                                                               compare["device_b"])
         else:
             assert '<td data-status="none">' in row
     # gpu-node-2 also lists the CPU its fp64-reference ran on.
