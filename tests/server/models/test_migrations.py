@@ -16,7 +16,7 @@ from numparity_server.kit.settings import Settings
 from numparity_server.models import Base
 
 TABLES = {"nodes", "environments", "runs", "results", "manifests", "fingerprints", "latest",
-          "tokens", "devices"}
+          "tokens", "devices", "traces"}
 NOW = "2026-11-21 10:00:00+00:00"  # a fixed timestamp for rows written by raw SQL
 
 
@@ -81,6 +81,7 @@ def test_every_lookup_column_is_indexed(migrated_database_url, engine):
     assert ("identity",) in indexed("devices") and ("uuid",) in indexed("devices")
     assert ("node_id",) in indexed("devices")
     assert ("manifest_hash",) in indexed("outcomes")
+    assert ("trace_hash",) in indexed("outcomes")
     assert ("run_id",) in indexed("runs") and ("env_key",) in indexed("environments")
     assert ("sha256",) in indexed("tokens")
 
@@ -216,3 +217,34 @@ def test_0008_gives_stored_runs_devices_by_their_node_and_slot(database_url, eng
     with engine.connect() as connection:
         assert "devices" not in inspect(connection).get_table_names()
         assert connection.execute(text("SELECT result_id FROM latest")).scalar_one() == 11
+
+
+def test_0009_keeps_stored_outcomes_without_a_trace_and_guards_the_reference(
+        database_url, engine):
+    """Outcomes stored before traces keep their rows with no trace; a trace an outcome
+    refers to must exist (the foreign key retention and ingest rely on); the downgrade
+    drops the traces and keeps the outcomes."""
+    migrate.upgrade(database_url, "0008")
+    with engine.begin() as connection:
+        connection.execute(text(
+            "INSERT INTO outcomes (id, hash, suite, workload, variant, device, status) "
+            "VALUES (5, 'h', 'standard', 'cnn', 'strict', 'cpu', 'ok')"))
+    migrate.upgrade(database_url)
+    with engine.begin() as connection:
+        assert connection.execute(text("SELECT hash, trace_hash FROM outcomes")).all() == [
+            ("h", None)]
+        connection.execute(text(
+            "INSERT INTO traces (hash, body, op_count, created_at) "
+            f"VALUES ('{'t' * 64}', :body, 2, '{NOW}')"), {"body": b"x"})
+        connection.execute(text(f"UPDATE outcomes SET trace_hash = '{'t' * 64}'"))
+    with pytest.raises(Exception, match="(?i)foreign key"), engine.begin() as connection:
+        if connection.dialect.name == "sqlite":
+            connection.execute(text("PRAGMA foreign_keys = ON"))
+        connection.execute(text(
+            "INSERT INTO outcomes (id, hash, suite, workload, variant, device, status, "
+            f"trace_hash) VALUES (6, 'g', 'standard', 'cnn', 'default', 'cpu', 'ok', "
+            f"'{'u' * 64}')"))
+    migrate.downgrade(database_url, "0008")
+    with engine.connect() as connection:
+        assert "traces" not in inspect(connection).get_table_names()
+        assert connection.execute(text("SELECT id, hash FROM outcomes")).all() == [(5, "h")]
