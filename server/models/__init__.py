@@ -2,6 +2,7 @@
 
 from numparity_server.models.base import Base, UTCDateTime, utcnow
 from numparity_server.models.content import STAT_FIELDS, Fingerprint, Manifest, Trace
+from numparity_server.models.explanations import Explanation
 from numparity_server.models.fleet import Device, Environment, Node
 from numparity_server.models.runs import Latest, Outcome, Result, Run
 from numparity_server.models.tokens import Token
@@ -11,6 +12,7 @@ __all__ = [
     "Base",
     "Device",
     "Environment",
+    "Explanation",
     "Fingerprint",
     "Latest",
     "Manifest",

@@ -16,7 +16,7 @@ from numparity_server.kit.settings import Settings
 from numparity_server.models import Base
 
 TABLES = {"nodes", "environments", "runs", "results", "manifests", "fingerprints", "latest",
-          "tokens", "devices", "traces"}
+          "tokens", "devices", "traces", "explanations"}
 NOW = "2026-11-21 10:00:00+00:00"  # a fixed timestamp for rows written by raw SQL
 
 
@@ -84,6 +84,10 @@ def test_every_lookup_column_is_indexed(migrated_database_url, engine):
     assert ("trace_hash",) in indexed("outcomes")
     assert ("run_id",) in indexed("runs") and ("env_key",) in indexed("environments")
     assert ("sha256",) in indexed("tokens")
+    assert ("suite", "workload", "variant") in indexed("explanations")
+    assert ("against_run_pk",) in indexed("explanations")
+    assert ("node_id",) in indexed("explanations")
+    assert ("against_node_id",) in indexed("explanations")
 
 
 def test_0002_fills_latest_from_the_results_it_points_at(database_url, engine):
@@ -248,3 +252,39 @@ def test_0009_keeps_stored_outcomes_without_a_trace_and_guards_the_reference(
     with engine.connect() as connection:
         assert "traces" not in inspect(connection).get_table_names()
         assert connection.execute(text("SELECT id, hash FROM outcomes")).all() == [(5, "h")]
+
+
+def test_0010_explanations_go_with_their_reference_run(database_url, engine):
+    """A finding points at its reference run, and goes when the run goes (retention);
+    the downgrade drops the findings and keeps every run."""
+    migrate.upgrade(database_url, "0009")
+    with engine.begin() as connection:
+        for statement in (
+            "INSERT INTO nodes (id, name, labels, first_seen, last_seen) "
+            f"VALUES (1, 'n', '{{}}', '{NOW}', '{NOW}'), (2, 'm', '{{}}', '{NOW}', '{NOW}')",
+            "INSERT INTO environments (id, env_key, document, first_seen) "
+            f"VALUES (7, 'e', '{{}}', '{NOW}')",
+            "INSERT INTO runs (id, run_id, node_id, environment_id, started_at, "
+            f"document_sha256, drill, received_at) VALUES (3, 'r', 1, 7, '{NOW}', 'x', "
+            f"false, '{NOW}'), (4, 's', 1, 7, '{NOW}', 'y', false, '{NOW}')",
+        ):
+            connection.execute(text(statement))
+    migrate.upgrade(database_url, "0010")
+    with engine.begin() as connection:
+        if connection.dialect.name == "sqlite":
+            connection.execute(text("PRAGMA foreign_keys = ON"))
+        connection.execute(text(
+            "INSERT INTO explanations (id, node_id, environment_id, against_run_pk, "
+            "against_node_id, suite, workload, variant, device, local_device, status, "
+            "label, setting, tried, seconds, created_at) VALUES "
+            f"(1, 2, 7, 3, 1, 'standard', 'mlp', 'default', 'cpu', 'cpu', 'reproduced', "
+            f"'MKL_CBWR=COMPATIBLE', '{{\"env\": {{\"MKL_CBWR\": \"COMPATIBLE\"}}, "
+            f"\"knobs\": {{}}}}', 1, 4.5, '{NOW}'), "
+            f"(2, 2, 7, 4, 1, 'standard', 'mlp', 'default', 'cpu', 'cpu', 'already', "
+            f"NULL, NULL, 0, 2.0, '{NOW}')"))
+        connection.execute(text("DELETE FROM runs WHERE id = 3"))
+        assert connection.execute(text("SELECT id FROM explanations")).all() == [(2,)]
+    migrate.downgrade(database_url, "0009")
+    with engine.connect() as connection:
+        assert "explanations" not in inspect(connection).get_table_names()
+        assert connection.execute(text("SELECT id FROM runs")).all() == [(4,)]
