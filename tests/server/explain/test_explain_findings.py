@@ -257,3 +257,17 @@ def test_retention_drops_a_run_with_its_findings(make_api, monkeypatch):
     report = apply_retention(sessions=sessions, days=30)
     assert report.runs == 1
     assert [i["against_run"] for i in listed(api)["items"]] == [new["run_id"]]
+
+
+def test_the_body_limit_and_the_byte_budget_hold_as_for_runs(make_api):
+    api = make_api(max_body_bytes=4096, token_bytes_per_s=1)
+    body = document("lab-01", "r1")
+    body["findings"][0]["detail"] = "x" * 8192
+    too_large = post(api, body)
+    assert too_large.status_code == 413
+    assert "NUMPARITY_MAX_BODY_BYTES" in too_large.json()["detail"]
+    # The bucket holds max_body_bytes and refills at 1 byte/s: a request takes all of it
+    # (at least 64 KiB, at most the bucket), the next one waits.
+    assert post(api, document("lab-01", "r1")).status_code == 422
+    over_budget = post(api, document("lab-01", "r1"))
+    assert over_budget.status_code == 429 and "Retry-After" in over_budget.headers
