@@ -18,6 +18,8 @@ from numparity_server.dashboard.api_docs import install_api_docs
 from numparity_server.deps import reject_nul
 from numparity_server.divergence.api import router as divergence_router
 from numparity_server.environments.api import router as environments_router
+from numparity_server.explain.api import OPENAPI_MODELS as EXPLAIN_MODELS
+from numparity_server.explain.api import router as explain_router
 from numparity_server.health.api import router as health_router
 from numparity_server.kit import migrate
 from numparity_server.kit.db import get_engine, session_factory
@@ -67,10 +69,11 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(divergence_router)
     app.include_router(compare_router)
     app.include_router(audit_router)
+    app.include_router(explain_router)
     app.include_router(metrics_router)
     dashboard.install(app)
     install_api_docs(app)
-    openapi.install(app, models=OPENAPI_MODELS)
+    openapi.install(app, models=(*OPENAPI_MODELS, *EXPLAIN_MODELS))
     # Outside the routes and their dependencies: no database work before the body is in.
     app.add_middleware(BodyLimits, max_body_bytes=settings.max_body_bytes,
                        body_timeout_s=settings.body_timeout_s,

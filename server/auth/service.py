@@ -101,11 +101,12 @@ def authenticate(*, session: Session, authorization: str | None, role: Role) -> 
     return principal
 
 
-def require_node(principal: Principal, node: str) -> None:
-    """Refuse (403) a run of ``node`` from a token bound to other nodes (design §3.6)."""
+def require_node(principal: Principal, node: str, *, what: str = "runs") -> None:
+    """Refuse (403) ``what`` (runs, explanations) of ``node`` from a token bound to other
+    nodes (design §3.6)."""
     if principal.may_write_node(node):
         return
     shown = node if len(node) <= 100 else node[:100] + "…"
     raise Forbidden(f"token {principal.token_id} is bound to "
                     f"{binding_text(principal.node_names, principal.node_patterns)}: it may "
-                    f"not write runs of node {shown!r}")
+                    f"not write {what} of node {shown!r}")

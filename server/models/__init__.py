@@ -1,7 +1,8 @@
 """ORM models (design §3.1). Importing this package registers every table on ``Base``."""
 
 from numparity_server.models.base import Base, UTCDateTime, utcnow
-from numparity_server.models.content import STAT_FIELDS, Fingerprint, Manifest
+from numparity_server.models.content import STAT_FIELDS, Fingerprint, Manifest, Trace
+from numparity_server.models.explanations import Explanation
 from numparity_server.models.fleet import Device, Environment, Node
 from numparity_server.models.runs import Latest, Outcome, Result, Run
 from numparity_server.models.tokens import Token
@@ -11,6 +12,7 @@ __all__ = [
     "Base",
     "Device",
     "Environment",
+    "Explanation",
     "Fingerprint",
     "Latest",
     "Manifest",
@@ -19,6 +21,7 @@ __all__ = [
     "Result",
     "Run",
     "Token",
+    "Trace",
     "UTCDateTime",
     "utcnow",
 ]

@@ -66,5 +66,23 @@ class Fingerprint(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class Trace(Base):
+    """An op trace of one result (the agent's ``run --trace-ops``): every aten operation in
+    execution order, its tensors named by the first 16 hex digits of their hashes.
+
+    ``body`` is the zlib of the canonical JSON the hash covers (the trace without its
+    ``hash``: sorted keys, compact, as the agent computes it), so a stored body checks
+    against its own key. Traces of every node of an environment are alike, so a steady
+    fleet stores each once (design §3.1).
+    """
+
+    __tablename__ = "traces"
+
+    hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+    op_count: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 STAT_FIELDS = ("count", "nan", "inf", "pos_inf", "neg_inf", "zero", "subnormal",
                "fp16_overflow", "fp16_underflow", "min", "max", "mean", "std", "abs_max", "l2")

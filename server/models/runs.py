@@ -65,6 +65,9 @@ class Outcome(Base):
     repeats: Mapped[int | None] = mapped_column(Integer)
     repeats_agree: Mapped[bool | None] = mapped_column(Boolean)
     knobs: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # The result's op trace (traces.hash), when the agent traced it (design §3.1); the
+    # outcome hash covers it only when set, so outcomes without one kept their hashes.
+    trace_hash: Mapped[str | None] = mapped_column(ForeignKey("traces.hash"), index=True)
 
 
 class Result(Base):

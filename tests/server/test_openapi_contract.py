@@ -35,6 +35,16 @@ MAX_EXAMPLES = 12
 RULES_BEYOND_JSON_SCHEMA = {"include-path": "/api/v1/runs", "include-method": "POST",
                             "checks": {"positive_data_acceptance": {"expected-statuses": [
                                 "2xx", "401", "403", "409", "422"]}}}
+# POST /explanations: the findings name a node that has uploaded a run, a stored run
+# (`against`) and ok results of that run, each once; a 422 naming the field otherwise.
+FINDINGS_OF_STORED_RUNS = {"include-path": "/api/v1/explanations", "include-method": "POST",
+                           "checks": {"positive_data_acceptance": {"expected-statuses": [
+                               "2xx", "401", "403", "422"]}}}
+# POST /explanations: the findings name a node that has uploaded a run, a stored run
+# (`against`) and ok results of that run, each once; a 422 naming the field otherwise.
+FINDINGS_OF_STORED_RUNS = {"include-path": "/api/v1/explanations", "include-method": "POST",
+                           "checks": {"positive_data_acceptance": {"expected-statuses": [
+                               "2xx", "401", "403", "422"]}}}
 
 
 @pytest.fixture(params=["agent", "reader"])
@@ -51,7 +61,7 @@ def contract_run(request: pytest.FixtureRequest, make_api: Callable[..., Any]
                        "database": "none"},
         "phases": {"stateful": {"enabled": False}},
         "headers": dict(getattr(api, request.param)),
-        "operations": [RULES_BEYOND_JSON_SCHEMA],
+        "operations": [RULES_BEYOND_JSON_SCHEMA, FINDINGS_OF_STORED_RUNS],
     })
     schema = schemathesis.openapi.from_asgi("/openapi.json", api.client.app, config=config)
     return run(schema)

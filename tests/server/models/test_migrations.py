@@ -16,7 +16,7 @@ from numparity_server.kit.settings import Settings
 from numparity_server.models import Base
 
 TABLES = {"nodes", "environments", "runs", "results", "manifests", "fingerprints", "latest",
-          "tokens", "devices"}
+          "tokens", "devices", "traces", "explanations"}
 NOW = "2026-11-21 10:00:00+00:00"  # a fixed timestamp for rows written by raw SQL
 
 
@@ -81,8 +81,13 @@ def test_every_lookup_column_is_indexed(migrated_database_url, engine):
     assert ("identity",) in indexed("devices") and ("uuid",) in indexed("devices")
     assert ("node_id",) in indexed("devices")
     assert ("manifest_hash",) in indexed("outcomes")
+    assert ("trace_hash",) in indexed("outcomes")
     assert ("run_id",) in indexed("runs") and ("env_key",) in indexed("environments")
     assert ("sha256",) in indexed("tokens")
+    assert ("suite", "workload", "variant") in indexed("explanations")
+    assert ("against_run_pk",) in indexed("explanations")
+    assert ("node_id",) in indexed("explanations")
+    assert ("against_node_id",) in indexed("explanations")
 
 
 def test_0002_fills_latest_from_the_results_it_points_at(database_url, engine):
@@ -216,3 +221,70 @@ def test_0008_gives_stored_runs_devices_by_their_node_and_slot(database_url, eng
     with engine.connect() as connection:
         assert "devices" not in inspect(connection).get_table_names()
         assert connection.execute(text("SELECT result_id FROM latest")).scalar_one() == 11
+
+
+def test_0009_keeps_stored_outcomes_without_a_trace_and_guards_the_reference(
+        database_url, engine):
+    """Outcomes stored before traces keep their rows with no trace; a trace an outcome
+    refers to must exist (the foreign key retention and ingest rely on); the downgrade
+    drops the traces and keeps the outcomes."""
+    migrate.upgrade(database_url, "0008")
+    with engine.begin() as connection:
+        connection.execute(text(
+            "INSERT INTO outcomes (id, hash, suite, workload, variant, device, status) "
+            "VALUES (5, 'h', 'standard', 'cnn', 'strict', 'cpu', 'ok')"))
+    migrate.upgrade(database_url)
+    with engine.begin() as connection:
+        assert connection.execute(text("SELECT hash, trace_hash FROM outcomes")).all() == [
+            ("h", None)]
+        connection.execute(text(
+            "INSERT INTO traces (hash, body, op_count, created_at) "
+            f"VALUES ('{'t' * 64}', :body, 2, '{NOW}')"), {"body": b"x"})
+        connection.execute(text(f"UPDATE outcomes SET trace_hash = '{'t' * 64}'"))
+    with pytest.raises(Exception, match="(?i)foreign key"), engine.begin() as connection:
+        if connection.dialect.name == "sqlite":
+            connection.execute(text("PRAGMA foreign_keys = ON"))
+        connection.execute(text(
+            "INSERT INTO outcomes (id, hash, suite, workload, variant, device, status, "
+            f"trace_hash) VALUES (6, 'g', 'standard', 'cnn', 'default', 'cpu', 'ok', "
+            f"'{'u' * 64}')"))
+    migrate.downgrade(database_url, "0008")
+    with engine.connect() as connection:
+        assert "traces" not in inspect(connection).get_table_names()
+        assert connection.execute(text("SELECT id, hash FROM outcomes")).all() == [(5, "h")]
+
+
+def test_0010_explanations_go_with_their_reference_run(database_url, engine):
+    """A finding points at its reference run, and goes when the run goes (retention);
+    the downgrade drops the findings and keeps every run."""
+    migrate.upgrade(database_url, "0009")
+    with engine.begin() as connection:
+        for statement in (
+            "INSERT INTO nodes (id, name, labels, first_seen, last_seen) "
+            f"VALUES (1, 'n', '{{}}', '{NOW}', '{NOW}'), (2, 'm', '{{}}', '{NOW}', '{NOW}')",
+            "INSERT INTO environments (id, env_key, document, first_seen) "
+            f"VALUES (7, 'e', '{{}}', '{NOW}')",
+            "INSERT INTO runs (id, run_id, node_id, environment_id, started_at, "
+            f"document_sha256, drill, received_at) VALUES (3, 'r', 1, 7, '{NOW}', 'x', "
+            f"false, '{NOW}'), (4, 's', 1, 7, '{NOW}', 'y', false, '{NOW}')",
+        ):
+            connection.execute(text(statement))
+    migrate.upgrade(database_url, "0010")
+    with engine.begin() as connection:
+        if connection.dialect.name == "sqlite":
+            connection.execute(text("PRAGMA foreign_keys = ON"))
+        connection.execute(text(
+            "INSERT INTO explanations (id, node_id, environment_id, against_run_pk, "
+            "against_node_id, suite, workload, variant, device, local_device, status, "
+            "label, setting, tried, seconds, created_at) VALUES "
+            f"(1, 2, 7, 3, 1, 'standard', 'mlp', 'default', 'cpu', 'cpu', 'reproduced', "
+            f"'MKL_CBWR=COMPATIBLE', '{{\"env\": {{\"MKL_CBWR\": \"COMPATIBLE\"}}, "
+            f"\"knobs\": {{}}}}', 1, 4.5, '{NOW}'), "
+            f"(2, 2, 7, 4, 1, 'standard', 'mlp', 'default', 'cpu', 'cpu', 'already', "
+            f"NULL, NULL, 0, 2.0, '{NOW}')"))
+        connection.execute(text("DELETE FROM runs WHERE id = 3"))
+        assert connection.execute(text("SELECT id FROM explanations")).all() == [(2,)]
+    migrate.downgrade(database_url, "0009")
+    with engine.connect() as connection:
+        assert "explanations" not in inspect(connection).get_table_names()
+        assert connection.execute(text("SELECT id FROM runs")).all() == [(4,)]
