@@ -370,13 +370,14 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             raise _Usage(str(exc)) from None
         targets = _explain.on_device(targets, device)
         started = utc_now()
-        findings = _explain.explain(reference, targets, device=device,
-                                    max_candidates=args.max_candidates,
-                                    max_seconds=args.max_seconds)
+        explained = _explain.explain(reference, targets, device=device,
+                                     max_candidates=args.max_candidates,
+                                     max_seconds=args.max_seconds)
+        findings = explained.findings
         for finding in findings:
             _answer(finding.sentence(args.against) + "\n")
         document = _explain.explanation_document(
-            findings, node=context.settings.get("node") or socket.gethostname(),
+            explained, node=context.settings.get("node") or socket.gethostname(),
             against=args.against, device=device, started_at=started, finished_at=utc_now())
         codes: set[int] = set()
         if args.output:

@@ -76,6 +76,10 @@ class Target:
         return self.workload, self.variant
 
 
+# `detail` and child errors stay within what the server stores (16,384 characters).
+DETAIL_LIMIT = 4000
+
+
 @dataclass
 class Finding:
     target: Target
@@ -95,7 +99,8 @@ class Finding:
             "setting": self.setting.to_json() if self.setting is not None else None,
             "label": self.setting.label() if self.setting is not None else None,
             "tried": self.tried, "seconds": round(self.seconds, 3),
-            "closest": self.closest, "detail": self.detail,
+            "closest": self.closest,
+            "detail": self.detail[-DETAIL_LIMIT:] if self.detail else self.detail,
         }
 
     def sentence(self, against: str) -> str:
@@ -257,7 +262,8 @@ def run_explain_child(env_setting: Setting, variant: str, workloads: list[str],
             return {"error": f"timed out after {timeout:.0f} s"}
         if proc.returncode != 0 or not os.path.exists(out_path):
             tail = (proc.stderr or "").strip().splitlines()[-1:] or [""]
-            return {"error": f"child exited with code {proc.returncode}: {tail[0]}"}
+            return {"error": f"child exited with code {proc.returncode}: "
+                             f"{tail[0][-DETAIL_LIMIT:]}"}
         with open(out_path, encoding="utf-8") as f:
             output: dict[str, Any] = json.load(f)
         return output
@@ -273,13 +279,20 @@ def _score(tensors: Sequence[Sequence[str]], wanted: Sequence[tuple[str, str]]
     return same, first[0], first[1]
 
 
+@dataclass(frozen=True)
+class Explained:
+    findings: list[Finding]
+    env_key: str | None  # of the environment the children computed in, as configured
+
+
 def explain(
     reference: dict[str, Any], targets: Sequence[Target], *, device: str = "cpu",
     max_candidates: int = DEFAULT_MAX_CANDIDATES, max_seconds: float = DEFAULT_MAX_SECONDS,
     log_line: Callable[[str], None] = log, runner: Runner | None = None,
-) -> list[Finding]:
-    """A finding per target (see the module docstring). `runner` runs one child (tests
-    replace it); by default `run_explain_child` on `device`."""
+) -> Explained:
+    """A finding per target (see the module docstring), and the env_key of the node as
+    it is configured here. `runner` runs one child (tests replace it); by default
+    `run_explain_child` on `device`."""
     def default_runner(env_setting: Setting, variant: str, workloads: list[str],
                        knob_sets: list[Setting], stop_when: dict[str, list[list[str]]],
                        timeout: float) -> dict[str, Any]:
@@ -382,15 +395,20 @@ def explain(
     for finding in findings.values():
         if finding.status == "not_reproduced":
             finding.seconds = time.monotonic() - started
-    return list(findings.values())
+    return Explained(list(findings.values()), local_env.get("env_key"))
 
 
-def explanation_document(findings: Sequence[Finding], *, node: str, against: str,
+def explanation_document(explained: Explained, *, node: str, against: str,
                          device: str, started_at: str, finished_at: str) -> dict[str, Any]:
-    """What `POST /api/v1/explanations` takes (design §2.11)."""
-    return {"schema": SCHEMA, "node": node, "against": against, "device": device,
-            "started_at": started_at, "finished_at": finished_at,
-            "findings": [finding.to_json() for finding in findings]}
+    """What `POST /api/v1/explanations` takes (design §2.11). `env_key` says in which
+    environment the findings hold: an explain started from another shell than the
+    node's runs may not be the node's newest environment."""
+    document = {"schema": SCHEMA, "node": node, "against": against, "device": device,
+                "started_at": started_at, "finished_at": finished_at,
+                "findings": [finding.to_json() for finding in explained.findings]}
+    if explained.env_key:
+        document["env_key"] = explained.env_key
+    return document
 
 
 # ---- the server ------------------------------------------------------------------------

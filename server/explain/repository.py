@@ -79,6 +79,12 @@ def node_by_name(session: Session, name: str) -> ExplainingNode | None:
     return None if row is None else ExplainingNode(*row)
 
 
+def environment_id(session: Session, env_key: str) -> int | None:
+    found: int | None = session.execute(
+        select(Environment.id).where(Environment.env_key == env_key)).scalar_one_or_none()
+    return found
+
+
 def insert_explanations(session: Session, rows: Sequence[dict[str, Any]]) -> None:
     """One statement for every finding of a document (at most 256)."""
     if rows:

@@ -98,6 +98,10 @@ class ExplanationDocument(_Wire):
     against: str = Field(pattern=RUN_ID_PATTERN, description="the reference run's run_id")
     device: str = Field(default="", max_length=64,
                         description="the device this node computed on")
+    env_key: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{64}$",
+        description="the environment explain computed in (the node as configured where "
+                    "it ran); the node's newest environment when absent or unknown")
     started_at: Time
     finished_at: Time
     findings: list[FindingDoc] = Field(max_length=MAX_FINDINGS)

@@ -160,8 +160,12 @@ def store_explanations(*, session: Session, document: dict[str, Any]) -> Explana
                 f"device {device!r}")})
     if problems:
         raise InvalidDocument(problems)
+    # Where the findings hold: the environment explain computed in when the server knows
+    # it (an explain run from another shell may not be the node's newest environment).
+    environment_id = (repository.environment_id(session, explanation.env_key)
+                      if explanation.env_key else None) or node.environment_id
     rows = [{
-        "node_id": node.id, "environment_id": node.environment_id,
+        "node_id": node.id, "environment_id": environment_id,
         "against_run_pk": run.pk, "against_node_id": run.node_id,
         "suite": finding.suite, "workload": finding.workload,
         # The reference's version, as stored (the agent copies it from the reference).

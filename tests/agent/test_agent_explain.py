@@ -101,7 +101,8 @@ def test_the_first_setting_that_gives_every_tensor_is_the_finding() -> None:
     answer = Setting.of(env={"ATEN_CPU_CAPABILITY": "avx2"})
     child = FakeChild(answer)
     reference = {"environment": {**LOCAL, "env_vars": {"MKL_CBWR": "AUTO"}}}
-    (finding,) = _explain.explain(reference, [_target()], runner=child, log_line=print)
+    explained = _explain.explain(reference, [_target()], runner=child, log_line=print)
+    (finding,) = explained.findings
     assert finding.status == "reproduced" and finding.setting == answer
     # The node as configured first, then candidates until the answer, not beyond.
     assert child.calls[0] == (Setting(), [Setting()])
@@ -113,7 +114,7 @@ def test_without_a_setting_the_closest_is_named_and_the_budget_holds() -> None:
     near = Setting.of(knobs={"threads": 1})
     child = FakeChild(None, near)
     (finding,) = _explain.explain({"environment": {}}, [_target()], runner=child,
-                                  max_candidates=12, log_line=print)
+                                  max_candidates=12, log_line=print).findings
     assert finding.status == "not_reproduced" and finding.tried == 12
     assert finding.closest == {"label": "threads=1", "setting": near.to_json(),
                                "matching": 1, "tensors": 2, "first_differing": "output"}
@@ -122,7 +123,8 @@ def test_without_a_setting_the_closest_is_named_and_the_budget_holds() -> None:
 
 def test_other_inputs_are_not_a_setting() -> None:
     (finding,) = _explain.explain({"environment": {}}, [_target()],
-                                  runner=FakeChild(None, inputs="other"), log_line=print)
+                                  runner=FakeChild(None, inputs="other"),
+                                  log_line=print).findings
     assert finding.status == "failed" and "broken inputs" in finding.detail
 
 
@@ -192,7 +194,9 @@ def test_real_children_find_the_mkl_setting_in_both_directions(
             monkeypatch.delenv(name, raising=False)
     reference = _reference(runs[against])
     targets = _explain.targets_of(reference, workloads=None, variants=None, device=None)
-    findings = _explain.explain(reference, targets, log_line=print)
+    explained = _explain.explain(reference, targets, log_line=print)
+    findings = explained.findings
+    assert explained.env_key is not None and len(explained.env_key) == 64
     differing = [f for f in findings if f.status != "already"]
     assert differing and {f.setting.label() for f in differing} == {expected}
     assert all(f.status == "reproduced" and f.tried == 1 for f in differing)

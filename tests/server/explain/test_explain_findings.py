@@ -43,10 +43,13 @@ def missed(**target_fields: str) -> _explain.Finding:
     return finding
 
 
-def document(node: str, against: str, *findings: _explain.Finding) -> dict[str, Any]:
+def document(node: str, against: str, *findings: _explain.Finding,
+             env_key: str | None = None) -> dict[str, Any]:
     """What the agent posts: its own `explanation_document`."""
+    explained = _explain.Explained(list(findings or (reproduced(Setting.of(env=MKL)),)),
+                                   env_key)
     return _explain.explanation_document(
-        findings or (reproduced(Setting.of(env=MKL)),), node=node, against=against,
+        explained, node=node, against=against,
         device="cpu", started_at="2026-11-21T12:00:00Z", finished_at="2026-11-21T12:00:05Z")
 
 
@@ -150,6 +153,21 @@ def test_a_finding_is_stale_once_its_node_runs_on_another_environment(api, lab):
     # What the node finds on its new environment is current.
     assert post(api, document("lab-01", lab["lab-mkl"], missed())).status_code == 201
     assert [i["stale"] for i in listed(api)["items"]] == [False, True]
+
+
+def test_findings_hold_for_the_environment_explain_ran_in(api, lab):
+    # lab-01 runs explain from a shell with MKL_CBWR=COMPATIBLE set: the environment of
+    # lab-mkl's run, not lab-01's newest. Its findings are stale for lab-01 as it runs.
+    mkl_env = json.loads(json.dumps(run_document("x", env_vars=MKL)))["environment"]["env_key"]
+    other_shell = document("lab-01", lab["lab-mkl"], env_key=mkl_env)
+    assert post(api, other_shell).status_code == 201
+    assert [i["stale"] for i in listed(api)["items"]] == [True]
+    # An environment the server does not know: the node's newest, as without env_key.
+    unknown = document("lab-01", lab["lab-mkl"], missed(), env_key="f" * 64)
+    assert post(api, unknown).status_code == 201
+    assert [i["stale"] for i in listed(api)["items"]] == [False, True]
+    bad = document("lab-01", lab["lab-mkl"], env_key="not-a-key")
+    assert post(api, bad).status_code == 422
 
 
 def bound_agent(api: Any, node: str) -> tuple[dict[str, str], int]:
