@@ -81,6 +81,8 @@ def resolve_devices(session: Session, *, node_id: int, rows: Sequence[dict[str, 
     claiming its serial cannot take over its history. A device whose newest run this is
     sits on this node now, at this slot.
     """
+    if not rows:  # a run without results names no device (an executemany needs rows)
+        return {}
     by_identity = {row["identity"]: row for row in rows}
     found = _device_ids(session, by_identity)
     for identity, row in by_identity.items():
