@@ -21,6 +21,7 @@ from numparity_server.models import (
     Outcome,
     Result,
     Run,
+    Trace,
 )
 
 
@@ -227,6 +228,14 @@ def fill_values(session: Session, rows: Sequence[dict[str, Any]]) -> None:
 
 def insert_manifests(session: Session, rows: Sequence[dict[str, Any]]) -> None:
     insert_ignoring_conflicts(session, Manifest.__table__, rows, keys=["hash"])
+
+
+def existing_traces(session: Session, hashes: Iterable[str]) -> set[str]:
+    return _existing(session, Trace.hash, hashes)
+
+
+def insert_traces(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    insert_ignoring_conflicts(session, Trace.__table__, rows, keys=["hash"])
 
 
 def ensure_outcomes(session: Session, rows: Sequence[dict[str, Any]]) -> dict[str, int]:

@@ -156,7 +156,8 @@ def test_known_hashes_travel_bare(api):
     missing = api.client.post("/api/v1/fingerprints/missing", json={"hashes": hashes},
                               headers=api.agent)
     assert missing.status_code == 200
-    assert missing.json() == {"missing": ["f" * 64], "missing_manifests": [], "missing_values": []}
+    assert missing.json() == {"missing": ["f" * 64], "missing_manifests": [], "missing_values": [],
+                              "missing_traces": []}
     response = api.post_run(bare(second))
     assert response.status_code == 201, response.text
     assert count(api, Fingerprint) == 4 and count(api, Manifest) == 1
