@@ -252,8 +252,9 @@ def _retention(settings: Settings, args: argparse.Namespace) -> int:
         engine.dispose()
     verb = "would drop" if report.dry_run else "dropped"
     print(f"{verb} {report.runs} runs ({report.results} results) received before "
-          f"{report.cutoff:%Y-%m-%d %H:%M:%SZ}, {report.manifests} manifests and "
-          f"{report.fingerprints} fingerprints no remaining result references")
+          f"{report.cutoff:%Y-%m-%d %H:%M:%SZ}, {report.manifests} manifests, "
+          f"{report.traces} op traces and {report.fingerprints} fingerprints no remaining "
+          "result references")
     return EXIT_OK
 
 

@@ -21,8 +21,10 @@ from .fingerprint import Fingerprint, fingerprint_from_wire
 from .groups import Group, Member, group_members
 from .judge import Judgement, judge
 from .layers import compare_manifests, first_divergent_layer, first_nonfinite, largest_jump
+from .origin import Origins, no_trace_note, origin_ops
 from .report import divergence_report
 from .tolerance import DEFAULT_TOLERANCES, Tolerance, default_tolerance
+from .trace import Trace, trace_from_body
 from .ulp import ulp_distance
 from .verdicts import SEVERITY, ResultVerdict, result_verdict, worst_verdict
 
@@ -38,9 +40,11 @@ __all__ = [
     "Group",
     "Judgement",
     "Member",
+    "Origins",
     "Support",
     "ResultVerdict",
     "Tolerance",
+    "Trace",
     "broken_inputs",
     "fleet_inputs",
     "compare",
@@ -59,11 +63,14 @@ __all__ = [
     "json_safe",
     "judge",
     "largest_jump",
+    "no_trace_note",
+    "origin_ops",
     "rank_attributes",
     "result_verdict",
     "separating_attributes",
     "short_difference",
     "tally",
+    "trace_from_body",
     "ulp_distance",
     "usual",
     "worst_verdict",

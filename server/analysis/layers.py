@@ -26,7 +26,7 @@ _RELATIVE_ERRORS = ("rel_l2", "rel_l2_est", "max_rel")
 _EPSILON = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
 
 
-def _compare_hashes(candidate: str, reference: str, fingerprints: Mapping[str, Fingerprint],
+def compare_hashes(candidate: str, reference: str, fingerprints: Mapping[str, Fingerprint],
                     tolerance: Tolerance | None,
                     tolerance_for: Callable[[str], Tolerance] | None = None) -> Comparison:
     if candidate == reference:
@@ -68,7 +68,7 @@ def compare_manifests(
     for order, (name, kind, digest) in enumerate(reference):
         if name not in by_name or (kinds is not None and kind not in kinds):
             continue
-        comparison = _compare_hashes(by_name[name], digest, fingerprints, tolerance,
+        comparison = compare_hashes(by_name[name], digest, fingerprints, tolerance,
                                      tolerance_for)
         dtype = fingerprints[digest].dtype if digest in fingerprints else None
         rows.append({

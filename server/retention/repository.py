@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, delete, exists, func, select
 from sqlalchemy.orm import Session
 
-from numparity_server.models import Fingerprint, Latest, Manifest, Outcome, Result, Run
+from numparity_server.models import Fingerprint, Latest, Manifest, Outcome, Result, Run, Trace
 
 
 def _holds_latest() -> ColumnElement[bool]:
@@ -90,6 +90,32 @@ def manifests_dropped_with(session: Session, cutoff: datetime) -> set[str]:
         .where(Outcome.manifest_hash == Manifest.hash, ~_expired(cutoff))
     )
     return set(session.scalars(select(Manifest.hash).where(~exists(surviving))))
+
+
+def _unreferenced_trace() -> ColumnElement[bool]:
+    return ~exists(select(Outcome.id).where(Outcome.trace_hash == Trace.hash))
+
+
+def orphan_traces(session: Session, *, limit: int) -> list[str]:
+    return list(session.scalars(
+        select(Trace.hash).where(_unreferenced_trace()).order_by(Trace.hash).limit(limit)
+    ))
+
+
+def delete_traces(session: Session, hashes: Sequence[str]) -> int:
+    # Checked again in the statement: a result stored since the batch was chosen keeps it.
+    deleted = session.execute(delete(Trace).where(Trace.hash.in_(hashes), _unreferenced_trace()))
+    return int(getattr(deleted, "rowcount", 0) or 0)
+
+
+def count_traces_dropped_with(session: Session, cutoff: datetime) -> int:
+    """Traces whose every reference is a result of an expired run (for a dry run)."""
+    surviving = (
+        select(Result.id).join(Run, Run.id == Result.run_pk)
+        .join(Outcome, Outcome.id == Result.outcome_id)
+        .where(Outcome.trace_hash == Trace.hash, ~_expired(cutoff))
+    )
+    return session.scalar(select(func.count()).select_from(Trace).where(~exists(surviving))) or 0
 
 
 def manifest_entries(session: Session, *, created_since: datetime | None = None,

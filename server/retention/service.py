@@ -3,8 +3,8 @@
 A run that holds a node's latest result of some key is kept however old it is: the
 fleet's current picture (divergence, audit) is made of those. Runs go in batches, each
 its own short transaction, so ingest is never blocked for long. Manifests and
-fingerprints are content-addressed and shared between runs: only those no remaining
-result (manifest) references are dropped afterwards.
+fingerprints (and op traces) are content-addressed and shared between runs: only those
+no remaining result (manifest) references are dropped afterwards.
 
 Known window: an upload that refers by bare hash to a fingerprint (or reuses a manifest)
 which only expired runs referenced, racing with the deletion of exactly that content, can
@@ -37,6 +37,7 @@ class RetentionReport:
     results: int
     manifests: int
     fingerprints: int
+    traces: int = 0
 
 
 def apply_retention(*, sessions: Callable[[], Session], days: int, batch_size: int = 500,
@@ -76,9 +77,20 @@ def apply_retention(*, sessions: Callable[[], Session], days: int, batch_size: i
         if deleted == 0:  # every candidate was taken back by a new result
             break
 
+    traces = 0
+    while True:
+        with sessions() as session, writing(session):
+            hashes = repository.orphan_traces(session, limit=batch_size)
+            if not hashes:
+                break
+            deleted = repository.delete_traces(session, hashes)
+            traces += deleted
+        if deleted == 0:  # every candidate was taken back by a new result
+            break
+
     fingerprints = _drop_orphan_fingerprints(sessions, batch_size)
     return RetentionReport(cutoff=cutoff, dry_run=False, runs=runs, results=results,
-                           manifests=manifests, fingerprints=fingerprints)
+                           manifests=manifests, fingerprints=fingerprints, traces=traces)
 
 
 def _referenced(session: Session, *, skip: Collection[str] = (),
@@ -112,5 +124,6 @@ def _dry_run(sessions: Callable[[], Session], cutoff: datetime) -> RetentionRepo
         referenced = _referenced(session, skip=doomed)
         fingerprints = sum(1 for h in repository.fingerprint_hashes(session)
                            if h not in referenced)
+        traces = repository.count_traces_dropped_with(session, cutoff)
     return RetentionReport(cutoff=cutoff, dry_run=True, runs=runs, results=results,
-                           manifests=len(doomed), fingerprints=fingerprints)
+                           manifests=len(doomed), fingerprints=fingerprints, traces=traces)

@@ -96,15 +96,17 @@ _MISSING_BODY: dict[str, Any] = {
 @router.post("/fingerprints/missing", response_model=MissingOut, openapi_extra=_MISSING_BODY)
 async def missing_fingerprints(request: Request, session: DbSession, settings: SettingsDep,
                                _principal: AgentAuth) -> MissingOut:
-    """Which of these tensor hashes and manifest hashes the server lacks (design §3.2), and
-    which of the large tensors in `values` it wants the full values of."""
+    """Which of these tensor hashes, manifest hashes and trace hashes the server lacks
+    (design §3.2), and which of the large tensors in `values` it wants the full values
+    of."""
     read_document = await _document_reader(request, settings)
 
     def answer() -> MissingOut:
         question = service.validate_missing(read_document())
         return service.missing_fingerprints(session=session, hashes=question.hashes,
                                             manifests=question.manifests,
-                                            values=question.values)
+                                            values=question.values,
+                                            trace_hashes=question.traces)
 
     return await run_in_threadpool(answer)
 

@@ -21,6 +21,7 @@ from numparity_server.models import (
     Outcome,
     Result,
     Run,
+    Trace,
 )
 
 
@@ -81,6 +82,8 @@ def resolve_devices(session: Session, *, node_id: int, rows: Sequence[dict[str, 
     claiming its serial cannot take over its history. A device whose newest run this is
     sits on this node now, at this slot.
     """
+    if not rows:  # a run without results names no device (an executemany needs rows)
+        return {}
     by_identity = {row["identity"]: row for row in rows}
     found = _device_ids(session, by_identity)
     for identity, row in by_identity.items():
@@ -225,6 +228,14 @@ def fill_values(session: Session, rows: Sequence[dict[str, Any]]) -> None:
 
 def insert_manifests(session: Session, rows: Sequence[dict[str, Any]]) -> None:
     insert_ignoring_conflicts(session, Manifest.__table__, rows, keys=["hash"])
+
+
+def existing_traces(session: Session, hashes: Iterable[str]) -> set[str]:
+    return _existing(session, Trace.hash, hashes)
+
+
+def insert_traces(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    insert_ignoring_conflicts(session, Trace.__table__, rows, keys=["hash"])
 
 
 def ensure_outcomes(session: Session, rows: Sequence[dict[str, Any]]) -> dict[str, int]:

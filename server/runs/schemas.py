@@ -274,6 +274,9 @@ class ResultDoc(_Wire):
     # agent on a known environment sends (the sha256 of the ordered (name, kind, hash)
     # triples as canonical JSON; see runs.service.manifest_hash).
     manifest: str | None = Field(default=None, pattern=SHA256_HEX)
+    # The hash of the result's op trace (`run --trace-ops`): its body is in the document's
+    # `traces`, or stored on the server already (design §2.7).
+    trace: str | None = Field(default=None, pattern=SHA256_HEX)
 
     @field_validator("knobs")
     @classmethod
@@ -339,6 +342,71 @@ def check_free_form(section: dict[str, Any], *, max_values: int) -> None:
 
 MAX_DEVICES_PER_RUN = 64
 
+# Op traces (design §2.7, `run --trace-ops`). The standard suite's largest trace, train's
+# three steps, holds a few thousand ops; the limits leave room for user workloads and
+# keep a trace's validation under half a second.
+TRACE_FORMAT = "numparity.trace/v1"
+TRACE_HASH_CHARS = 16
+MAX_TRACES_PER_RUN = 256
+MAX_OPS_PER_TRACE = 50_000
+MAX_TENSORS_PER_TRACE = 200_000
+MAX_OP_TENSORS = 64
+TRACE_REF = r"^[0-9a-f]{16}$"
+
+# A tensor of a trace: the first 16 hex digits of its fingerprint hash.
+TraceRef = Annotated[str, Field(pattern=TRACE_REF)]
+TraceDimension = Annotated[int, Field(ge=0, le=INT64_MAX), BeforeValidator(_integral)]
+# [dtype, shape]: a JSON array of two items (a tuple, read from a list: not strict there,
+# its items are).
+TraceTensor = Annotated[
+    tuple[Annotated[str, Field(min_length=1, max_length=32)],
+          Annotated[list[TraceDimension], Field(max_length=MAX_DIMS)]],
+    Field(strict=False),
+]
+
+
+class TraceOp(_Wire):
+    """One aten operation, in execution order (its index in ``ops`` is its sequence
+    number)."""
+
+    op: str = Field(min_length=1, max_length=256,
+                    description="The overload, str(OpOverload): aten.addmm.default")
+    module: str = Field(max_length=512, description='The module path it ran under ("" '
+                                                    "outside any)")
+    phase: Literal["forward", "backward", "optimizer"]
+    inputs: list[TraceRef] = Field(alias="in", max_length=MAX_OP_TENSORS,
+                                   description="Tensor inputs in argument order (flattened)")
+    out: list[TraceRef] = Field(max_length=MAX_OP_TENSORS, description="Tensor outputs")
+    args: TraceRef | None = Field(
+        default=None, description="16 hex of the sha256 of the non-tensor arguments' repr")
+    kernel: str | None = Field(default=None, max_length=4096,
+                               description="What the backend chose: sdpa:flash, conv:Mkldnn, "
+                                           "CUDA kernel names")
+
+
+class TraceBody(_Wire):
+    """An op trace; ``hash`` is the sha256 of the canonical JSON of the rest (sorted keys,
+    compact, UTF-8: design §2.7)."""
+
+    hash: str = Field(pattern=SHA256_HEX)
+    format: Literal["numparity.trace/v1"]
+    hash_chars: Literal[16]
+    tensors: dict[TraceRef, TraceTensor] = Field(
+        max_length=MAX_TENSORS_PER_TRACE, json_schema_extra={"additionalProperties": False},
+        description="Every reference the ops use → [dtype, shape]")
+    ops: list[TraceOp] = Field(max_length=MAX_OPS_PER_TRACE)
+
+    @model_validator(mode="after")
+    def _references_known(self) -> TraceBody:
+        tensors = self.tensors
+        for seq, op in enumerate(self.ops):
+            for field, refs in (("in", op.inputs), ("out", op.out)):
+                for ref in refs:
+                    if ref not in tensors:
+                        raise ValueError(f"trace {self.hash}: ops[{seq}].{field} refers to "
+                                         f"{ref}, which is not a key of tensors")
+        return self
+
 
 class DeviceDoc(_Wire):
     """A device the run used (design §2.7): its slot, which the results name, and what
@@ -371,6 +439,9 @@ class RunDocument(_Wire):
     environment: EnvironmentDoc
     results: list[ResultDoc] = Field(default_factory=list, max_length=MAX_RESULTS_PER_RUN)
     devices: list[DeviceDoc] | None = Field(default=None, max_length=MAX_DEVICES_PER_RUN)
+    # The bodies of the results' op traces the server may lack; left out of the document
+    # hash (a replay with or without them is the same run).
+    traces: list[TraceBody] | None = Field(default=None, max_length=MAX_TRACES_PER_RUN)
 
     @field_validator("started_at", "finished_at")
     @classmethod
@@ -427,7 +498,7 @@ class ResultSummary(BaseModel):
 
 
 class MissingIn(BaseModel):
-    """Tensor hashes and/or manifest hashes an agent is about to reference."""
+    """Tensor hashes, manifest hashes and trace hashes an agent is about to reference."""
 
     hashes: list[Annotated[str, Field(pattern=SHA256_HEX)]] = Field(default_factory=list,
                                                                     max_length=100_000)
@@ -436,6 +507,9 @@ class MissingIn(BaseModel):
     values: list[Annotated[str, Field(pattern=SHA256_HEX)]] = Field(
         default_factory=list, max_length=100_000,
         description="Hashes of large tensors whose full values the agent holds and can send")
+    traces: list[Annotated[str, Field(pattern=SHA256_HEX)]] = Field(
+        default_factory=list, max_length=10_000,
+        description="Hashes of op traces the agent is about to refer to")
 
 
 class MissingOut(BaseModel):
@@ -446,6 +520,10 @@ class MissingOut(BaseModel):
         description="Of the hashes in `values`, those whose full values the server wants: "
                     "it does not hold them. The upload then carries each of these tensors "
                     "as a full fingerprint with its `values`")
+    missing_traces: list[str] = Field(
+        default_factory=list,
+        description="Of the hashes in `traces`, those the server does not store: the upload "
+                    "carries their bodies in `traces`")
 
 
 class RunListItem(BaseModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
@@ -19,7 +19,7 @@ from numparity_server.kit.db import writing
 from numparity_server.kit.errors import Conflict, InvalidDocument, NotFound, UnsupportedSchema
 from numparity_server.kit.pagination import Page
 from numparity_server.models import STAT_FIELDS, Run, utcnow
-from numparity_server.runs import repository
+from numparity_server.runs import repository, traces
 from numparity_server.runs.devices import seen_devices, serials_unique, visible_uuids
 from numparity_server.runs.schemas import (
     SUPPORTED_SCHEMAS,
@@ -47,15 +47,17 @@ class Ingested:
 def document_sha256(document: dict[str, Any], tensor_manifests: Sequence[str | None]) -> str:
     """sha256 of the canonical JSON of the document with every result's tensor list
     replaced by its manifest hash (``tensor_manifests``, one per result, None for a
-    result without tensors).
+    result without tensors), and without the trace bodies (``traces``).
 
     Everything in a fingerprint but its name, kind and order is a function of its hash,
     and the manifest hash covers those, so a run is the same run whether its tensors
     travelled as full fingerprints, as bare references or as a manifest reference: the
     agent sends less for what the server has, and its retry after a lost answer may send
     another form. Hashing the reduced document also keeps megabytes of base64 out of it.
+    Likewise a result's ``trace`` hash covers its trace's body, and an upload carries
+    only the bodies the server lacks: the same run comes with or without them.
     """
-    reduced = dict(document)
+    reduced = {key: value for key, value in document.items() if key != "traces"}
     if "results" in document:
         reduced["results"] = [
             result if digest is None
@@ -145,11 +147,12 @@ def ingest_run(*, session: Session, document: dict[str, Any],
                max_clock_skew_s: float = 86_400.0) -> Ingested:
     run = validate_document(document)
     check_times(run, now=utcnow(), max_clock_skew_s=max_clock_skew_s)
+    bodies = traces.check_traces(run, document)
     digests = tensor_manifests(run)
     sha256 = document_sha256(document, digests)
     try:
         with writing(session):
-            created = _store(session, run, sha256, digests)
+            created = _store(session, run, sha256, digests, bodies)
     except IntegrityError:
         # The run_id is stored already (a retry, or a concurrent upload of the same run):
         # the unique key says so, so the common case, a new run, needs no look-up first.
@@ -162,9 +165,9 @@ def ingest_run(*, session: Session, document: dict[str, Any],
 
 
 def _raise_vanished_references(session: Session, run: RunDocument) -> None:
-    """A manifest this run referred to was there when checked and gone at the insert: on
-    PostgreSQL, retention may delete it in between. Name it (422) so the agent resends
-    the result's tensors, instead of a 500."""
+    """A manifest (or trace) this run referred to was there when checked and gone at the
+    insert: on PostgreSQL, retention may delete it in between. Name it (422) so the agent
+    resends the result's tensors (the trace's body), instead of a 500."""
     referenced = {result.manifest: ["body", "results", i, "manifest"]
                   for i, result in enumerate(run.results)
                   if result.status == "ok" and not result.tensors and result.manifest}
@@ -172,6 +175,7 @@ def _raise_vanished_references(session: Session, run: RunDocument) -> None:
     vanished = [{"loc": loc, "msg": f"unknown manifest {digest}: the server no longer has it, "
                                     "send the result's tensors"}
                 for digest, loc in referenced.items() if digest not in known]
+    vanished.extend(traces.vanished_traces(session, run))
     if vanished:
         raise InvalidDocument(vanished)
 
@@ -188,7 +192,7 @@ def _replay(session: Session, existing: Run, sha256: str) -> Ingested:
 
 
 def _store(session: Session, run: RunDocument, sha256: str,
-           digests: Sequence[str | None]) -> RunCreated:
+           digests: Sequence[str | None], bodies: Mapping[str, traces.NewTrace]) -> RunCreated:
     """Write the run with a fixed, small number of statements, whatever its size.
 
     Core inserts (no ORM unit of work): rows that are content-addressed (environments,
@@ -222,6 +226,7 @@ def _store(session: Session, run: RunDocument, sha256: str,
     device_ids = _devices(session, run, node_id=node_id, started_at=ordered_at, now=now)
     _store_fingerprints(session, run, now=now)
     result_manifest = _manifests(session, run, digests, now=now)
+    traces.store_traces(session, run, bodies, now=now)
     outcomes = [_outcome_row(result, digest)
                 for result, digest in zip(run.results, result_manifest, strict=True)]
     outcome_ids = repository.ensure_outcomes(session, outcomes)
@@ -387,7 +392,12 @@ def _outcome_row(result: ResultDoc, digest: str | None) -> dict[str, Any]:
         "param_hash": result.param_hash, "manifest_hash": digest, "repeats": result.repeats,
         "repeats_agree": result.repeats_agree, "knobs": result.knobs,
     }
+    # Only a traced result's hash covers its trace: outcomes stored before traces existed
+    # keep their hashes, so an agent without --trace-ops adds no new outcome rows.
+    if result.trace is not None:
+        row["trace_hash"] = result.trace
     row["hash"] = content_hash(row)
+    row.setdefault("trace_hash", None)  # every row of the bulk insert has every column
     return row
 
 
@@ -420,9 +430,10 @@ def promoted_columns(environment: dict[str, Any]) -> dict[str, str | None]:
 
 
 def missing_fingerprints(*, session: Session, hashes: Sequence[str],
-                         manifests: Sequence[str] = (), values: Sequence[str] = ()
-                         ) -> MissingOut:
-    """What the server lacks of what an agent is about to send. ``values``: hashes of
+                         manifests: Sequence[str] = (), values: Sequence[str] = (),
+                         trace_hashes: Sequence[str] = ()) -> MissingOut:
+    """What the server lacks of what an agent is about to send (tensors, manifests, op
+    traces). ``values``: hashes of
     large tensors whose full values the agent holds; the server wants every one it does
     not hold yet (no blind spots: any two differing answers are then compared on their
     full values), so a hash's values travel once, from the first node that has them."""
@@ -432,9 +443,12 @@ def missing_fingerprints(*, session: Session, hashes: Sequence[str],
     known_manifests = repository.existing_manifests(session, wanted_manifests)
     offered = list(dict.fromkeys(values))
     held = repository.fingerprints_with_values(session, offered)
+    wanted_traces = list(dict.fromkeys(trace_hashes))
+    known_traces = repository.existing_traces(session, wanted_traces)
     return MissingOut(missing=[h for h in wanted if h not in known],
                       missing_manifests=[m for m in wanted_manifests if m not in known_manifests],
-                      missing_values=[h for h in offered if h not in held])
+                      missing_values=[h for h in offered if h not in held],
+                      missing_traces=[t for t in wanted_traces if t not in known_traces])
 
 
 def run_summary(*, session: Session, run_id: str) -> RunSummary:

@@ -30,8 +30,10 @@ MAX_EXAMPLES = 12
 # cannot state, each a 422 naming the field (README, "API"): results unique by (suite,
 # workload, variant, device), tensor names unique in a result, an array's data a whole
 # number of its dtype's elements and as many as k, m or the shape says, full values whose
-# sha256 is the tensor's hash, references to fingerprints and manifests the server
-# holds. Schema-valid documents that break one are refused; everything else is checked.
+# sha256 is the tensor's hash, references to fingerprints, manifests and op traces the
+# server holds; an op trace's hash covering its body, every reference of its ops a key
+# of its tensors, each body sent once and referred to by a result. Schema-valid
+# documents that break one are refused; everything else is checked.
 RULES_BEYOND_JSON_SCHEMA = {"include-path": "/api/v1/runs", "include-method": "POST",
                             "checks": {"positive_data_acceptance": {"expected-statuses": [
                                 "2xx", "401", "403", "409", "422"]}}}

@@ -6,11 +6,21 @@ from datetime import timedelta
 
 import pytest
 from helpers.documents import cnn_tensors, run_document
+from helpers.traces import cnn_trace, with_traces
 from sqlalchemy import func, select, update
 
 from numparity_server.cli import main
 from numparity_server.kit.db import get_engine, session_factory
-from numparity_server.models import Fingerprint, Latest, Manifest, Outcome, Result, Run, utcnow
+from numparity_server.models import (
+    Fingerprint,
+    Latest,
+    Manifest,
+    Outcome,
+    Result,
+    Run,
+    Trace,
+    utcnow,
+)
 
 
 def counts(api) -> dict[str, int]:
@@ -80,7 +90,7 @@ def test_retention_drops_old_runs_but_keeps_latest_and_shared_content(aged, caps
     assert retention(aged, "--days", "30", "--dry-run") == 0
     out = capsys.readouterr().out
     assert "would drop 2 runs (4 results)" in out
-    assert "1 manifests and 3 fingerprints" in out
+    assert "1 manifests, 0 op traces and 3 fingerprints" in out
     assert counts(aged) == before
 
     assert retention(aged, "--days", "30", "--batch-size", "1") == 0
@@ -119,3 +129,39 @@ def test_retention_refuses_bad_numbers(bad, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main(["--database-url", f"sqlite:///{tmp_path / 'x.db'}", "retention", *bad])
     assert exit_info.value.code == 2
+
+
+def trace_hashes(api) -> set[str]:
+    with session_factory(get_engine(api.settings))() as session:
+        return set(session.scalars(select(Trace.hash)))
+
+
+def test_retention_drops_the_traces_no_remaining_result_refers_to(make_api, monkeypatch,
+                                                                   capsys):
+    """node-a's old run had a trace of its own (another conv kernel) and is no longer its
+    latest: that trace goes; the trace node-a's and node-b's latest results share stays."""
+    api = make_api()
+    monkeypatch.setenv("NUMPARITY_DATABASE_URL", api.settings.database_url)
+    shared, own = cnn_trace(), cnn_trace(conv2_kernel="conv:Mkldnn")
+    cnn = ("cnn", "default")
+    for document in (
+        with_traces(run_document("node-a", run_id="a-old", started_at="2026-09-01T08:00:00Z"),
+                    {cnn: own}),
+        with_traces(run_document("node-a", run_id="a-new", started_at="2026-11-21T08:00:00Z"),
+                    {cnn: shared}),
+        with_traces(run_document("node-b", run_id="b-old", started_at="2026-09-01T08:00:00Z"),
+                    {cnn: shared}),
+    ):
+        assert api.post_run(document).status_code == 201
+    with session_factory(get_engine(api.settings))() as session, session.begin():
+        session.execute(update(Run).where(Run.run_id.in_(["a-old", "b-old"]))
+                        .values(received_at=utcnow() - timedelta(days=60)))
+    assert trace_hashes(api) == {shared["hash"], own["hash"]}
+
+    assert retention(api, "--days", "30", "--dry-run") == 0
+    assert "1 op traces" in capsys.readouterr().out
+    assert trace_hashes(api) == {shared["hash"], own["hash"]}
+    assert retention(api, "--days", "30", "--batch-size", "1") == 0
+    out = capsys.readouterr().out
+    assert "dropped 1 runs (2 results)" in out and "1 op traces" in out
+    assert trace_hashes(api) == {shared["hash"]}

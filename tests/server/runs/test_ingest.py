@@ -35,6 +35,17 @@ def test_realistic_document_is_stored_once(api):
     assert summary.json()["node"] == "node-1"
 
 
+def test_a_run_without_results_is_stored(api):
+    """A document may hold no result at all (every workload filtered out): it is a run
+    of the node all the same, not a 500."""
+    document = run_document()
+    document["results"] = []
+    response = api.post_run(document)
+    assert response.status_code == 201, response.text
+    assert response.json()["results"] == 0
+    assert api.post_run(document).status_code == 200
+
+
 def test_stored_fingerprint_keeps_the_exact_bytes(api):
     document = run_document()
     assert api.post_run(document).status_code == 201
@@ -145,7 +156,8 @@ def test_known_hashes_travel_bare(api):
     missing = api.client.post("/api/v1/fingerprints/missing", json={"hashes": hashes},
                               headers=api.agent)
     assert missing.status_code == 200
-    assert missing.json() == {"missing": ["f" * 64], "missing_manifests": [], "missing_values": []}
+    assert missing.json() == {"missing": ["f" * 64], "missing_manifests": [], "missing_values": [],
+                              "missing_traces": []}
     response = api.post_run(bare(second))
     assert response.status_code == 201, response.text
     assert count(api, Fingerprint) == 4 and count(api, Manifest) == 1

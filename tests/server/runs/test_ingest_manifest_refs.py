@@ -46,10 +46,12 @@ def test_the_missing_question_answers_for_manifests(api):
     digest = manifest_of(document["results"][0])
     asked = {"hashes": [], "manifests": [digest]}
     before = api.client.post("/api/v1/fingerprints/missing", json=asked, headers=api.agent)
-    assert before.json() == {"missing": [], "missing_manifests": [digest], "missing_values": []}
+    assert before.json() == {"missing": [], "missing_manifests": [digest], "missing_values": [],
+                             "missing_traces": []}
     assert api.post_run(document).status_code == 201
     after = api.client.post("/api/v1/fingerprints/missing", json=asked, headers=api.agent)
-    assert after.json() == {"missing": [], "missing_manifests": [], "missing_values": []}
+    assert after.json() == {"missing": [], "missing_manifests": [], "missing_values": [],
+                            "missing_traces": []}
 
 
 def test_an_unknown_manifest_is_422_naming_it(api):
