@@ -159,7 +159,9 @@ class OpTracer(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if self._paused:
+        if self._paused or getattr(func, "is_view", False):
+            # A view computes nothing: its bits are its input's, rearranged. The op that
+            # reads it names its bytes; the view itself cannot be where two runs part.
             return func(*args, **kwargs)
         flat, _spec = tree_flatten((args, kwargs))
         # Inputs are read before the op: an in-place op changes them.

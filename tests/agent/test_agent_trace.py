@@ -268,3 +268,15 @@ def test_trace_ops_is_a_flag_of_the_config_and_environment(tmp_path) -> None:
     config.write_text('trace_ops = "sometimes"\n')
     with pytest.raises(ConfigError, match="trace_ops in .* must be true or false"):
         resolve_config({}, {}, str(config))
+
+
+def test_views_compute_nothing_and_are_not_ops() -> None:
+    result = _traced("cnn")
+    ops = result["trace"]["ops"]
+    assert not {"aten.view.default", "aten.t.default", "aten._unsafe_view.default"} & {
+        op["op"] for op in ops}
+    # The flattened activation is a view of pool2's output: no op of its own makes it,
+    # and fc1's matmul reads its bytes.
+    flatten = next(t for t in result["tensors"] if t["name"] == "flatten")
+    assert not any(flatten["hash"][:16] in op["out"] for op in ops)
+    assert any(flatten["hash"][:16] in op["in"] for op in ops if op["module"] == "fc1")
