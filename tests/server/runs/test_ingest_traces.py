@@ -52,6 +52,8 @@ def test_a_traced_result_stores_its_trace_once_and_points_at_it(api):
     assert hashlib.sha256(canonical).hexdigest() == body["hash"]
     assert json.loads(canonical) == {k: v for k, v in body.items() if k != "hash"}
     assert outcome_traces(api) == {CNN: body["hash"], ("cnn", "tf32"): None}
+    summary = api.client.get(f"/api/v1/runs/{first['run_id']}", headers=api.reader).json()
+    assert [r["trace_hash"] for r in summary["results"]] == [body["hash"], None]
 
 
 def test_a_result_may_refer_to_a_stored_trace_without_its_body(api):
