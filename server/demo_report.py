@@ -4,7 +4,9 @@ It reads the services the pages read (``dashboard.service.overview`` for the cel
 ``divergence`` for groups, verdicts, attribution and the fp64 judge, ``audit``), so the
 terminal and the dashboard cannot disagree. The one thing the server does not keep is a
 drill's flipped bit (the result's ``drill`` field, design §2.6): the demo reads it from
-the agent's own run document and passes it in, keyed by run.
+the agent's own run document and passes it in, keyed by run. Where the nodes traced
+their ops (``run --trace-ops``), each split names the op where it parts from the usual
+answer (``/divergence``'s origin ops, design §3.3.14).
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class Finding:
     first_divergent_layer: str | None = None
     fp64: Fp64Judgement | None = None
     detail: str = ""  # a status's reason or error
+    origin: str | None = None  # the op where it parts from the usual answer (op traces)
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,8 @@ def _column_findings(session: Session, policy: Policy, suite: str, workload: str
             workload, variant, verdict, nodes, baseline, decided_by=decided_by,
             measured=_measured(pair) if pair else "",
             first_divergent_layer=layer.get("name"),
-            fp64=_fp64(session, policy, suite, workload, variant, decided_by, nodes[0]))
+            fp64=_fp64(session, policy, suite, workload, variant, decided_by, nodes[0]),
+            origin=_origin((pair or {}).get("origin"), flipped))
         flips = {(node, drills[(cell.run_id, workload, variant)]) for node, cell in members
                  if cell.run_id and (cell.run_id, workload, variant) in drills}
         if flips:
@@ -206,6 +210,40 @@ def _measured(pair: Mapping[str, Any]) -> str:
     return (f"max abs {_number(metrics.get('max_abs'))}, "
             f"max rel {_number(metrics.get('max_rel'))}, "
             f"max ULP {_number(metrics.get('max_ulp'), whole=True)}; from {pair['basis']}")
+
+
+def _origin(origin: Mapping[str, Any] | None, flipped: bool) -> str | None:
+    """The op where the answer parts from the usual one, in a line: its first origin op
+    (layer, phase, its output's error, the two kernels when they differ), else where the
+    op sequences part. None without traces (``/divergence`` says why there). The usual
+    answer's side comes first, as in the attribution."""
+    if origin is None:
+        return None
+    usual, other = ("b", "a") if flipped else ("a", "b")
+    if origin["ops"]:
+        first = origin["ops"][0]
+        where = f" in {first['layer']}" if first["layer"] else ""
+        text = (f"origin op {first['op']}{where} ({first['phase']}, op {first[f'seq_{other}']}"
+                f"; {origin['count']} in all)")
+        output = first.get("output")
+        if output:
+            error = (output["metrics"] or {}).get("rel_l2")
+            measured = f", rel L2 {_number(error)}" if error is not None else ""
+            text += f": its output {output['verdict']}{measured}"
+        kernels = (first[f"kernel_{usual}"], first[f"kernel_{other}"])
+        if kernels[0] != kernels[1]:
+            text += f"; kernels {kernels[0] or 'not recorded'} vs {kernels[1] or 'not recorded'}"
+        if origin["parting"]:
+            text += "; " + _parting(origin["parting"], usual, other)
+        return text
+    if origin["parting"]:
+        return "no origin op; " + _parting(origin["parting"], usual, other)
+    return "no traced op gave other outputs from the same inputs"
+
+
+def _parting(parting: Mapping[str, Any], usual: str, other: str) -> str:
+    names = [parting[side] or "the end of its trace" for side in (usual, other)]
+    return f"the op sequences part at op {parting[f'seq_{usual}']}: {names[0]} vs {names[1]}"
 
 
 def _attribution(pair: Mapping[str, Any], flipped: bool) -> str:
@@ -320,6 +358,8 @@ def _finding_lines(finding: Finding) -> list[str]:
         lines.append(f"      {finding.measured}")
     if finding.first_divergent_layer:
         lines.append(f"      first divergent layer: {finding.first_divergent_layer}")
+    if finding.origin:
+        lines.append(f"      {finding.origin}")
     if finding.fp64 is not None:
         lines.append(f"      {_fp64_text(finding.fp64)}")
     return lines

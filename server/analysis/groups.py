@@ -23,6 +23,7 @@ class Member:
     environment: dict[str, Any] = field(hash=False)
     tensors: tuple[tuple[str, str, str], ...] = ()
     device: str = "cpu"
+    trace: str | None = None  # the hash of the result's op trace, when it was traced
 
     def tensor_hash(self, name: str) -> str | None:
         for tensor_name, _kind, digest in self.tensors:

@@ -214,7 +214,7 @@ def origin_ops(a: Trace, b: Trace, *, manifest_a: Manifest = (), manifest_b: Man
     """
     if a.hash and a.hash == b.hash:  # the same trace: the same ops on the same bits
         return Origins(a.hash, b.hash, len(a.ops), len(b.ops), len(a.ops), None, 0)
-    pairs, part = align(a.signatures(), b.signatures())
+    pairs, part = align(a.signatures, b.signatures)
     parting = None
     if part is not None:
         parting = Parting(part, part, a.ops[part] if part < len(a.ops) else None,

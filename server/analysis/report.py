@@ -15,10 +15,16 @@ from .fingerprint import Fingerprint
 from .groups import Group, Member, group_members
 from .judge import JUDGE_TOL_PER_RTOL, judge
 from .layers import LAYER, compare_manifests, first_divergent_layer, first_nonfinite, largest_jump
+from .origin import no_trace_note, origin_ops
 from .tolerance import Tolerance, default_tolerance
+from .trace import Trace
 from .verdicts import result_verdict
 
 ToleranceFor = Callable[[str], Tolerance]
+# Beyond this many groups, origin ops only for the pairs with group 1 (the largest): the
+# cost then grows with the groups, not their square, and every group is still traced
+# back against the fleet's usual answer.
+MAX_ORIGIN_GROUPS = 12
 
 
 def _tolerance(fingerprint: Fingerprint, tolerance: Tolerance | None,
@@ -38,9 +44,33 @@ def _compare_groups(candidate: Group, reference: Group, fingerprints: Mapping[st
                    tolerance=_tolerance(expected, tolerance, tolerance_for))
 
 
+def _origin(a: Group, b: Group, traces: Mapping[str, Trace] | None,
+            fingerprints: Mapping[str, Fingerprint], tolerance: Tolerance | None,
+            tolerance_for: ToleranceFor | None) -> tuple[dict[str, Any] | None, str | None]:
+    """The origin ops of group b's representative against group a's, from their op
+    traces; or why there are none."""
+    if traces is None:
+        return None, None
+    sides = ((a, a.representative), (b, b.representative))
+    without = [f"group {group.id}'s representative ({member.node})" for group, member in sides
+               if member.trace is None]
+    if without:
+        return None, no_trace_note(without)
+    trace_a, trace_b = (traces.get(member.trace or "") for _group, member in sides)
+    if trace_a is None or trace_b is None:
+        return None, "the op trace of a representative is no longer stored"
+    if tolerance_for is None and tolerance is not None:
+        tolerance_for = lambda _dtype: tolerance  # noqa: E731 (one tolerance for all)
+    found = origin_ops(trace_a, trace_b, manifest_a=a.representative.tensors,
+                       manifest_b=b.representative.tensors, fingerprints=fingerprints,
+                       tolerance_for=tolerance_for)
+    return found.to_dict(), None
+
+
 def _pair(a: Group, b: Group, fingerprints: Mapping[str, Fingerprint],
           tolerance: Tolerance | None, tolerance_for: ToleranceFor | None,
-          flattened: Flattened, tensor: str | None) -> dict[str, Any]:
+          flattened: Flattened, tensor: str | None,
+          origin: tuple[dict[str, Any] | None, str | None]) -> dict[str, Any]:
     # The larger group (a) is the reference: metrics measure b against a.
     candidate, reference = b.representative.tensors, a.representative.tensors
     decided: dict[str, Any] = {}
@@ -73,6 +103,8 @@ def _pair(a: Group, b: Group, fingerprints: Mapping[str, Fingerprint],
         "first_nonfinite": first_nonfinite(candidate, reference, fingerprints),
         "attribution": separating,
         "indistinguishable": len(separating) > 1,
+        "origin": origin[0],
+        "origin_note": origin[1],
     }
 
 
@@ -117,6 +149,7 @@ def divergence_report(
     tolerance_for: ToleranceFor | None = None,
     reference: Fingerprint | None = None,
     baseline: Fingerprint | None = None,
+    traces: Mapping[str, Trace] | None = None,
 ) -> dict[str, Any]:
     """Groups, the pairwise comparisons and the attribution for one comparison key.
 
@@ -129,7 +162,10 @@ def divergence_report(
     group also gets an ``fp64`` judgement against ``baseline`` (the ``strict`` float32
     CPU fingerprint). ``tolerance`` applies to every tensor; ``tolerance_for`` (dtype →
     tolerance, the lab's policy) instead picks one per tensor; neither: assert_close's
-    defaults. Every float in the result is finite or None.
+    defaults. With ``traces`` (hash → op trace of the groups' representatives) each pair
+    gets its origin ops (``origin``, or ``origin_note`` saying why not); past
+    ``MAX_ORIGIN_GROUPS`` groups only the pairs with group 1 do, and ``origin_note``
+    says so. Every float in the result is finite or None.
     """
     groups, without = group_members(members, tensor)
     group_rows = []
@@ -140,8 +176,13 @@ def divergence_report(
                                           tolerance_for)
         group_rows.append(row)
     flattened = flatten_members(groups)
+    limited = traces is not None and len(groups) > MAX_ORIGIN_GROUPS
+    skipped = (None, f"not computed: {len(groups)} groups, more than {MAX_ORIGIN_GROUPS}; "
+                     "origin ops only for the pairs with group 1")
     pairs = [
-        _pair(a, b, fingerprints, tolerance, tolerance_for, flattened, tensor)
+        _pair(a, b, fingerprints, tolerance, tolerance_for, flattened, tensor,
+              skipped if limited and index > 0 else
+              _origin(a, b, traces, fingerprints, tolerance, tolerance_for))
         for index, a in enumerate(groups)
         for b in groups[index + 1:]
     ]
@@ -151,4 +192,7 @@ def divergence_report(
         "pairs": pairs,
         "attribution": rank_attributes(groups, flattened=flattened),
         "members_without_tensor": without,
+        "origin_note": (f"origin ops only for the pairs with group 1 (the largest): "
+                        f"{len(groups)} groups, more than {MAX_ORIGIN_GROUPS}, so the cost "
+                        "stays linear in groups") if limited else None,
     })

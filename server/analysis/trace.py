@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 # (dtype, shape) of a traced tensor.
@@ -47,7 +48,10 @@ class Trace:
         return (op.op, op.module, op.phase, tuple(self.spec(r) for r in op.inputs),
                 tuple(self.spec(r) for r in op.outputs))
 
+    @cached_property
     def signatures(self) -> list[Signature]:
+        """Every op's signature, in order (computed once: /divergence aligns a trace with
+        each other group's)."""
         return [self.signature(op) for op in self.ops]
 
 

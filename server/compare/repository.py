@@ -47,6 +47,7 @@ class ResultRow:
     param_hash: str | None
     manifest_hash: str | None
     repeats_agree: bool | None
+    trace_hash: str | None
 
     @property
     def key(self) -> ResultKey:
@@ -75,7 +76,7 @@ def results_of_runs(
         select(Result.run_pk, Outcome.suite, Outcome.workload, Outcome.variant,
                Outcome.device, Outcome.workload_version, Outcome.status, Outcome.reason,
                Outcome.error, Outcome.input_hash, Outcome.param_hash, Outcome.manifest_hash,
-               Outcome.repeats_agree)
+               Outcome.repeats_agree, Outcome.trace_hash)
         .join(Outcome, Outcome.id == Result.outcome_id)
         .where(Result.run_pk.in_(sorted(set(run_pks))))
         .order_by(Result.id)

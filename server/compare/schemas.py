@@ -143,6 +143,73 @@ class FirstNonfinite(BaseModel):
     reference_inf: int = Field(description="Inf count in run a")
 
 
+class TensorSpecOut(BaseModel):
+    dtype: str
+    shape: list[int]
+
+
+class OriginOutput(BaseModel):
+    """An origin op's output compared, where it is a recorded tensor on both sides."""
+
+    tensor: str = Field(description="The recorded tensor the output is (run a's name)")
+    verdict: str
+    basis: str
+    metrics: dict[str, float | None]
+    evidence: str = ""
+
+
+class OriginOp(BaseModel):
+    """An op both runs ran on bit-identical inputs (the same input hashes and other
+    arguments) whose outputs differ: an independent source of difference."""
+
+    seq_a: int = Field(description="Its position in run a's trace")
+    seq_b: int = Field(description="Its position in run b's trace")
+    op: str = Field(description="The aten overload: aten.addmm.default")
+    module: str = Field(description='The module path it ran under ("" outside any)')
+    phase: str = Field(description="forward, backward or optimizer")
+    layer: str = Field(description="The recorded tensor its output is, else its module path")
+    tensor: str | None = Field(description="The recorded tensor its output is, if any")
+    inputs: list[TensorSpecOut]
+    outputs: list[TensorSpecOut]
+    kernel_a: str | None = Field(description="What run a's backend chose, when recorded")
+    kernel_b: str | None = Field(description="What run b's backend chose, when recorded")
+    output: OriginOutput | None = Field(
+        description="b's output against a's, when both are recorded tensors")
+
+
+class PartingPoint(BaseModel):
+    """The first position where the two op sequences differ, both ops named (null past
+    the end of a trace)."""
+
+    seq_a: int
+    seq_b: int
+    a: str | None
+    module_a: str | None
+    phase_a: str | None
+    kernel_a: str | None
+    b: str | None
+    module_b: str | None
+    phase_b: str | None
+    kernel_b: str | None
+
+
+class OriginOut(BaseModel):
+    """Where two results' op traces part and which ops made the difference (design
+    §3.3.14)."""
+
+    trace_a: str
+    trace_b: str
+    ops_a: int = Field(description="Ops in run a's trace")
+    ops_b: int = Field(description="Ops in run b's trace")
+    same_sequence: bool = Field(description="Both traces ran the same op sequence")
+    aligned: int = Field(description="Pairs of ops the alignment made")
+    parting: PartingPoint | None = Field(description="Where the sequences part; null when "
+                                                     "they are the same")
+    count: int = Field(description="Origin ops in all")
+    ops: list[OriginOp] = Field(description="The first 20 origin ops in execution order: "
+                                            "the first is where the difference starts")
+
+
 class ToleranceOut(BaseModel):
     rtol: float
     atol: float
@@ -165,6 +232,12 @@ class ResultPair(ResultKey):
     tensors_only_in_a: list[str] = Field(default_factory=list)
     tensors_only_in_b: list[str] = Field(default_factory=list)
     tensors: list[TensorComparison] = Field(default_factory=list)
+    origin: OriginOut | None = Field(
+        None, description="The ops where the two results' numbers part, from their op "
+                          "traces (both ok and traced)")
+    origin_note: str | None = Field(
+        None, description="Why there is no origin for two ok results: a side has no op "
+                          "trace")
 
 
 class CompareOut(BaseModel):
@@ -242,6 +315,21 @@ COMPARE_EXAMPLE: dict[str, Any] = {
                  "metrics": _metrics(0.00228, 0.001, 16431.0, 1.0, 0.000858, 1.0, 60.0,
                                      0.001)},
             ],
+            "origin": {
+                "trace_a": "3c0e51a2…", "trace_b": "b81f07d4…", "ops_a": 27, "ops_b": 27,
+                "same_sequence": True, "aligned": 27, "parting": None, "count": 1,
+                "ops": [{"seq_a": 4, "seq_b": 4, "op": "aten.convolution.default",
+                         "module": "conv2", "phase": "forward", "layer": "conv2",
+                         "tensor": "conv2",
+                         "inputs": [{"dtype": "float32", "shape": [64, 32, 12, 12]},
+                                    {"dtype": "float32", "shape": [64, 32, 5, 5]},
+                                    {"dtype": "float32", "shape": [64]}],
+                         "outputs": [{"dtype": "float32", "shape": [64, 64, 8, 8]}],
+                         "kernel_a": "conv:Mkldnn", "kernel_b": "conv:Mkldnn",
+                         "output": {"tensor": "conv2", "verdict": "divergent",
+                                    "basis": "values", "metrics": _CONV2, "evidence": ""}}],
+            },
+            "origin_note": None,
         },
         {
             "suite": "standard", "workload": "cnn", "variant": "tf32", "device": "",
@@ -250,6 +338,7 @@ COMPARE_EXAMPLE: dict[str, Any] = {
             "notes": [], "summary": None, "first_divergent_layer": None,
             "largest_jump": None, "first_nonfinite": None, "tolerances": {},
             "tensors_only_in_a": [], "tensors_only_in_b": [], "tensors": [],
+            "origin": None, "origin_note": None,
         },
     ],
     "only_in_a": [],

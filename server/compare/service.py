@@ -8,7 +8,7 @@ number of queries (runs, results, manifests, fingerprints), whatever the runs' s
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -29,6 +29,7 @@ from numparity_server.compare.schemas import (
 from numparity_server.compare.schemas import ResultKey as ResultKeyOut
 from numparity_server.kit.errors import NotFound
 from numparity_server.reads.fingerprints import load_fingerprints
+from numparity_server.reads.traces import load_traces
 
 
 def compare_runs(
@@ -60,9 +61,11 @@ def compare_runs(
                   if (digest := side[key].manifest_hash) is not None})
     fingerprints = load_fingerprints(
         session, {digest for entries in manifests.values() for _n, _k, digest in entries})
+    traces = load_traces(session, {digest for key in ok for side in (results_a, results_b)
+                                   if (digest := side[key].trace_hash) is not None})
 
     pairs = [
-        _pair(results_a[key], results_b[key], manifests, fingerprints, policy)
+        _pair(results_a[key], results_b[key], manifests, fingerprints, traces, policy)
         for key in common
     ]
     return CompareOut(
@@ -158,7 +161,8 @@ def _inputs(a: ResultRow, b: ResultRow) -> tuple[Inputs, list[str]]:
 
 
 def _pair(a: ResultRow, b: ResultRow, manifests: dict[str, list[tuple[str, str, str]]],
-          fingerprints: dict[str, analysis.Fingerprint], policy: Policy) -> ResultPair:
+          fingerprints: dict[str, analysis.Fingerprint], traces: dict[str, analysis.Trace],
+          policy: Policy) -> ResultPair:
     inputs, notes = _inputs(a, b)
     pair: dict[str, Any] = {
         "suite": a.suite, "workload": a.workload, "variant": a.variant, "device": a.device,
@@ -192,7 +196,30 @@ def _pair(a: ResultRow, b: ResultRow, manifests: dict[str, list[tuple[str, str, 
         tensors_only_in_b=[name for name, _k, _h in manifest_b if name not in names_a],
         tensors=rows,
     )
+    pair["origin"], pair["origin_note"] = _origin(
+        a, b, manifest_a, manifest_b, fingerprints, traces,
+        tolerance_for=lambda dtype: policy.tolerance(workload, dtype))
     return ResultPair.model_validate(pair)
+
+
+def _origin(a: ResultRow, b: ResultRow, manifest_a: list[tuple[str, str, str]],
+            manifest_b: list[tuple[str, str, str]],
+            fingerprints: dict[str, analysis.Fingerprint], traces: dict[str, analysis.Trace],
+            tolerance_for: Callable[[str], analysis.Tolerance]
+            ) -> tuple[dict[str, Any] | None, str | None]:
+    """The origin ops of b's result against a's from their op traces, or why there are
+    none (design §3.3.14)."""
+    without = [f"run {side}'s result" for side, row in (("a", a), ("b", b))
+               if row.trace_hash is None]
+    if without:
+        return None, analysis.no_trace_note(without)
+    assert a.trace_hash is not None and b.trace_hash is not None
+    if a.trace_hash not in traces or b.trace_hash not in traces:
+        return None, "the op trace of a result is no longer stored"
+    found = analysis.origin_ops(traces[a.trace_hash], traces[b.trace_hash],
+                                manifest_a=manifest_a, manifest_b=manifest_b,
+                                fingerprints=fingerprints, tolerance_for=tolerance_for)
+    return found.to_dict(), None
 
 
 def _with_bit_flip(first: dict[str, Any] | None, manifest_a: list[tuple[str, str, str]],

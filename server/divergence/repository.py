@@ -32,6 +32,7 @@ class LatestResult:
     input_hash: str | None
     param_hash: str | None
     entries: list[dict[str, Any]]
+    trace_hash: str | None = None
 
 
 def latest_ok_results(
@@ -45,7 +46,7 @@ def latest_ok_results(
     rows = session.execute(
         select(Node.name, Run.run_id, Environment.env_key, Run.environment_id, Outcome.device,
                Outcome.workload_version, Outcome.input_hash, Outcome.param_hash,
-               Outcome.manifest_hash)
+               Outcome.manifest_hash, Outcome.trace_hash)
         .select_from(Latest)
         .join(Outcome, Outcome.id == Latest.outcome_id)
         .join(Result, Result.id == Latest.result_id)
@@ -63,7 +64,7 @@ def latest_ok_results(
     return [
         LatestResult(row.name, row.run_id, row.env_key, documents[row.environment_id],
                      row.device, row.workload_version, row.input_hash, row.param_hash,
-                     entries[row.manifest_hash])
+                     entries[row.manifest_hash], row.trace_hash)
         for row in rows
     ]
 

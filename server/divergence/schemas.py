@@ -49,10 +49,25 @@ EXAMPLE: dict[str, Any] = {
         "attribution": [{"attribute": "env_vars.MKL_CBWR", "a": ["unset"],
                          "b": ["COMPATIBLE"]}],
         "indistinguishable": False,
+        "origin": {
+            "trace_a": "3c0e51a2…", "trace_b": "b81f07d4…", "ops_a": 27, "ops_b": 27,
+            "same_sequence": True, "aligned": 27, "parting": None, "count": 1,
+            "ops": [{"seq_a": 16, "seq_b": 16, "op": "aten.addmm.default", "module": "fc1",
+                     "phase": "forward", "layer": "fc1", "tensor": "fc1",
+                     "inputs": [{"dtype": "float32", "shape": [512]},
+                                {"dtype": "float32", "shape": [64, 1024]},
+                                {"dtype": "float32", "shape": [1024, 512]}],
+                     "outputs": [{"dtype": "float32", "shape": [64, 512]}],
+                     "kernel_a": None, "kernel_b": None,
+                     "output": {"tensor": "fc1", "verdict": "equivalent", "basis": "values",
+                                "metrics": _METRICS, "evidence": ""}}],
+        },
+        "origin_note": None,
     }],
     "attribution": [{"attribute": "env_vars.MKL_CBWR", "distinct_values": 2,
                      "conditional_entropy": 0.0, "purity": 1.0}],
     "members_without_tensor": [],
+    "origin_note": None,
     "excluded": [],
 }
 
@@ -67,4 +82,8 @@ class DivergenceOut(BaseModel):
     pairs: list[dict[str, Any]]
     attribution: list[dict[str, Any]]
     members_without_tensor: list[str]
+    origin_note: str | None = Field(
+        None, description="Set when origin ops were computed for some pairs only (more than "
+                          "12 groups: the pairs with group 1). Each pair's `origin` has the "
+                          "shape of /compare's, or is null with `origin_note` saying why")
     excluded: list[Excluded]

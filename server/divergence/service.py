@@ -12,6 +12,7 @@ from numparity_server.divergence.repository import LatestResult
 from numparity_server.divergence.schemas import DivergenceKey, DivergenceOut, Excluded
 from numparity_server.kit.errors import NotFound
 from numparity_server.reads.fingerprints import load_fingerprints
+from numparity_server.reads.traces import load_traces
 
 FP64_VARIANT = "fp64-reference"
 BASELINE_VARIANT = "strict"
@@ -55,6 +56,9 @@ def divergence(
                                         version, device="cpu")
         wanted.update(h for h in (reference_hash, baseline_hash) if h)
     loaded = load_fingerprints(session, wanted)
+    # The representatives' op traces: origin ops per pair of groups (design §3.3.14).
+    traces = load_traces(session, {digest for group in groups
+                                   if (digest := group.representative.trace) is not None})
     if variant != FP64_VARIANT and tensor is not None:
         reference = loaded.get(reference_hash) if reference_hash else None
         baseline = loaded.get(baseline_hash) if baseline_hash else None
@@ -63,7 +67,7 @@ def divergence(
     report = analysis.divergence_report(
         members=members, tensor=tensor, fingerprints=loaded,
         tolerance_for=lambda dtype: policy.tolerance(workload, dtype),
-        reference=reference, baseline=baseline,
+        reference=reference, baseline=baseline, traces=traces,
     )
     key = DivergenceKey(suite=suite, workload=workload, workload_version=version,
                         variant=variant, tensor=tensor)
@@ -75,7 +79,7 @@ def _member(result: LatestResult) -> analysis.Member:
         node=result.node, run_id=result.run_id, env_key=result.env_key,
         environment=result.environment,
         tensors=tuple((e["name"], e["kind"], e["hash"]) for e in result.entries),
-        device=result.device,
+        device=result.device, trace=result.trace_hash,
     )
 
 

@@ -489,6 +489,7 @@ class ResultSummary(BaseModel):
     reason: str | None
     error: str | None
     manifest_hash: str | None
+    trace_hash: str | None = Field(None, description="The result's op trace, when traced")
     tensors: int
     repeats: int | None
     repeats_agree: bool | None

@@ -466,7 +466,7 @@ def run_summary(*, session: Session, run_id: str) -> RunSummary:
             ResultSummary(
                 suite=r.suite, workload=r.workload, workload_version=r.workload_version,
                 variant=r.variant, device=r.device, status=r.status, reason=r.reason,
-                error=r.error, manifest_hash=r.manifest_hash,
+                error=r.error, manifest_hash=r.manifest_hash, trace_hash=r.trace_hash,
                 tensors=sizes.get(r.manifest_hash, 0) if r.manifest_hash else 0,
                 repeats=r.repeats, repeats_agree=r.repeats_agree, wall_s=wall_s,
             )

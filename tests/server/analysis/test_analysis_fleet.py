@@ -173,7 +173,8 @@ def test_report_round_trips_through_strict_json_with_nan(fleet):
     zero_pair = verdicts[frozenset((group_of["c"], group_of["d"]))]
     assert zero_pair["verdict"] == "equivalent"
     assert zero_pair["metrics"]["sqnr_db"] is None  # infinite: no noise at all
-    assert set(report) == {"tensor", "groups", "pairs", "attribution", "members_without_tensor"}
+    assert set(report) == {"tensor", "groups", "pairs", "attribution", "members_without_tensor",
+                           "origin_note"}
     group = report["groups"][0]
     assert set(group) == {"id", "hash", "size", "nodes", "devices", "env_keys",
                           "representative"}
@@ -216,7 +217,7 @@ def test_one_group_has_nothing_to_explain(fleet):
     assert report["pairs"] == [] and report["attribution"] == []
     empty = divergence_report(members=[], tensor="output", fingerprints={})
     assert empty == {"tensor": "output", "groups": [], "pairs": [], "attribution": [],
-                     "members_without_tensor": []}
+                     "members_without_tensor": [], "origin_note": None}
 
 
 def test_a_version_is_named_before_a_blob_that_changed_with_it():

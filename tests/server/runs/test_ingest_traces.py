@@ -10,7 +10,7 @@ import json
 import zlib
 
 import pytest
-from helpers.documents import run_document
+from helpers.documents import bare, run_document
 from helpers.traces import cnn_trace, op, ref, rehash, trace, trace_hash, with_traces
 from sqlalchemy import func, select
 
@@ -52,6 +52,8 @@ def test_a_traced_result_stores_its_trace_once_and_points_at_it(api):
     assert hashlib.sha256(canonical).hexdigest() == body["hash"]
     assert json.loads(canonical) == {k: v for k, v in body.items() if k != "hash"}
     assert outcome_traces(api) == {CNN: body["hash"], ("cnn", "tf32"): None}
+    summary = api.client.get(f"/api/v1/runs/{first['run_id']}", headers=api.reader).json()
+    assert [r["trace_hash"] for r in summary["results"]] == [body["hash"], None]
 
 
 def test_a_result_may_refer_to_a_stored_trace_without_its_body(api):
@@ -275,3 +277,42 @@ def test_the_helper_hash_is_the_contracts():
                '"phase":"forward"}],"tensors":{}}')
     assert body["hash"] == hashlib.sha256(content.encode("utf-8")).hexdigest()
     assert trace_hash(body) == body["hash"]
+
+
+def ingest_statements(api, document) -> int:
+    from sqlalchemy import event
+
+    engine = api.client.app.state.engine
+    statements = []
+
+    def count(_conn, _cursor, statement, *_args):
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        assert api.post_run(document).status_code == 201
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    return len(statements)
+
+
+def test_ingest_statements_do_not_grow_with_traces(api):
+    """Traces are looked up and inserted in bulk, like manifests: a run of 12 traced
+    results on a new environment writes as many statements as a run of one. (The
+    tensors are stored first and then sent by reference, so both runs do the same
+    fingerprint and manifest work.)"""
+    workloads, variants = ("cnn", "mlp", "vit", "lstm"), ("default", "strict",
+                                                          "fp64-reference")
+    assert api.post_run(run_document("primer", workloads=workloads,
+                                     variants=variants)).status_code == 201
+
+    def traced_run(node, workloads, variants):
+        document = bare(run_document(node, workloads=workloads, variants=variants,
+                                     env_vars={"NODE": node}))
+        return with_traces(document, {(w, v): cnn_trace(conv2_kernel=f"{node}/{w}/{v}")
+                                      for w in workloads for v in variants})
+
+    small = ingest_statements(api, traced_run("node-1", ("cnn",), ("default",)))
+    big = ingest_statements(api, traced_run("node-2", workloads, variants))
+    assert len(stored_traces(api)) == 13
+    assert big == small
