@@ -3,7 +3,9 @@
 Starts the server on a temporary SQLite database on a free loopback port, runs the real
 agent for every simulated node (each in a process group of its own, with the environment
 variables that make its numerics differ, design §5; two nodes at a time; one node also
-runs the fp64 reference, one runs a fault drill twice), prints the report
+runs the fp64 reference, one runs a fault drill twice; every agent records op traces, and
+a stock node then runs ``explain`` against each node whose settings differ), prints the
+report
 (``demo_report``: every cell of the fleet page that is not identical, by cause, then the
 audit), then keeps serving and says how to sign in and add a node of your own, until
 Ctrl-C or SIGTERM (``--no-serve`` exits after the report). A stop at any point ends the
@@ -97,8 +99,22 @@ def agent_command(node: SimulatedNode, *, server_url: str, spool: Path,
     return [
         sys.executable, "-m", "numparity_agent", "run",
         "--server", server_url, "--node", node.name, "--spool", str(spool),
-        "--workloads", *workloads, "--variants", *variants, *node.args,
+        "--workloads", *workloads, "--variants", *variants, "--trace-ops", *node.args,
         *(("--output", str(output)) if output else ()),
+    ]  # fmt: skip
+
+
+# The stock node that explains each split caused by a setting (design §2.11).
+EXPLAINER = "lab-02"
+
+
+def explain_command(node: SimulatedNode, *, server_url: str, against: str,
+                    output: Path) -> list[str]:
+    """`explain` on ``node`` against the run ``against``, the demo's workloads only."""
+    return [
+        sys.executable, "-m", "numparity_agent", "explain", "--server", server_url,
+        "--node", node.name, "--against", against, "--workloads", *WORKLOADS,
+        "--variants", *VARIANTS, "--output", str(output),
     ]  # fmt: skip
 
 
@@ -112,6 +128,16 @@ class AgentRun:
     stderr: str
     seconds: float
     document: dict[str, Any] | None  # what the agent wrote with --output
+
+
+@dataclass(frozen=True)
+class ExplainRun:
+    explainer: SimulatedNode
+    split: SimulatedNode
+    returncode: int
+    stderr: str
+    seconds: float
+    document: dict[str, Any] | None  # what explain wrote with --output
 
 
 class Agents:
@@ -142,6 +168,21 @@ class Agents:
             if code != 0:
                 break
         return done
+
+    def explain(self, explainer: SimulatedNode, split: AgentRun) -> ExplainRun:
+        """``explainer`` finds the setting under which it gives ``split``'s bits."""
+        assert split.document is not None
+        output = self.workdir / "explain" / f"{explainer.name}-vs-{split.node.name}.json"
+        output.parent.mkdir(parents=True, exist_ok=True)
+        command = explain_command(explainer, server_url=self.server_url,
+                                  against=split.document["run_id"], output=output)
+        env = node_environment(explainer)
+        env["NUMPARITY_TOKEN"] = self.token
+        started = time.monotonic()
+        code, stderr = self._run(command, env)
+        document = json.loads(output.read_text()) if output.exists() else None
+        return ExplainRun(explainer, split.node, code, stderr, time.monotonic() - started,
+                          document)
 
     def _run(self, command: list[str], env: dict[str, str]) -> tuple[int, str]:
         with self._lock:
@@ -207,6 +248,45 @@ def run_fleet(agents: Agents, fleet: Sequence[SimulatedNode]) -> list[AgentRun]:
         agents.stop()  # nothing left running after an interruption
         pool.shutdown(wait=True, cancel_futures=True)
     return runs
+
+
+def explain_splits(agents: Agents, runs: Sequence[AgentRun],
+                   fleet: Sequence[SimulatedNode]) -> list[ExplainRun]:
+    """A stock node explains every node whose settings differ (``env``): the setting under
+    which it gives that node's bits, two at a time; a line per explain, in fleet order."""
+    explainer = next(node for node in fleet if node.name == EXPLAINER)
+    newest = {run.node.name: run for run in runs if run.returncode == 0 and run.document}
+    splits = [newest[node.name] for node in fleet if node.env and node.name in newest]
+    done: list[ExplainRun] = []
+    pool = ThreadPoolExecutor(max_workers=max(1, min(PARALLEL, os.cpu_count() or 1)),
+                              thread_name_prefix="demo-explain")
+    try:
+        futures = [pool.submit(agents.explain, explainer, split) for split in splits]
+        for future in futures:
+            run = future.result()
+            state = (_explained(run.document or {}) if run.returncode == 0
+                     else f"explain exit {run.returncode}")
+            print(f"  {run.explainer.name} explains {run.split.name:<12} {state} in "
+                  f"{run.seconds:.1f} s", flush=True)
+            if run.returncode != 0:
+                print(run.stderr.strip(), file=sys.stderr)
+            done.append(run)
+    finally:
+        agents.stop()
+        pool.shutdown(wait=True, cancel_futures=True)
+    return done
+
+
+def _explained(document: dict[str, Any]) -> str:
+    """What one explain found, in a few words."""
+    findings = document.get("findings", [])
+    found = sorted({f["label"] for f in findings
+                    if f.get("status") == "reproduced" and f.get("label")})
+    if found:
+        return f"found {', '.join(found)}"
+    if findings and all(f.get("status") == "already" for f in findings):
+        return "no split here: the same bits already"
+    return "no single setting or pair reproduces it"
 
 
 def drill_flips(runs: Sequence[AgentRun]) -> dict[tuple[str, str, str], DrillFlip]:
@@ -380,7 +460,10 @@ def _demo(args: argparse.Namespace) -> int:
 
         agents = Agents(server_url=base_url, token=tokens.fleet, workdir=workdir)
         runs = run_fleet(agents, FLEET)
-        failed = sum(1 for run in runs if run.returncode != 0)
+        explains = explain_splits(Agents(server_url=base_url, token=tokens.fleet,
+                                         workdir=workdir), runs, FLEET)
+        failed = sum(1 for code in [*(r.returncode for r in runs),
+                                    *(e.returncode for e in explains)] if code != 0)
         print_report(settings, runs, dashboard="" if args.no_serve else f"{base_url}/")
 
         if failed:

@@ -73,6 +73,8 @@ class Finding:
     fp64: Fp64Judgement | None = None
     detail: str = ""  # a status's reason or error
     origin: str | None = None  # the op where it parts from the usual answer (op traces)
+    # What `explain` found between these nodes and the usual answer's, a line each.
+    explained: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,8 @@ def _column_findings(session: Session, policy: Policy, suite: str, workload: str
             measured=_measured(pair) if pair else "",
             first_divergent_layer=layer.get("name"),
             fp64=_fp64(session, policy, suite, workload, variant, decided_by, nodes[0]),
-            origin=_origin((pair or {}).get("origin"), flipped))
+            origin=_origin((pair or {}).get("origin"), flipped),
+            explained=tuple(_explained(e) for e in (pair or {}).get("explanations") or ()))
         flips = {(node, drills[(cell.run_id, workload, variant)]) for node, cell in members
                  if cell.run_id and (cell.run_id, workload, variant) in drills}
         if flips:
@@ -210,6 +213,23 @@ def _measured(pair: Mapping[str, Any]) -> str:
     return (f"max abs {_number(metrics.get('max_abs'))}, "
             f"max rel {_number(metrics.get('max_rel'))}, "
             f"max ULP {_number(metrics.get('max_ulp'), whole=True)}; from {pair['basis']}")
+
+
+def _explained(found: Mapping[str, Any]) -> str:
+    """One finding of `explain` in a line (design §2.11)."""
+    node, against = found["node"], found["against_node"]
+    stale = " (stale: the node has changed since)" if found.get("stale") else ""
+    if found["status"] == "reproduced":
+        return f"explain: {node} gives {against}'s bits with {found['label']}{stale}"
+    if found["status"] == "already":
+        return f"explain: {node} already gives {against}'s bits{stale}"
+    if found["status"] == "not_reproduced":
+        closest = found.get("closest")
+        near = (f"; closest {closest['label']} ({closest['matching']} of "
+                f"{closest['tensors']} tensors)" if closest else "")
+        return (f"explain: no single setting or pair gives {node} {against}'s bits "
+                f"({found['tried']} tried){near}{stale}")
+    return f"explain: {node} could not tell: {found.get('detail')}"
 
 
 def _origin(origin: Mapping[str, Any] | None, flipped: bool) -> str | None:
@@ -360,6 +380,7 @@ def _finding_lines(finding: Finding) -> list[str]:
         lines.append(f"      first divergent layer: {finding.first_divergent_layer}")
     if finding.origin:
         lines.append(f"      {finding.origin}")
+    lines.extend(f"      {line}" for line in finding.explained)
     if finding.fp64 is not None:
         lines.append(f"      {_fp64_text(finding.fp64)}")
     return lines

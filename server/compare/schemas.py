@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from numparity_server.reads.explanations import ExplanationOut
+
 
 class RunInfo(BaseModel):
     run_id: str
@@ -238,6 +240,11 @@ class ResultPair(ResultKey):
     origin_note: str | None = Field(
         None, description="Why there is no origin for two ok results: a side has no op "
                           "trace")
+    explanations: list[ExplanationOut] = Field(
+        default_factory=list,
+        description="What `numparity-agent explain` found between the two runs' nodes for "
+                    "this result: the setting under which one gives the other's bits "
+                    "(newest per direction)")
 
 
 class CompareOut(BaseModel):

@@ -28,6 +28,7 @@ from numparity_server.compare.schemas import (
 )
 from numparity_server.compare.schemas import ResultKey as ResultKeyOut
 from numparity_server.kit.errors import NotFound
+from numparity_server.reads.explanations import explanations_among
 from numparity_server.reads.fingerprints import load_fingerprints
 from numparity_server.reads.traces import load_traces
 
@@ -68,6 +69,12 @@ def compare_runs(
         _pair(results_a[key], results_b[key], manifests, fingerprints, traces, policy)
         for key in common
     ]
+    # What explain found between the two nodes, beside each result's split (one query).
+    found = explanations_among(session=session, nodes={a.node, b.node},
+                               keys={key[:3] for key in common})
+    for pair in pairs:
+        pair.explanations = [e for e in found.get((pair.suite, pair.workload, pair.variant), [])
+                             if {e.node, e.against_node} <= {a.node, b.node}]
     return CompareOut(
         run_a=_run_info(a), run_b=_run_info(b), workload=workload, variant=variant,
         environment=_environment_differences(a, b),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from sqlalchemy.orm import Session
 
 from numparity_server import analysis
@@ -11,6 +14,7 @@ from numparity_server.divergence import repository
 from numparity_server.divergence.repository import LatestResult
 from numparity_server.divergence.schemas import DivergenceKey, DivergenceOut, Excluded
 from numparity_server.kit.errors import NotFound
+from numparity_server.reads.explanations import explanations_among
 from numparity_server.reads.fingerprints import load_fingerprints
 from numparity_server.reads.traces import load_traces
 
@@ -69,9 +73,29 @@ def divergence(
         tolerance_for=lambda dtype: policy.tolerance(workload, dtype),
         reference=reference, baseline=baseline, traces=traces,
     )
+    _with_explanations(session, report, groups, (suite, workload, variant))
     key = DivergenceKey(suite=suite, workload=workload, workload_version=version,
                         variant=variant, tensor=tensor)
     return DivergenceOut.model_validate({"key": key, **report, "excluded": excluded})
+
+
+# Findings beside one pair of groups: the newest per direction and pair of nodes.
+EXPLANATIONS_PER_PAIR = 10
+
+
+def _with_explanations(session: Session, report: dict[str, Any],
+                       groups: Sequence[analysis.Group], key: tuple[str, str, str]) -> None:
+    """Each pair gets `explanations`: what `explain` found between a node of one group and
+    a node of the other (design §2.11), read once for every member of every group."""
+    nodes = {group.id: {member.node for member in group.members} for group in groups}
+    found = explanations_among(session=session, nodes=set().union(*nodes.values()),
+                               keys={key}).get(key, [])
+    for pair in report["pairs"]:
+        side_a, side_b = nodes[pair["a"]], nodes[pair["b"]]
+        pair["explanations"] = [
+            e.model_dump(mode="json") for e in found
+            if (e.node in side_a and e.against_node in side_b)
+            or (e.node in side_b and e.against_node in side_a)][:EXPLANATIONS_PER_PAIR]
 
 
 def _member(result: LatestResult) -> analysis.Member:

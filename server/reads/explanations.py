@@ -166,3 +166,42 @@ def explanations_between(
 def _across(out: ExplanationOut, side_a: set[str], side_b: set[str]) -> bool:
     return ((out.node in side_a and out.against_node in side_b)
             or (out.node in side_b and out.against_node in side_a))
+
+
+Key = tuple[str, str, str]  # (suite, workload, variant)
+
+
+def explanations_among(
+    *, session: Session, nodes: Collection[str], keys: Collection[Key] | None = None,
+) -> dict[Key, list[ExplanationOut]]:
+    """Per (suite, workload, variant), the newest finding of each (node, against_node)
+    with both among ``nodes``, newest first; only ``keys`` when given. What `/compare`
+    (two runs' nodes, every key at once) and `/divergence` (every member of the groups,
+    one key) show beside a split: one query per 500 nodes, whatever the keys."""
+    names = set(nodes)
+    if not names:
+        return {}
+    partition = (Explanation.node_id, Explanation.against_node_id, Explanation.suite,
+                 Explanation.workload, Explanation.variant)
+    found: dict[Key, list[ExplanationOut]] = {}
+    for chunk in chunked(sorted(names)):
+        ranked = select(Explanation.id.label("id"), func.row_number().over(
+            partition_by=partition,
+            order_by=(Explanation.created_at.desc(), Explanation.id.desc()),
+        ).label("rank")).join(Node, Node.id == Explanation.node_id).where(
+            Node.name.in_(chunk))
+        if keys is not None and len({key[1] for key in keys}) == 1:
+            # One workload (the /divergence case): let the (suite, workload, variant)
+            # index narrow the window.
+            ranked = ranked.where(Explanation.workload == next(iter(keys))[1])
+        newest = ranked.subquery()
+        rows = session.execute(_newest_first(
+            _select().join(newest, newest.c.id == Explanation.id).where(newest.c.rank == 1)
+        )).all()
+        for out in map(_out, rows):
+            key = (out.suite, out.workload, out.variant)
+            if out.against_node in names and (keys is None or key in keys):
+                found.setdefault(key, []).append(out)
+    for outs in found.values():
+        outs.sort(key=lambda out: out.created_at, reverse=True)
+    return found

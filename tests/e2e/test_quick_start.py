@@ -242,6 +242,42 @@ def test_report_says_why(quick_start: QuickStart) -> None:
                for line in quick_start.report), quick_start.report
 
 
+def finding_blocks(report: list[str]) -> list[tuple[str, str, list[str]]]:
+    """(cause, finding line, the lines indented below it) of every compared finding."""
+    blocks: list[tuple[str, str, list[str]]] = []
+    cause = ""
+    for line in report:
+        if line.startswith("  ") and not line.startswith("   ") and ": " in line:
+            cause = line.strip()
+        elif line.startswith("    ") and not line.startswith("     ") and " against " in line:
+            blocks.append((cause, line.strip(), []))
+        elif line.startswith("      ") and blocks:
+            blocks[-1][2].append(line.strip())
+    return blocks
+
+
+def test_every_split_names_its_origin_op_and_the_setting_that_explains_it(
+        quick_start: QuickStart) -> None:
+    """Every agent traces its ops, and a stock node runs explain against each node whose
+    settings differ (design §2.10, §2.11): each split caused by a setting shows where it
+    starts and the setting, as explain found it on the stock node."""
+    settings = {node.name: node.env for node in FLEET if node.env}
+    blocks = [b for b in finding_blocks(quick_start.report) if b[0].startswith("explained by")]
+    assert blocks, quick_start.report
+    for _cause, line, below in blocks:
+        assert any(text.startswith(("origin op ", "no origin op; ")) for text in below), (
+            line, below)
+        match = re.match(r"^\S+/\S+\s+\S+\s+(.+?) against ", line)
+        assert match, line
+        nodes = {name.strip() for name in match.group(1).split(",")}
+        for node, env in settings.items():
+            if node not in nodes:
+                continue
+            wanted = ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+            assert any(text.startswith("explain: ") and f"{node}'s bits with {wanted}" in text
+                       for text in below), (node, line, below)
+
+
 def test_report_marks_the_drill_with_its_flipped_bit(quick_start: QuickStart) -> None:
     """The flipped bit as the agent recorded it in its own document (the drill's newest
     run, in the demo's folder), against what the report prints."""

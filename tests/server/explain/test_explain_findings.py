@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from datetime import timedelta
+from html import unescape
 from typing import Any
 
 import pytest
@@ -289,3 +291,53 @@ def test_the_body_limit_and_the_byte_budget_hold_as_for_runs(make_api):
     assert post(api, document("lab-01", "r1")).status_code == 422
     over_budget = post(api, document("lab-01", "r1"))
     assert over_budget.status_code == 429 and "Retry-After" in over_budget.headers
+
+
+def test_compare_and_divergence_show_the_findings_beside_the_split(api, lab):
+    stock = run_document("lab-02", started_at="2026-11-21T10:00:00Z")
+    assert api.post_run(stock).status_code == 201
+    assert post(api, document("lab-01", lab["lab-mkl"])).status_code == 201
+    assert post(api, document("lab-mkl", lab["lab-01"], reproduced(
+        Setting.of(env={"MKL_CBWR": None})))).status_code == 201
+
+    def compare(run_a: str, run_b: str) -> list[tuple[str, str, str]]:
+        answer = api.client.get("/api/v1/compare", headers=api.reader, params={
+            "run_a": run_a, "run_b": run_b, "workload": "cnn", "variant": "default"})
+        assert answer.status_code == 200, answer.text
+        (pair,) = answer.json()["pairs"]
+        return sorted((e["node"], e["against_node"], e["label"]) for e in pair["explanations"])
+
+    both = [("lab-01", "lab-mkl", "MKL_CBWR=COMPATIBLE"), ("lab-mkl", "lab-01", "MKL_CBWR unset")]
+    assert compare(lab["lab-01"], lab["lab-mkl"]) == both
+    assert compare(lab["lab-mkl"], lab["lab-01"]) == both
+    # Between lab-02 and lab-mkl nobody explained anything.
+    assert compare(stock["run_id"], lab["lab-mkl"]) == []
+
+    answer = api.client.get("/api/v1/divergence", headers=api.reader,
+                            params={"workload": "cnn", "variant": "default"})
+    assert answer.status_code == 200, answer.text
+    (pair,) = answer.json()["pairs"]
+    # The stock group (lab-01, lab-02) against lab-mkl: both of lab-01's directions.
+    assert sorted((e["node"], e["label"]) for e in pair["explanations"]) == [
+        ("lab-01", "MKL_CBWR=COMPATIBLE"), ("lab-mkl", "MKL_CBWR unset")]
+
+
+def test_the_pages_show_the_setting_beside_the_split(api, lab):
+    assert post(api, document("lab-01", lab["lab-mkl"])).status_code == 201
+    assert post(api, document("lab-mkl", lab["lab-01"], missed())).status_code == 201
+
+    def findings(path: str) -> list[str]:
+        answer = api.client.get(path, headers=api.reader)
+        assert answer.status_code == 200, answer.text[:2000]
+        items = re.findall(r'<li data-explain="[^"]+" data-status="[^"]+">(.*?)</li>',
+                           answer.text, re.S)
+        return [" ".join(unescape(re.sub(r"<[^>]+>", "", item)).split()) for item in items]
+
+    for path in (f"/compare?run_a={lab['lab-01']}&run_b={lab['lab-mkl']}&workload=cnn"
+                 "&variant=default", "/workloads/cnn"):
+        shown = findings(path)
+        assert len(shown) == 2, (path, shown)
+        assert shown[0].startswith("lab-mkl gives lab-01's bits under no single setting or "
+                                   "pair it tried (40); closest threads=1, 3 of 4 tensors "
+                                   "the same (first differing output)")
+        assert shown[1].startswith("lab-01 gives lab-mkl's bits with MKL_CBWR=COMPATIBLE")
