@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,20 +100,27 @@ def _report_progress(path: str | None, workload: str, status: str) -> None:
         pass
 
 
-def main(argv: list[str] | None = None) -> int:
+def spec_main(module: str, run: Callable[[dict[str, Any]], dict[str, Any]],
+              argv: list[str] | None = None) -> int:
+    """`python -m <module> SPEC OUT`: `run` the JSON spec, write its answer to OUT
+    atomically (a crash leaves no OUT, which the parent reads as a failure)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m numparity_agent._child SPEC OUT", file=sys.stderr)
+        print(f"usage: python -m {module} SPEC OUT", file=sys.stderr)
         return 2
     spec_path, out_path = args
     with open(spec_path, encoding="utf-8") as f:
         spec = json.load(f)
-    output = run_child(spec)
+    output = run(spec)
     tmp = f"{out_path}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(output, f)
     os.replace(tmp, out_path)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return spec_main("numparity_agent._child", run_child, argv)
 
 
 if __name__ == "__main__":

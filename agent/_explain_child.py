@@ -13,8 +13,6 @@ cheaper is left to find.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from typing import Any
 
@@ -76,19 +74,9 @@ def run_explain_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m numparity_agent._explain_child SPEC OUT", file=sys.stderr)
-        return 2
-    spec_path, out_path = args
-    with open(spec_path, encoding="utf-8") as f:
-        spec = json.load(f)
-    output = run_explain_child(spec)
-    tmp = f"{out_path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(output, f)
-    os.replace(tmp, out_path)
-    return 0
+    from numparity_agent._child import spec_main
+
+    return spec_main("numparity_agent._explain_child", run_explain_child, argv)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,45 +135,44 @@ def knobs_in_force(knobs: Mapping[str, Any]) -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def _knob(name: str, value: Any) -> Iterator[None]:
+def _torch_level(name: str) -> tuple[Callable[[], Any], Callable[[Any], None]] | None:
+    """(read, set) of a knob torch keeps at its top level, else None."""
     import torch
 
     if name == "threads":
-        before = torch.get_num_threads()
-        torch.set_num_threads(int(value))
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
-        return
+        return torch.get_num_threads, lambda value: torch.set_num_threads(int(value))
     if name == "float32_matmul_precision":
-        before_precision = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision(str(value))
-        try:
-            yield
-        finally:
-            torch.set_float32_matmul_precision(before_precision)
-        return
+        return (torch.get_float32_matmul_precision,
+                lambda value: torch.set_float32_matmul_precision(str(value)))
     if name == "deterministic_algorithms":
-        before_det = torch.are_deterministic_algorithms_enabled()
-        _set_deterministic(torch, bool(value))
-        try:
-            yield
-        finally:
-            _set_deterministic(torch, before_det)
-        return
+        return (torch.are_deterministic_algorithms_enabled,
+                lambda value: _set_deterministic(torch, bool(value)))
+    return None
+
+
+@contextlib.contextmanager
+def _knob(name: str, value: Any) -> Iterator[None]:
     if name == "sdpa":
         with _sdpa_backend(str(value)):
             yield
         return
-    holder, attribute = _backend_attribute(name)
-    before_value = getattr(holder, attribute)
-    setattr(holder, attribute, value)
+    level = _torch_level(name)
+    if level is not None:
+        read, write = level
+    else:
+        holder, attribute = _backend_attribute(name)
+
+        def read() -> Any:
+            return getattr(holder, attribute)
+
+        def write(new: Any) -> None:
+            setattr(holder, attribute, new)
+    before = read()
+    write(value)
     try:
         yield
     finally:
-        setattr(holder, attribute, before_value)
+        write(before)
 
 
 def _set_deterministic(torch: Any, enabled: bool) -> None:

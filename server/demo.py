@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -29,12 +30,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from numparity_server.auth.service import create_token
 from numparity_server.demo_report import (
@@ -61,6 +62,7 @@ SUITE = "standard"
 # is one core importing torch in a variant's child.
 PARALLEL = 2
 AGENT_TIMEOUT_S = 900
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -156,16 +158,10 @@ class Agents:
         done = []
         for index in range(node.runs):
             output = self.workdir / "runs" / f"{node.name}-{index + 1}.json"
-            output.parent.mkdir(parents=True, exist_ok=True)
             command = agent_command(node, server_url=self.server_url, variants=node.variants,
                                     spool=self.workdir / f"spool-{node.name}", output=output)
-            env = node_environment(node)
-            env["NUMPARITY_TOKEN"] = self.token  # not on a command line others can read
-            started = time.monotonic()
-            code, stderr = self._run(command, env)
-            document = json.loads(output.read_text()) if output.exists() else None
-            done.append(AgentRun(node, code, stderr, time.monotonic() - started, document))
-            if code != 0:
+            done.append(AgentRun(node, *self._run_as(node, command, output)))
+            if done[-1].returncode != 0:
                 break
         return done
 
@@ -173,16 +169,21 @@ class Agents:
         """``explainer`` finds the setting under which it gives ``split``'s bits."""
         assert split.document is not None
         output = self.workdir / "explain" / f"{explainer.name}-vs-{split.node.name}.json"
-        output.parent.mkdir(parents=True, exist_ok=True)
         command = explain_command(explainer, server_url=self.server_url,
                                   against=split.document["run_id"], output=output)
-        env = node_environment(explainer)
-        env["NUMPARITY_TOKEN"] = self.token
+        return ExplainRun(explainer, split.node, *self._run_as(explainer, command, output))
+
+    def _run_as(self, node: SimulatedNode, command: list[str], output: Path
+                ) -> tuple[int, str, float, dict[str, Any] | None]:
+        """(exit code, stderr, seconds, the document it wrote to ``output``) of the agent
+        ``command`` in ``node``'s environment."""
+        output.parent.mkdir(parents=True, exist_ok=True)
+        env = node_environment(node)
+        env["NUMPARITY_TOKEN"] = self.token  # not on a command line others can read
         started = time.monotonic()
         code, stderr = self._run(command, env)
         document = json.loads(output.read_text()) if output.exists() else None
-        return ExplainRun(explainer, split.node, code, stderr, time.monotonic() - started,
-                          document)
+        return code, stderr, time.monotonic() - started, document
 
     def _run(self, command: list[str], env: dict[str, str]) -> tuple[int, str]:
         with self._lock:
@@ -227,27 +228,41 @@ def _end_group(process: subprocess.Popen[str]) -> None:
             continue
 
 
+def _in_parallel(agents: Agents, jobs: Sequence[Callable[[], T]], name: str,
+                 report: Callable[[T], None]) -> list[T]:
+    """Each job's answer, ``PARALLEL`` jobs at a time, ``report``-ed in the jobs' order;
+    every agent is stopped afterwards, so an interruption leaves nothing running."""
+    done: list[T] = []
+    pool = ThreadPoolExecutor(max_workers=max(1, min(PARALLEL, os.cpu_count() or 1)),
+                              thread_name_prefix=name)
+    try:
+        futures: list[Future[T]] = [pool.submit(job) for job in jobs]
+        for future in futures:
+            answer = future.result()
+            report(answer)
+            done.append(answer)
+    finally:
+        agents.stop()
+        pool.shutdown(wait=True, cancel_futures=True)
+    return done
+
+
+def _report_failure(returncode: int, stderr: str) -> None:
+    if returncode != 0:
+        print(stderr.strip(), file=sys.stderr)
+
+
 def run_fleet(agents: Agents, fleet: Sequence[SimulatedNode]) -> list[AgentRun]:
     """Every node's runs, ``PARALLEL`` nodes at a time; a line per run, in fleet order."""
-    runs: list[AgentRun] = []
-    pool = ThreadPoolExecutor(max_workers=max(1, min(PARALLEL, os.cpu_count() or 1)),
-                              thread_name_prefix="demo-agent")
-    try:
-        futures: list[Future[list[AgentRun]]] = [pool.submit(agents.run_node, node)
-                                                 for node in fleet]
-        for future in futures:
-            for run in future.result():
-                state = ("uploaded" if run.returncode == 0
-                         else f"agent exit {run.returncode}")
-                print(f"  {run.node.name:<12} {run.node.why:<32} {state} in "
-                      f"{run.seconds:.1f} s", flush=True)
-                if run.returncode != 0:
-                    print(run.stderr.strip(), file=sys.stderr)
-                runs.append(run)
-    finally:
-        agents.stop()  # nothing left running after an interruption
-        pool.shutdown(wait=True, cancel_futures=True)
-    return runs
+    def report(runs: list[AgentRun]) -> None:
+        for run in runs:
+            state = "uploaded" if run.returncode == 0 else f"agent exit {run.returncode}"
+            print(f"  {run.node.name:<12} {run.node.why:<32} {state} in "
+                  f"{run.seconds:.1f} s", flush=True)
+            _report_failure(run.returncode, run.stderr)
+
+    jobs = [functools.partial(agents.run_node, node) for node in fleet]
+    return [run for runs in _in_parallel(agents, jobs, "demo-agent", report) for run in runs]
 
 
 def explain_splits(agents: Agents, runs: Sequence[AgentRun],
@@ -257,24 +272,16 @@ def explain_splits(agents: Agents, runs: Sequence[AgentRun],
     explainer = next(node for node in fleet if node.name == EXPLAINER)
     newest = {run.node.name: run for run in runs if run.returncode == 0 and run.document}
     splits = [newest[node.name] for node in fleet if node.env and node.name in newest]
-    done: list[ExplainRun] = []
-    pool = ThreadPoolExecutor(max_workers=max(1, min(PARALLEL, os.cpu_count() or 1)),
-                              thread_name_prefix="demo-explain")
-    try:
-        futures = [pool.submit(agents.explain, explainer, split) for split in splits]
-        for future in futures:
-            run = future.result()
-            state = (_explained(run.document or {}) if run.returncode == 0
-                     else f"explain exit {run.returncode}")
-            print(f"  {run.explainer.name} explains {run.split.name:<12} {state} in "
-                  f"{run.seconds:.1f} s", flush=True)
-            if run.returncode != 0:
-                print(run.stderr.strip(), file=sys.stderr)
-            done.append(run)
-    finally:
-        agents.stop()
-        pool.shutdown(wait=True, cancel_futures=True)
-    return done
+
+    def report(run: ExplainRun) -> None:
+        state = (_explained(run.document or {}) if run.returncode == 0
+                 else f"explain exit {run.returncode}")
+        print(f"  {run.explainer.name} explains {run.split.name:<12} {state} in "
+              f"{run.seconds:.1f} s", flush=True)
+        _report_failure(run.returncode, run.stderr)
+
+    jobs = [functools.partial(agents.explain, explainer, split) for split in splits]
+    return _in_parallel(agents, jobs, "demo-explain", report)
 
 
 def _explained(document: dict[str, Any]) -> str:

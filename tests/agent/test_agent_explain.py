@@ -200,3 +200,30 @@ def test_real_children_find_the_mkl_setting_in_both_directions(
     differing = [f for f in findings if f.status != "already"]
     assert differing and {f.setting.label() for f in differing} == {expected}
     assert all(f.status == "reproduced" and f.tried == 1 for f in differing)
+
+
+def test_a_knob_set_is_in_force_for_its_block_and_taken_back() -> None:
+    import torch
+
+    from numparity_agent._settings import NotApplicable, knobs_in_force
+
+    def state() -> tuple[Any, ...]:
+        return (torch.get_num_threads(), torch.backends.mkldnn.enabled,
+                torch.get_float32_matmul_precision(),
+                torch.are_deterministic_algorithms_enabled())
+
+    before = state()
+    wanted = (1, False, "medium", True)
+    with knobs_in_force({"threads": 1, "mkldnn.enabled": False,
+                         "float32_matmul_precision": "medium",
+                         "deterministic_algorithms": True, "sdpa": "math"}):
+        assert state() == wanted
+        q = torch.ones(1, 1, 4, 8)
+        # Only the math backend may run: a fused kernel's op does not appear.
+        from numparity_agent._trace import OpTracer
+        with OpTracer() as tracer:
+            torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        assert not any("flash" in op["op"] for op in tracer.ops)
+    assert state() == before
+    with pytest.raises(NotApplicable), knobs_in_force({"cuda.no_such.knob": True}):
+        pass
