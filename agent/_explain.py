@@ -167,6 +167,17 @@ def _thread_count(environment: dict[str, Any]) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+# torch >= 2.9's fp32_precision tree and the legacy TF32 flags: once the new one is used,
+# the legacy getters raise (`_knobs`), so a candidate sets the API the node's torch has.
+_NEW_TF32 = ("cuda.matmul.fp32_precision", "cudnn.conv.fp32_precision")
+_LEGACY_TF32 = ("cuda.matmul.allow_tf32", "cudnn.allow_tf32")
+
+
+def _other_tf32_api(local_env: dict[str, Any]) -> tuple[str, ...]:
+    """The TF32 knobs of the API this node's torch does not use."""
+    return _LEGACY_TF32 if _NEW_TF32[0] in (local_env.get("knobs") or {}) else _NEW_TF32
+
+
 def derived(reference_env: dict[str, Any], local_env: dict[str, Any],
             device_type: str) -> list[Setting]:
     """The settings in which the two environments differ, each alone: the reference's
@@ -186,7 +197,7 @@ def derived(reference_env: dict[str, Any], local_env: dict[str, Any],
     ref_knobs = reference_env.get("knobs") or {}
     local_knobs = local_env.get("knobs") or {}
     for name, _devices, _values in KNOB_CHOICES:
-        if name in ("threads", "sdpa") or name not in ref_knobs:
+        if name in ("threads", "sdpa", *_other_tf32_api(local_env)) or name not in ref_knobs:
             continue
         value = ref_knobs[name]
         if value != local_knobs.get(name) and value is not None and \
@@ -203,6 +214,8 @@ def generic(local_env: dict[str, Any], device_type: str) -> list[Setting]:
     cpus = (local_env.get("cpu") or {}).get("logical_cpus")
     found: list[Setting] = []
     for name, _devices, values in KNOB_CHOICES:
+        if name in _other_tf32_api(local_env):
+            continue
         if name == "threads":
             values = tuple(dict.fromkeys(v for v in (1, 2, 4, cpus) if isinstance(v, int)))
             current = _thread_count(local_env)

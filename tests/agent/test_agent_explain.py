@@ -57,6 +57,12 @@ def test_on_a_gpu_the_cuda_settings_are_candidates_and_mkl_is_not() -> None:
             "cudnn.benchmark=true"} <= set(labels)
     assert not any(label.startswith(("MKL_CBWR", "ATEN_CPU_CAPABILITY", "threads",
                                      "mkldnn")) for label in labels)
+    # A torch with the fp32_precision tree gets TF32 candidates of that API only (the
+    # legacy getters raise once it is used).
+    new_api = {**LOCAL, "knobs": {**LOCAL["knobs"], "cuda.matmul.fp32_precision": "none"}}
+    labels = {s.label() for s in _explain.candidates(LOCAL, new_api, "cuda", limit=500)}
+    assert "cuda.matmul.fp32_precision=tf32" in labels
+    assert not any("allow_tf32" in label for label in labels)
 
 
 # ---- the search, against a fake child whose answers are known ---------------------------
@@ -227,3 +233,24 @@ def test_a_knob_set_is_in_force_for_its_block_and_taken_back() -> None:
     assert state() == before
     with pytest.raises(NotApplicable), knobs_in_force({"cuda.no_such.knob": True}):
         pass
+
+
+def test_the_cuda_knobs_are_set_and_taken_back_where_torch_has_them() -> None:
+    """The GPU's settings (no GPU here: the flags exist in every torch build; what they
+    change on a GPU is unverified on this machine)."""
+    import torch
+
+    from numparity_agent._settings import knobs_in_force
+
+    cudnn = torch.backends.cudnn
+    before = (cudnn.deterministic, cudnn.benchmark)
+    with knobs_in_force({"cudnn.deterministic": True, "cudnn.benchmark": True}):
+        assert (cudnn.deterministic, cudnn.benchmark) == (True, True)
+    assert (cudnn.deterministic, cudnn.benchmark) == before
+    matmul: Any = torch.backends.cuda.matmul
+    name = "fp32_precision" if hasattr(matmul, "fp32_precision") else "allow_tf32"
+    value = "tf32" if name == "fp32_precision" else True
+    previous = getattr(matmul, name)
+    with knobs_in_force({f"cuda.matmul.{name}": value}):
+        assert getattr(matmul, name) == value
+    assert getattr(matmul, name) == previous
