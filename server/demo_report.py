@@ -258,7 +258,8 @@ def _origin(origin: Mapping[str, Any] | None, flipped: bool) -> str | None:
         return text
     if origin["parting"]:
         return "no origin op; " + _parting(origin["parting"], usual, other)
-    return "no traced op gave other outputs from the same inputs"
+    return ("no traced op gave other outputs from the same inputs: the bits changed "
+            "between ops (a flipped bit in memory, a drill's, or work the trace does not see)")
 
 
 def _parting(parting: Mapping[str, Any], usual: str, other: str) -> str:

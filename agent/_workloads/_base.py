@@ -129,7 +129,10 @@ def layer_hooks(model: nn.Module, recorder: Recorder) -> Iterator[None]:
                 _record_layer(recorder, name, module, output)
                 if recorder.layer_fault is None:
                     return None
-                return recorder.layer_fault(recorder, first, output)
+                # The drill's own arithmetic is not the workload's: no op of the trace.
+                with (recorder.tracer.paused() if recorder.tracer is not None
+                      else contextlib.nullcontext()):
+                    return recorder.layer_fault(recorder, first, output)
 
             handles.append(module.register_forward_hook(hook))
     try:

@@ -280,3 +280,20 @@ def test_views_compute_nothing_and_are_not_ops() -> None:
     flatten = next(t for t in result["tensors"] if t["name"] == "flatten")
     assert not any(flatten["hash"][:16] in op["out"] for op in ops)
     assert any(flatten["hash"][:16] in op["in"] for op in ops if op["module"] == "fc1")
+
+
+def test_a_drilled_bit_changes_between_ops_and_no_op_is_its_origin() -> None:
+    clean = _traced("cnn", "strict")
+    drilled = _traced("cnn", "strict", fault_drill=True)
+    a, b = clean["trace"]["ops"], drilled["trace"]["ops"]
+    # The drill's own arithmetic is not in the trace: the same ops, in the same order.
+    assert [(op["op"], op["module"]) for op in a] == [(op["op"], op["module"]) for op in b]
+    assert not [x for x, y in zip(a, b, strict=True)
+                if x["in"] == y["in"] and x.get("args") == y.get("args") and x["out"] != y["out"]]
+    # The first op that reads other bits reads the drilled layer's output (or a view of
+    # it: cnn's flatten is one).
+    names = [t["name"] for t in drilled["tensors"]]
+    at = names.index(drilled["drill"]["layer"])
+    flipped = {t["hash"][:16] for t in drilled["tensors"][at:at + 2]}
+    first = next(y for x, y in zip(a, b, strict=True) if x["in"] != y["in"])
+    assert flipped & set(first["in"]), (first, names[at:at + 2])
