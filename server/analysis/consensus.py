@@ -51,7 +51,17 @@ def usual(answers: Mapping[Answer, Support]) -> Answer | None:
     """The answer most nodes give; ties to the first node name, then the answer's text."""
     if not answers:
         return None
-    return min(answers, key=lambda a: (-answers[a].nodes, answers[a].first_node, str(a)))
+    return min(answers, key=_rule(answers))
+
+
+def ranked(answers: Mapping[Answer, Support]) -> list[Answer]:
+    """Every answer, by the same rule: the usual one first (/divergence's groups 1..n, so
+    its baseline, group 1, is the usual answer)."""
+    return sorted(answers, key=_rule(answers))
+
+
+def _rule(answers: Mapping[Answer, Support]) -> Callable[[Answer], tuple[int, str, str]]:
+    return lambda a: (-answers[a].nodes, answers[a].first_node, str(a))
 
 
 @dataclass(frozen=True)

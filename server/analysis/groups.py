@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import consensus
+
 
 @dataclass(frozen=True)
 class Member:
@@ -79,8 +81,9 @@ def manifest_digest(tensors: Sequence[tuple[str, str, str]]) -> str:
 
 def group_members(members: Sequence[Member], tensor: str | None
                   ) -> tuple[list[Group], list[str]]:
-    """Groups by the hash of ``tensor`` (None: of the whole result, its manifest), largest
-    first, ties by first node name; ids 1..n.
+    """Groups by the hash of ``tensor`` (None: of the whole result, its manifest), in the
+    order of ``consensus.ranked`` (largest first, ties by first node name, then hash); ids
+    1..n, so group 1 is the usual answer, the baseline every other group is compared with.
 
     Also returns the (sorted) nodes whose manifest lacks ``tensor``.
     """
@@ -93,12 +96,12 @@ def group_members(members: Sequence[Member], tensor: str | None
             without.append(member.node)
         else:
             by_hash.setdefault(digest, []).append(member)
-    ordered = sorted(
-        by_hash.items(),
-        key=lambda item: (-len(item[1]), min(member.node for member in item[1]), item[0]),
-    )
+    # Each member (a device) counts once, as /divergence counts the fleet's bytes.
+    ordered = consensus.ranked({
+        digest: consensus.Support(len(group), min(member.node for member in group))
+        for digest, group in by_hash.items()})
     groups = [
-        Group(id=index, hash=digest, members=tuple(group))
-        for index, (digest, group) in enumerate(ordered, start=1)
+        Group(id=index, hash=digest, members=tuple(by_hash[digest]))
+        for index, digest in enumerate(ordered, start=1)
     ]
     return groups, sorted(without)

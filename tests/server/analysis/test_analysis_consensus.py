@@ -12,6 +12,7 @@ from numparity_server.analysis.consensus import (
     judges,
     majority,
     newest_version,
+    ranked,
     tally,
     usual,
 )
@@ -24,6 +25,15 @@ def test_most_nodes_then_the_first_node_name_then_the_answer():
     assert usual({"x": Support(2, "alpha"), "y": Support(2, "Zulu")}) == "y"
     assert usual({"b": Support(2, "n1"), "a": Support(2, "n1")}) == "a"
     assert usual({}) is None
+
+
+def test_ranked_answers_start_with_the_usual_one():
+    """/divergence's groups 1..n: group 1, its baseline, is the usual answer."""
+    answers = {"x": Support(2, "n9"), "y": Support(2, "n0"), "z": Support(5, "n7"),
+               "w": Support(1, "a")}
+    assert ranked(answers) == ["z", "y", "x", "w"]
+    assert ranked(answers)[0] == usual(answers)
+    assert ranked({}) == []
 
 
 def test_tally_adds_the_parts_of_one_answer():
