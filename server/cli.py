@@ -254,7 +254,7 @@ def _retention(settings: Settings, args: argparse.Namespace) -> int:
     print(f"{verb} {report.runs} runs ({report.results} results) received before "
           f"{report.cutoff:%Y-%m-%d %H:%M:%SZ}, {report.manifests} manifests, "
           f"{report.traces} op traces and {report.fingerprints} fingerprints no remaining "
-          "result references")
+          f"result references, {report.comparisons} kept comparisons")
     return EXIT_OK
 
 

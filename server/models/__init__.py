@@ -1,6 +1,7 @@
 """ORM models (design §3.1). Importing this package registers every table on ``Base``."""
 
 from numparity_server.models.base import Base, UTCDateTime, utcnow
+from numparity_server.models.comparisons import KeptComparison
 from numparity_server.models.content import STAT_FIELDS, Fingerprint, Manifest, Trace
 from numparity_server.models.explanations import Explanation
 from numparity_server.models.fleet import Device, Environment, Node
@@ -14,6 +15,7 @@ __all__ = [
     "Environment",
     "Explanation",
     "Fingerprint",
+    "KeptComparison",
     "Latest",
     "Manifest",
     "Node",

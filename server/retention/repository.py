@@ -6,10 +6,19 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, delete, exists, func, select
+from sqlalchemy import ColumnElement, delete, exists, func, or_, select
 from sqlalchemy.orm import Session
 
-from numparity_server.models import Fingerprint, Latest, Manifest, Outcome, Result, Run, Trace
+from numparity_server.models import (
+    Fingerprint,
+    KeptComparison,
+    Latest,
+    Manifest,
+    Outcome,
+    Result,
+    Run,
+    Trace,
+)
 
 
 def _holds_latest() -> ColumnElement[bool]:
@@ -148,4 +157,32 @@ def fingerprint_hashes(session: Session, *, page: int = 5000) -> Iterator[str]:
 
 def delete_fingerprints(session: Session, hashes: Sequence[str]) -> int:
     deleted = session.execute(delete(Fingerprint).where(Fingerprint.hash.in_(hashes)))
+    return int(getattr(deleted, "rowcount", 0) or 0)
+
+
+def _not_stored(column: Any) -> ColumnElement[bool]:
+    """No manifest, fingerprint or trace has this hash (a kept comparison names either)."""
+    return (~exists(select(Manifest.hash).where(Manifest.hash == column))
+            & ~exists(select(Fingerprint.hash).where(Fingerprint.hash == column))
+            & ~exists(select(Trace.hash).where(Trace.hash == column)))
+
+
+def _dead_comparison(cutoff: datetime) -> ColumnElement[bool]:
+    return or_(KeptComparison.created_at < cutoff, _not_stored(KeptComparison.hash_a),
+               _not_stored(KeptComparison.hash_b))
+
+
+def dead_comparisons(session: Session, cutoff: datetime, *, limit: int) -> list[str]:
+    return list(session.scalars(
+        select(KeptComparison.key).where(_dead_comparison(cutoff))
+        .order_by(KeptComparison.key).limit(limit)))
+
+
+def count_dead_comparisons(session: Session, cutoff: datetime) -> int:
+    return session.scalar(select(func.count()).select_from(KeptComparison)
+                          .where(_dead_comparison(cutoff))) or 0
+
+
+def delete_comparisons(session: Session, keys: Sequence[str]) -> int:
+    deleted = session.execute(delete(KeptComparison).where(KeptComparison.key.in_(keys)))
     return int(getattr(deleted, "rowcount", 0) or 0)

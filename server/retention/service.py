@@ -1,4 +1,5 @@
-"""Retention (design §4): drop runs older than N days, then content nothing references.
+"""Retention (design §3.7): drop runs older than N days, then content nothing references,
+then the kept comparisons of content that is gone.
 
 A run that holds a node's latest result of some key is kept however old it is: the
 fleet's current picture (divergence, audit) is made of those. Runs go in batches, each
@@ -38,6 +39,7 @@ class RetentionReport:
     manifests: int
     fingerprints: int
     traces: int = 0
+    comparisons: int = 0  # kept /divergence comparisons
 
 
 def apply_retention(*, sessions: Callable[[], Session], days: int, batch_size: int = 500,
@@ -89,8 +91,20 @@ def apply_retention(*, sessions: Callable[[], Session], days: int, batch_size: i
             break
 
     fingerprints = _drop_orphan_fingerprints(sessions, batch_size)
+
+    # Kept comparisons (design §3.3.7) whose answers are gone, or computed before the
+    # cutoff (another policy's, or of answers nobody asks about: /divergence computes
+    # them again, one per answer, when asked).
+    comparisons = 0
+    while True:
+        with sessions() as session, writing(session):
+            keys = repository.dead_comparisons(session, cutoff, limit=batch_size)
+            if not keys:
+                break
+            comparisons += repository.delete_comparisons(session, keys)
     return RetentionReport(cutoff=cutoff, dry_run=False, runs=runs, results=results,
-                           manifests=manifests, fingerprints=fingerprints, traces=traces)
+                           manifests=manifests, fingerprints=fingerprints, traces=traces,
+                           comparisons=comparisons)
 
 
 def _referenced(session: Session, *, skip: Collection[str] = (),
@@ -125,5 +139,9 @@ def _dry_run(sessions: Callable[[], Session], cutoff: datetime) -> RetentionRepo
         fingerprints = sum(1 for h in repository.fingerprint_hashes(session)
                            if h not in referenced)
         traces = repository.count_traces_dropped_with(session, cutoff)
+        # Those computed before the cutoff or whose answers are gone now; more go once
+        # the content above does.
+        comparisons = repository.count_dead_comparisons(session, cutoff)
     return RetentionReport(cutoff=cutoff, dry_run=True, runs=runs, results=results,
-                           manifests=len(doomed), fingerprints=fingerprints, traces=traces)
+                           manifests=len(doomed), fingerprints=fingerprints, traces=traces,
+                           comparisons=comparisons)

@@ -16,7 +16,7 @@ from numparity_server.kit.settings import Settings
 from numparity_server.models import Base
 
 TABLES = {"nodes", "environments", "runs", "results", "manifests", "fingerprints", "latest",
-          "tokens", "devices", "traces", "explanations"}
+          "tokens", "devices", "traces", "explanations", "comparisons"}
 NOW = "2026-11-21 10:00:00+00:00"  # a fixed timestamp for rows written by raw SQL
 
 

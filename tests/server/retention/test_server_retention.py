@@ -9,10 +9,12 @@ from helpers.documents import cnn_tensors, run_document
 from helpers.traces import cnn_trace, with_traces
 from sqlalchemy import func, select, update
 
+from numparity_server.analysis.groups import manifest_digest
 from numparity_server.cli import main
 from numparity_server.kit.db import get_engine, session_factory
 from numparity_server.models import (
     Fingerprint,
+    KeptComparison,
     Latest,
     Manifest,
     Outcome,
@@ -165,3 +167,38 @@ def test_retention_drops_the_traces_no_remaining_result_refers_to(make_api, monk
     out = capsys.readouterr().out
     assert "dropped 1 runs (2 results)" in out and "1 op traces" in out
     assert trace_hashes(api) == {shared["hash"]}
+
+
+def keep_comparison(api, key: str, hash_a: str, hash_b: str, age_days: float = 0) -> None:
+    with session_factory(get_engine(api.settings))() as session, session.begin():
+        session.add(KeptComparison(key=key, kind="pair", hash_a=hash_a, hash_b=hash_b,
+                                   value={}, awaiting=[],
+                                   created_at=utcnow() - timedelta(days=age_days)))
+
+
+def kept_keys(api) -> set[str]:
+    with session_factory(get_engine(api.settings))() as session:
+        return set(session.scalars(select(KeptComparison.key)))
+
+
+def test_retention_drops_comparisons_of_content_gone_or_computed_before_the_cutoff(
+        aged, capsys):
+    """A kept comparison names its content by hash (manifests, fingerprints, traces): it
+    stays while both are stored and it is younger than the cutoff."""
+    usual = cnn_tensors()
+    answer = manifest_digest([(t["name"], t["kind"], t["hash"]) for t in usual])
+    stored = usual[2]["hash"]  # fc1 of the usual answer: node-a's and node-b's latest
+    only_old_a = sorted({t["hash"] for t in cnn_tensors(0.5)} - {t["hash"] for t in usual})
+    keep_comparison(aged, "k" * 64, answer, stored)
+    keep_comparison(aged, "g" * 64, answer, "0" * 64)  # names nothing stored
+    keep_comparison(aged, "o" * 64, answer, stored, age_days=45)
+    keep_comparison(aged, "d" * 64, answer, only_old_a[0])  # goes with run a-old
+    assert retention(aged, "--days", "30", "--dry-run") == 0
+    assert "2 kept comparisons" in capsys.readouterr().out
+    assert kept_keys(aged) == {"k" * 64, "g" * 64, "o" * 64, "d" * 64}
+    assert retention(aged, "--days", "90") == 0
+    assert "1 kept comparisons" in capsys.readouterr().out
+    assert kept_keys(aged) == {"k" * 64, "o" * 64, "d" * 64}
+    assert retention(aged, "--days", "30") == 0
+    assert "2 kept comparisons" in capsys.readouterr().out
+    assert kept_keys(aged) == {"k" * 64}
