@@ -168,7 +168,7 @@ def checks(expected: dict[str, int], answers: dict[str, Any]) -> list[tuple[str,
         found.append((key, len(report["groups"]), expected[key]))
         found.append((f"{key.split()[1]} members",
                       sum(group["size"] for group in report["groups"]), expected["nodes"]))
-        found.append((f"{key.split()[1]} excluded", len(report["excluded"]), 0))
+        found.append((f"{key.split()[1]} excluded", report["excluded_total"], 0))
     return found
 
 

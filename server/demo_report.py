@@ -22,7 +22,6 @@ from numparity_server.analysis.policy import Policy
 from numparity_server.audit.schemas import AuditOut
 from numparity_server.audit.service import audit
 from numparity_server.dashboard.service import HeatCell, overview
-from numparity_server.divergence.schemas import DivergenceOut
 from numparity_server.divergence.service import FP64_VARIANT, divergence
 from numparity_server.kit.errors import NotFound
 
@@ -147,9 +146,17 @@ def _column_findings(session: Session, policy: Policy, suite: str, workload: str
     differing = [(node, cell) for node, cell in column if cell.verdict in COMPARED]
     if not differing:
         return found
+    # Every member listed: each node of the fleet page is placed in its group.
     report = divergence(session=session, suite=suite, workload=workload, variant=variant,
-                        policy=policy)
-    group_of = {node: group["id"] for group in report.groups for node in group["nodes"]}
+                        policy=policy, members_limit=None)
+    group_of = {node: group.id for group in report.groups for node in group.nodes}
+    if group_of.get(baseline, report.baseline) != report.baseline:
+        # The fleet page's baseline (the usual answer among devices of its model) is not
+        # /divergence's (among every device): its pairs are in the full matrix.
+        report = divergence(session=session, suite=suite, workload=workload, variant=variant,
+                            policy=policy, members_limit=None, pairs="all", pairs_limit=None,
+                            pairs_origin=True)
+    pairs = [pair.model_dump(mode="json") for pair in report.pairs]
     left_out = {item.node: item.reason for item in report.excluded}
     answers: dict[int, list[tuple[str, HeatCell]]] = {}
     for node, cell in differing:
@@ -161,7 +168,7 @@ def _column_findings(session: Session, policy: Policy, suite: str, workload: str
     for group_id, members in answers.items():
         nodes = tuple(node for node, _ in members)
         verdict = members[0][1].verdict
-        pair, flipped = _pair(report, group_of.get(baseline), group_id)
+        pair, flipped = _pair(pairs, group_of.get(baseline), group_id)
         decided_by = pair.get("decided_by") if pair else None
         layer = (pair or {}).get("first_divergent_layer") or {}
         finding = Finding(
@@ -194,11 +201,11 @@ def _no_result_text(variant: str, status: str) -> str:
     return f"{status}: the node ran it without an answer to compare"
 
 
-def _pair(report: DivergenceOut, base: int | None, other: int
+def _pair(pairs: Sequence[dict[str, Any]], base: int | None, other: int
           ) -> tuple[dict[str, Any] | None, bool]:
     """The pair of the baseline's group and ``other``, and whether it is the wrong way
     round (``other`` as ``a``)."""
-    for pair in report.pairs:
+    for pair in pairs:
         if (pair["a"], pair["b"]) == (base, other):
             return pair, False
         if (pair["a"], pair["b"]) == (other, base):
@@ -272,7 +279,7 @@ def _attribution(pair: Mapping[str, Any], flipped: bool) -> str:
     parts = []
     for item in pair["attribution"]:
         usual, other = ("b", "a") if flipped else ("a", "b")
-        if f"{usual}_short" in item:
+        if item.get(f"{usual}_short") is not None:
             sides = [item[f"{usual}_short"], item[f"{other}_short"]]
         else:
             sides = ["/".join(item[usual]), "/".join(item[other])]
@@ -296,14 +303,14 @@ def _fp64(session: Session, policy: Policy, suite: str, workload: str, variant: 
     for tensor in dict.fromkeys(t for t in ("output", decided_by) if t):
         try:
             report = divergence(session=session, suite=suite, workload=workload,
-                                variant=variant, tensor=tensor, policy=policy)
+                                variant=variant, tensor=tensor, policy=policy,
+                                members_limit=None)
         except NotFound:
             continue
         for group in report.groups:
-            judged = group.get("fp64")
-            if node in group["nodes"] and judged:
-                return Fp64Judgement(tensor, judged["acceptable"], judged["rmse"],
-                                     judged["limit"])
+            judged = group.fp64
+            if node in group.nodes and judged:
+                return Fp64Judgement(tensor, judged.acceptable, judged.rmse, judged.limit)
     return None
 
 

@@ -5,7 +5,8 @@ module (nor FastAPI): routes resolve these and pass plain values on."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 from fastapi import Depends, Query, Request, Security
 from fastapi.security import HTTPBearer
@@ -104,6 +105,50 @@ def page_params(
 
 
 Pagination = Annotated[PageParams, Depends(page_params)]
+
+
+@dataclass(frozen=True)
+class DivergencePages:
+    pairs: Literal["baseline", "all"]
+    pairs_limit: int | None  # None: every pair of the mode
+    pairs_offset: int
+    pairs_origin: bool
+    members_limit: int
+
+
+def divergence_pages(
+    settings: SettingsDep,
+    pairs: Annotated[Literal["baseline", "all"], Query(
+        description="baseline: each group against the baseline (group 1, the usual "
+                    "answer); all: the full matrix of pairs, a page at a time")] = "baseline",
+    pairs_limit: Annotated[int | None, Query(
+        ge=1, description="pairs per page (default: every baseline pair; a page of "
+                          "page_default pairs of the full matrix)")] = None,
+    pairs_offset: Annotated[int, Query(ge=0, le=MAX_OFFSET,
+                                       description="pairs to skip")] = 0,
+    pairs_origin: Annotated[bool, Query(
+        description="with pairs=all: origin ops for every pair of the page (without: only "
+                    "for the pairs with the baseline)")] = False,
+    members_limit: Annotated[int | None, Query(
+        ge=0, description="members listed per group (nodes, devices, env_keys), and of "
+                          "members_without_tensor and excluded; the counts are complete "
+                          "(default page_default)")] = None,
+) -> DivergencePages:
+    """/divergence's pages: the pairs shown and the members each group lists, each bounded
+    by ``page_max`` (422 naming the parameter beyond it), so the answer's size follows
+    the pages, not the fleet."""
+    for name, value in (("pairs_limit", pairs_limit), ("members_limit", members_limit)):
+        if value is not None and value > settings.page_max:
+            raise InvalidDocument.at(["query", name], f"at most {settings.page_max}")
+    default = min(settings.page_default, settings.page_max)
+    if pairs == "all" and pairs_limit is None:
+        pairs_limit = default
+    return DivergencePages(pairs=pairs, pairs_limit=pairs_limit, pairs_offset=pairs_offset,
+                           pairs_origin=pairs_origin,
+                           members_limit=default if members_limit is None else members_limit)
+
+
+DivergencePagesDep = Annotated[DivergencePages, Depends(divergence_pages)]
 
 
 def reject_nul(request: Request) -> None:

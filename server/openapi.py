@@ -13,7 +13,8 @@ once, after every route is registered, the schema is corrected operation by oper
   a body 400 (not JSON at all), 408 (too slow, ``kit.limits``), 413 (too large), 415
   (an encoding other than gzip) and 429 (over the token's budget, ``kit.budget``); every
   operation but ``/healthz`` and ``/api/v1`` reads the database, so 503;
-- ``limit`` (``deps.page_params``) has the server's ``page_max`` as its maximum;
+- ``limit`` (``deps.page_params``) and every ``*_limit`` (``deps.divergence_pages``) have
+  the server's ``page_max`` as their maximum;
 - every string a path or query parameter takes has the pattern ``^[^\\u0000]*$``: no value
   may hold a NUL (``deps``, app-wide: 404 in a path, 422 in a query);
 - the models of hand-read bodies (the run document) are added to the components.
@@ -107,10 +108,12 @@ def _correct(operation: dict[str, Any], page_max: int, *, database: bool) -> Non
     for parameter in parameters:
         if parameter["in"] in ("path", "query"):
             _forbid_nul(parameter.get("schema", {}))
-    if ("query", "limit") in where and ("query", "offset") in where:
-        for parameter in parameters:
-            if parameter["name"] == "limit" and parameter["in"] == "query":
-                _set_maximum(parameter["schema"], page_max)
+    paginated = ("query", "limit") in where and ("query", "offset") in where
+    for parameter in parameters:
+        name = parameter["name"]
+        if parameter["in"] == "query" and ((name == "limit" and paginated)
+                                           or name.endswith("_limit")):
+            _set_maximum(parameter["schema"], page_max)
 
 
 # JSON Schema's regular expressions are ECMA 262: \u0000 is the NUL character.

@@ -22,13 +22,15 @@ from .groups import Group, Member, group_members
 from .judge import Judgement, judge
 from .layers import compare_manifests, first_divergent_layer, first_nonfinite, largest_jump
 from .origin import Origins, no_trace_note, origin_ops
-from .report import divergence_report
+from .pairs import COMPARISON_VERSION, ComparisonRecord
+from .report import DivergencePlan, PairsMode, divergence_report, plan_divergence
 from .tolerance import DEFAULT_TOLERANCES, Tolerance, default_tolerance
 from .trace import Trace, trace_from_body
 from .ulp import ulp_distance
 from .verdicts import SEVERITY, ResultVerdict, result_verdict, worst_verdict
 
 __all__ = [
+    "COMPARISON_VERSION",
     "DEFAULT_TOLERANCES",
     "IDENTITY_KEYS",
     "METRICS",
@@ -36,11 +38,14 @@ __all__ = [
     "UNSET",
     "VERDICTS",
     "Comparison",
+    "ComparisonRecord",
+    "DivergencePlan",
     "Fingerprint",
     "Group",
     "Judgement",
     "Member",
     "Origins",
+    "PairsMode",
     "Support",
     "ResultVerdict",
     "Tolerance",
@@ -65,6 +70,7 @@ __all__ = [
     "largest_jump",
     "no_trace_note",
     "origin_ops",
+    "plan_divergence",
     "rank_attributes",
     "result_verdict",
     "separating_attributes",

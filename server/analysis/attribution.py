@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from .environment import UNSET, flatten_environment, is_blob, short_difference
@@ -51,11 +51,21 @@ def separating_attributes(a: Group, b: Group, *, flattened: Flattened | None = N
     its data which of them causes the split. For a long value (one on each side),
     ``a_short``/``b_short`` show the part that differs (``a``/``b`` keep the whole values).
     """
-    counts, flattened, names = _env_counts([a, b], flattened)
+    if flattened is None:
+        flattened = flatten_members([a, b])
+    return separating_environments({member.env_key for member in a.members},
+                                   {member.env_key for member in b.members}, flattened)
+
+
+def separating_environments(envs_a: Collection[str], envs_b: Collection[str],
+                            flattened: Flattened) -> list[dict[str, Any]]:
+    """``separating_attributes`` of two groups given the environments of their members
+    (the attributes are the environments', so the members need not be walked again)."""
+    names = sorted({name for env in (*envs_a, *envs_b) for name in flattened[env]})
     found = []
     for name in names:
-        values_a = _values(counts[a.id], flattened, name)
-        values_b = _values(counts[b.id], flattened, name)
+        values_a = _values(envs_a, flattened, name)
+        values_b = _values(envs_b, flattened, name)
         if values_a.isdisjoint(values_b):
             item: dict[str, Any] = {"attribute": name, "a": sorted(values_a),
                                     "b": sorted(values_b)}

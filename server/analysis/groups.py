@@ -6,6 +6,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from . import consensus
@@ -26,6 +27,13 @@ class Member:
     tensors: tuple[tuple[str, str, str], ...] = ()
     device: str = "cpu"
     trace: str | None = None  # the hash of the result's op trace, when it was traced
+    # The manifest hash as stored (``manifest_digest`` of ``tensors``), when known: a
+    # fleet of 10,000 members is grouped without hashing 10,000 manifests again.
+    manifest: str | None = None
+
+    @property
+    def manifest_hash(self) -> str:
+        return self.manifest if self.manifest is not None else manifest_digest(self.tensors)
 
     def tensor_hash(self, name: str) -> str | None:
         for tensor_name, _kind, digest in self.tensors:
@@ -44,28 +52,35 @@ class Group:
     def nodes(self) -> list[str]:
         return sorted(member.node for member in self.members)
 
-    @property
+    @cached_property
     def representative(self) -> Member:
         """The member with the first node name (then run id, device): stable across
         queries."""
         return min(self.members,
                    key=lambda member: (member.node, member.run_id, member.device))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, members_limit: int | None = None) -> dict[str, Any]:
         """``size`` counts devices; ``nodes`` names each member's node (a node twice when
         two of its GPUs are in the group); ``devices`` names the members that are not a
-        node's CPU, by node and slot (empty on a CPU fleet)."""
+        node's CPU, by node and slot (empty on a CPU fleet). With ``members_limit`` the
+        lists keep their first that many (the answer's size then depends on the page, not
+        on the fleet), each with its ``*_total``."""
         representative = self.representative
+        ordered = sorted(self.members, key=lambda m: (m.node, m.device))
+        devices = [{"node": member.node, "device": member.device}
+                   for member in ordered if member.device != "cpu"]
+        env_keys = sorted({member.env_key for member in self.members})
+        cut = slice(None if members_limit is None else max(members_limit, 0))
         return {
             "id": self.id,
             "hash": self.hash,
             "size": len(self.members),
-            "nodes": self.nodes,
-            "devices": [{"node": member.node, "device": member.device}
-                        for member in sorted(self.members,
-                                             key=lambda m: (m.node, m.device))
-                        if member.device != "cpu"],
-            "env_keys": sorted({member.env_key for member in self.members}),
+            "nodes": [member.node for member in ordered][cut],
+            "nodes_total": len(ordered),
+            "devices": devices[cut],
+            "devices_total": len(devices),
+            "env_keys": env_keys[cut],
+            "env_keys_total": len(env_keys),
             "representative": {"node": representative.node, "run_id": representative.run_id,
                                "device": representative.device},
         }
@@ -90,8 +105,7 @@ def group_members(members: Sequence[Member], tensor: str | None
     by_hash: dict[str, list[Member]] = {}
     without: list[str] = []
     for member in members:
-        digest = (manifest_digest(member.tensors) if tensor is None
-                  else member.tensor_hash(tensor))
+        digest = member.manifest_hash if tensor is None else member.tensor_hash(tensor)
         if digest is None:
             without.append(member.node)
         else:

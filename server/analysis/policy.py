@@ -28,13 +28,15 @@ as the strings attribution shows (``true``, ``null``, ``unset`` when absent).
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._arrays import canonical_dtype
 from .environment import UNSET
-from .tolerance import Tolerance, default_tolerance
+from .tolerance import DEFAULT_TOLERANCES, Tolerance, default_tolerance
 
 _TOP_LEVEL = {"stale_after_hours", "min_peers", "window_days", "allowed", "required",
               "tolerances"}
@@ -66,6 +68,12 @@ class Policy:
     # dtype -> tolerance, for every workload; then workload -> dtype ("*": any) -> tolerance
     tolerances: Mapping[str, Tolerance] = field(default_factory=dict)
     workload_tolerances: Mapping[str, Mapping[str, Tolerance]] = field(default_factory=dict)
+    # sha256 of the canonical content, computed once (the server reads its policy at
+    # start): the version stored comparisons were computed under (design §3.3.7).
+    version: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "version", _version(self))
 
     def tolerance(self, workload: str | None, dtype: str) -> Tolerance:
         """The tolerance for ``dtype`` in ``workload``: the workload's own, then the
@@ -87,6 +95,31 @@ class Policy:
             if value != expected:
                 found.append(Violation(attribute, value, "required", (expected,)))
         return found
+
+
+def _version(policy: Policy) -> str:
+    """sha256 of the policy's canonical JSON (sorted keys, tolerances as [rtol, atol]),
+    with assert_close's default tolerances, which apply where the policy says nothing:
+    another policy, or other defaults, is another version. The whole policy counts, not
+    only its tolerances (all a comparison reads): an edit costs one recomputation per
+    answer, and the version is plainly the file's content."""
+    def tolerance(value: Tolerance) -> list[float]:
+        return [value.rtol, value.atol]
+
+    content = {
+        "stale_after_hours": policy.stale_after_hours, "min_peers": policy.min_peers,
+        "window_days": policy.window_days,
+        "allowed": {name: list(values) for name, values in policy.allowed.items()},
+        "required": dict(policy.required),
+        "tolerances": {dtype: tolerance(t) for dtype, t in policy.tolerances.items()},
+        "workload_tolerances": {
+            workload: {dtype: tolerance(t) for dtype, t in per_dtype.items()}
+            for workload, per_dtype in policy.workload_tolerances.items()},
+        "default_tolerances": {dtype: tolerance(t)
+                               for dtype, t in DEFAULT_TOLERANCES.items()},
+    }
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def _render(value: Any, where: str) -> str:

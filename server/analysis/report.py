@@ -1,143 +1,263 @@
-"""The divergence report of one comparison key (GET /divergence): JSON-ready."""
+"""The divergence report of one comparison key (GET /divergence): JSON-ready.
+
+Its cost grows with the distinct answers, not their square nor the nodes: each group is
+compared with the baseline, group 1 (the usual answer, ``consensus.ranked``), and the
+full matrix of pairs only a page at a time, on request. The comparisons themselves are
+pure functions of content (``pairs``), kept by the caller under their keys, so the
+report is made in three steps:
+
+1. ``plan_divergence`` groups the members and names every comparison the report shows
+   by its key (``DivergencePlan.keys``);
+2. for the keys not kept, ``DivergencePlan.needs`` says which fingerprints and op traces
+   to load and ``DivergencePlan.compute`` computes them;
+3. ``DivergencePlan.report`` assembles the answer from the comparisons by key, with what
+   depends on the members (groups and their members, attribution, notes) made now.
+
+``divergence_report`` does all three with nothing kept (tests, a CLI).
+"""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-import numpy as np
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from ._json import json_safe
-from .attribution import Flattened, flatten_members, rank_attributes, separating_attributes
-from .compare import Comparison, compare, no_evidence
+from .attribution import flatten_members, rank_attributes, separating_environments
 from .fingerprint import Fingerprint
 from .groups import Group, Member, group_members
-from .judge import JUDGE_TOL_PER_RTOL, judge
-from .layers import LAYER, compare_manifests, first_divergent_layer, first_nonfinite, largest_jump
-from .origin import no_trace_note, origin_ops
-from .tolerance import Tolerance, default_tolerance
+from .origin import no_trace_note
+from .pairs import (
+    ComparisonRecord,
+    ToleranceFor,
+    compare_answers,
+    fp64_judgement,
+    fp64_key,
+    needed,
+    origin_between,
+    origin_key,
+    pair_key,
+)
 from .trace import Trace
-from .verdicts import result_verdict
 
-ToleranceFor = Callable[[str], Tolerance]
-# Beyond this many groups, origin ops only for the pairs with group 1 (the largest): the
-# cost then grows with the groups, not their square, and every group is still traced
-# back against the fleet's usual answer.
-MAX_ORIGIN_GROUPS = 12
+PairsMode = Literal["baseline", "all"]
 
-
-def _tolerance(fingerprint: Fingerprint, tolerance: Tolerance | None,
-               tolerance_for: ToleranceFor | None) -> Tolerance | None:
-    if tolerance is None and tolerance_for is not None:
-        return tolerance_for(fingerprint.dtype)
-    return tolerance
+ORIGIN_NOT_ASKED = ("not computed: origin ops are computed for the pairs with the "
+                    "baseline (group 1), and for the other pairs of a page of the full "
+                    "matrix on request")
+TRACE_GONE = "the op trace of a representative is no longer stored"
 
 
-def _compare_groups(candidate: Group, reference: Group, fingerprints: Mapping[str, Fingerprint],
-                    tolerance: Tolerance | None, tolerance_for: ToleranceFor | None
-                    ) -> Comparison:
-    if candidate.hash not in fingerprints or reference.hash not in fingerprints:
-        return no_evidence()
-    expected = fingerprints[reference.hash]
-    return compare(fingerprints[candidate.hash], expected,
-                   tolerance=_tolerance(expected, tolerance, tolerance_for))
+@dataclass(frozen=True)
+class PlannedPair:
+    """Group b compared with group a (the reference: the larger, the baseline in the
+    default mode). ``origin``: its origin ops are wanted; ``origin_key`` is None when
+    they are not, or a representative has no trace."""
+
+    a: Group
+    b: Group
+    key: str
+    origin: bool
+    origin_key: str | None
 
 
-def _origin(a: Group, b: Group, traces: Mapping[str, Trace] | None,
-            fingerprints: Mapping[str, Fingerprint], tolerance: Tolerance | None,
-            tolerance_for: ToleranceFor | None) -> tuple[dict[str, Any] | None, str | None]:
-    """The origin ops of group b's representative against group a's, from their op
-    traces; or why there are none."""
-    if traces is None:
-        return None, None
-    sides = ((a, a.representative), (b, b.representative))
-    without = [f"group {group.id}'s representative ({member.node})" for group, member in sides
-               if member.trace is None]
-    if without:
-        return None, no_trace_note(without)
-    trace_a, trace_b = (traces.get(member.trace or "") for _group, member in sides)
-    if trace_a is None or trace_b is None:
-        return None, "the op trace of a representative is no longer stored"
-    if tolerance_for is None and tolerance is not None:
-        tolerance_for = lambda _dtype: tolerance  # noqa: E731 (one tolerance for all)
-    found = origin_ops(trace_a, trace_b, manifest_a=a.representative.tensors,
-                       manifest_b=b.representative.tensors, fingerprints=fingerprints,
-                       tolerance_for=tolerance_for)
-    return found.to_dict(), None
+@dataclass
+class DivergencePlan:
+    tensor: str | None
+    groups: list[Group]
+    without: list[str]
+    pairs: list[PlannedPair]
+    pairs_mode: PairsMode
+    pairs_total: int
+    traced: bool  # whether origin ops are looked for at all
+    fp64: dict[int, str] = field(default_factory=dict)  # group id -> its judgement's key
+    reference: str | None = None  # the float64 answer's hash
+    baseline: str | None = None  # the strict CPU answer's hash
+
+    def keys(self) -> set[str]:
+        """Every comparison the report shows, by key."""
+        found = {pair.key for pair in self.pairs}
+        found.update(pair.origin_key for pair in self.pairs if pair.origin_key)
+        found.update(self.fp64.values())
+        return found
+
+    def needs(self, missing: Collection[str]) -> tuple[set[str], set[str]]:
+        """(fingerprint hashes, op trace hashes) that computing ``missing`` reads."""
+        fingerprints: set[str] = set()
+        traces: set[str] = set()
+        for pair in self.pairs:
+            if pair.key in missing or pair.origin_key in missing:
+                fingerprints |= needed(pair.a, pair.b, tensor=self.tensor)
+            if pair.origin_key in missing:
+                traces.update(t for t in (pair.a.representative.trace,
+                                          pair.b.representative.trace) if t)
+        groups = {group.id: group for group in self.groups}
+        for group_id, key in self.fp64.items():
+            if key in missing:
+                fingerprints.add(groups[group_id].hash)
+                fingerprints.update(h for h in (self.reference, self.baseline) if h)
+        return fingerprints, traces
+
+    def compute(self, missing: Collection[str], *, fingerprints: Mapping[str, Fingerprint],
+                traces: Mapping[str, Trace], tolerance_for: ToleranceFor | None = None
+                ) -> list[ComparisonRecord]:
+        """The comparisons of ``missing`` (an origin whose trace is not stored, or an fp64
+        judgement without the fingerprints, is left out: the report says why)."""
+        found: list[ComparisonRecord] = []
+        done: set[str] = set()
+        for pair in self.pairs:
+            if pair.key in missing and pair.key not in done:
+                done.add(pair.key)
+                found.append(compare_answers(pair.a, pair.b, key=pair.key, tensor=self.tensor,
+                                             fingerprints=fingerprints,
+                                             tolerance_for=tolerance_for))
+            if pair.origin_key and pair.origin_key in missing and pair.origin_key not in done:
+                done.add(pair.origin_key)
+                origin = origin_between(pair.a, pair.b, key=pair.origin_key, traces=traces,
+                                        fingerprints=fingerprints, tolerance_for=tolerance_for)
+                if origin is not None:
+                    found.append(origin)
+        groups = {group.id: group for group in self.groups}
+        for group_id, key in self.fp64.items():
+            if key in missing and key not in done and self.reference:
+                done.add(key)
+                judged = fp64_judgement(groups[group_id], key=key, fingerprints=fingerprints,
+                                        reference=self.reference, baseline=self.baseline,
+                                        tolerance_for=tolerance_for)
+                if judged is not None:
+                    found.append(judged)
+        return found
+
+    def report(self, comparisons: Mapping[str, Mapping[str, Any]], *,
+               members_limit: int | None = None) -> dict[str, Any]:
+        """The answer, from the comparisons by key (every key of ``keys`` that could be
+        computed). Groups list their first ``members_limit`` members (all: None)."""
+        group_rows = []
+        for group in self.groups:
+            row = group.to_dict(members_limit)
+            if self.tensor is not None and self.reference is not None:
+                row["fp64"] = comparisons.get(self.fp64.get(group.id, ""))
+            group_rows.append(row)
+        flattened = flatten_members(self.groups)
+        # Attribution reads the members' environments: made per request (a few dozen
+        # environments, not the nodes), never kept with the comparison.
+        envs = {group.id: {member.env_key for member in group.members}
+                for group in self.groups}
+        pairs = []
+        skipped = False
+        for pair in self.pairs:
+            separating = separating_environments(envs[pair.a.id], envs[pair.b.id], flattened)
+            origin, note = None, None
+            if self.traced:
+                origin, note = self._origin(pair, comparisons)
+                skipped |= not pair.origin
+            pairs.append({
+                "a": pair.a.id,
+                "b": pair.b.id,
+                **comparisons[pair.key],
+                "attribution": separating,
+                "indistinguishable": len(separating) > 1,
+                "origin": origin,
+                "origin_note": note,
+            })
+        cut = slice(None if members_limit is None else max(members_limit, 0))
+        return json_safe({
+            "tensor": self.tensor,
+            "baseline": self.groups[0].id if self.groups else None,
+            "groups": group_rows,
+            "pairs_mode": self.pairs_mode,
+            "pairs_total": self.pairs_total,
+            "pairs": pairs,
+            "attribution": rank_attributes(self.groups, flattened=flattened),
+            "members_without_tensor": self.without[cut],
+            "members_without_tensor_total": len(self.without),
+            "origin_note": ("origin ops only for the pairs with the baseline (group 1); "
+                            "the other pairs of this page have theirs on request")
+                           if skipped else None,
+        })
+
+    def _origin(self, pair: PlannedPair, comparisons: Mapping[str, Mapping[str, Any]]
+                ) -> tuple[Mapping[str, Any] | None, str | None]:
+        if not pair.origin:
+            return None, ORIGIN_NOT_ASKED
+        sides = ((pair.a, pair.a.representative), (pair.b, pair.b.representative))
+        without = [f"group {group.id}'s representative ({member.node})"
+                   for group, member in sides if member.trace is None]
+        if without:
+            return None, no_trace_note(without)
+        found = comparisons.get(pair.origin_key or "")
+        return (found, None) if found is not None else (None, TRACE_GONE)
 
 
-def _pair(a: Group, b: Group, fingerprints: Mapping[str, Fingerprint],
-          tolerance: Tolerance | None, tolerance_for: ToleranceFor | None,
-          flattened: Flattened, tensor: str | None,
-          origin: tuple[dict[str, Any] | None, str | None]) -> dict[str, Any]:
-    # The larger group (a) is the reference: metrics measure b against a.
-    candidate, reference = b.representative.tensors, a.representative.tensors
-    decided: dict[str, Any] = {}
-    if tensor is not None:
-        comparison = _compare_groups(b, a, fingerprints, tolerance, tolerance_for)
-        decided = {"verdict": comparison.verdict, "basis": comparison.basis,
-                   "metrics": comparison.metrics, "evidence": comparison.evidence}
+def plan_divergence(
+    *,
+    members: Sequence[Member],
+    tensor: str | None,
+    workload: str,
+    policy_version: str,
+    pairs: PairsMode = "baseline",
+    limit: int | None = None,
+    offset: int = 0,
+    origins: bool = False,
+    traced: bool = True,
+    reference: str | None = None,
+    baseline: str | None = None,
+) -> DivergencePlan:
+    """Groups and the comparisons to show, by key.
+
+    ``pairs="baseline"``: every group against group 1, ``groups - 1`` pairs, each with its
+    origin ops. ``pairs="all"``: the pair matrix (i < j, group j against group i) in
+    order; origin ops for those with group 1, and for every pair of the page with
+    ``origins``. Either way ``limit`` pairs (None: all) from ``offset``. ``traced``
+    False looks for no origin ops. With ``reference`` (the float64 answer's hash of
+    ``tensor``) each group gets an fp64 judgement against ``baseline`` (the strict CPU
+    answer's hash).
+    """
+    groups, without = group_members(members, tensor)
+    if pairs == "baseline":
+        total = max(len(groups) - 1, 0)
+        chosen = [(groups[0], group) for group in groups[1 + offset:][:limit]]
     else:
-        # The whole result: the worst verdict of all its tensors, and which decided.
-        rows = compare_manifests(candidate, reference, fingerprints,
-                                 tolerance=tolerance, tolerance_for=tolerance_for)
-        verdict = result_verdict(rows)
-        row = next((r for r in rows if verdict and r["name"] == verdict.tensor), None)
-        decided = {"verdict": verdict.verdict if verdict else "divergent",
-                   "basis": row["basis"] if row else "stats",
-                   "metrics": row["metrics"] if row else {},
-                   "evidence": row["evidence"] if row else "no tensor in common",
-                   "decided_by": verdict.tensor if verdict else None}
-    layers = compare_manifests(candidate, reference, fingerprints, kinds=(LAYER,),
-                               tolerance=tolerance, tolerance_for=tolerance_for)
-    separating = separating_attributes(a, b, flattened=flattened)
-    return {
-        "a": a.id,
-        "b": b.id,
-        **decided,
-        "first_divergent_layer": first_divergent_layer(layers),
-        "largest_jump": largest_jump(layers),
-        # Where NaN or Inf first appear in b and not in a (layers first): the place to
-        # look when the verdict is nonfinite.
-        "first_nonfinite": first_nonfinite(candidate, reference, fingerprints),
-        "attribution": separating,
-        "indistinguishable": len(separating) > 1,
-        "origin": origin[0],
-        "origin_note": origin[1],
-    }
+        chosen, total = _matrix_page(groups, offset, limit)
+
+    def planned(a: Group, b: Group) -> PlannedPair:
+        wanted = traced and (a.id == 1 or origins)
+        return PlannedPair(
+            a, b, pair_key(a, b, tensor=tensor, workload=workload,
+                           policy_version=policy_version),
+            wanted, origin_key(a, b, workload=workload, policy_version=policy_version)
+            if wanted else None)
+
+    fp64 = {}
+    if tensor is not None and reference is not None:
+        fp64 = {group.id: fp64_key(group, reference=reference, baseline=baseline,
+                                   workload=workload, policy_version=policy_version)
+                for group in groups}
+    return DivergencePlan(tensor, groups, without, [planned(a, b) for a, b in chosen], pairs,
+                          total, traced, fp64, reference, baseline)
 
 
-def _fp64_judgement(group: Group, fingerprints: Mapping[str, Fingerprint],
-                    reference: Fingerprint, baseline: Fingerprint | None,
-                    tolerance: Tolerance | None, tolerance_for: ToleranceFor | None
-                    ) -> dict[str, Any] | None:
-    own = fingerprints.get(group.hash)
-    if own is None:
-        return None
-
-    def rmse(fingerprint: Fingerprint) -> float | None:
-        against = compare(fingerprint, reference)
-        # A NaN or Inf the float64 answer does not have is an unbounded error.
-        return math.inf if against.verdict == "nonfinite" else against.metrics.get("rmse")
-
-    baseline_rmse = rmse(baseline) if baseline is not None else None
-    # The judge's fixed term is absolute; outputs come at any scale, so scale it by the
-    # float64 answer's RMS (the workloads' outputs are of order 1, as dynamo's are).
-    rtol = (_tolerance(own, tolerance, tolerance_for) or default_tolerance(own.dtype)).rtol
-    tol = JUDGE_TOL_PER_RTOL * rtol * _rms(reference)
-    return judge(rmse(own), baseline_rmse, own.dtype, tol).to_dict()
-
-
-def _rms(fingerprint: Fingerprint) -> float:
-    if fingerprint.values is not None:
-        finite = fingerprint.values[np.isfinite(fingerprint.values)].astype(np.float64)
-        if finite.size:
-            return float(np.sqrt(np.mean(finite * finite))) or 1.0
-    l2, count = (fingerprint.stats or {}).get("l2"), fingerprint.count
-    if l2 and count:
-        return float(l2) / math.sqrt(count)
-    return 1.0
+def _matrix_page(groups: Sequence[Group], offset: int, limit: int | None
+                 ) -> tuple[list[tuple[Group, Group]], int]:
+    """The pairs (i < j) in order, ``limit`` from ``offset``, and how many there are;
+    whole rows are skipped by arithmetic, so a far page costs its rows, not the matrix."""
+    n = len(groups)
+    total = n * (n - 1) // 2
+    page: list[tuple[Group, Group]] = []
+    remaining = total if limit is None else limit
+    i, skip = 0, offset
+    while i < n and skip >= n - 1 - i:  # whole rows before the page
+        skip -= n - 1 - i
+        i += 1
+    while i < n and remaining > 0:
+        for j in range(i + 1 + skip, n):
+            if remaining == 0:
+                break
+            page.append((groups[i], groups[j]))
+            remaining -= 1
+        skip = 0
+        i += 1
+    return page, total
 
 
 def divergence_report(
@@ -145,54 +265,36 @@ def divergence_report(
     members: Sequence[Member],
     tensor: str | None,
     fingerprints: Mapping[str, Fingerprint],
-    tolerance: Tolerance | None = None,
     tolerance_for: ToleranceFor | None = None,
     reference: Fingerprint | None = None,
     baseline: Fingerprint | None = None,
     traces: Mapping[str, Trace] | None = None,
+    pairs: PairsMode = "baseline",
+    workload: str = "",
+    policy_version: str = "",
 ) -> dict[str, Any]:
-    """Groups, the pairwise comparisons and the attribution for one comparison key.
+    """The whole report, every comparison computed (nothing kept).
 
     With ``tensor`` None the groups are by the whole result (its manifest) and each pair
     is judged by the result verdict (the worst of its tensors, ``decided_by`` naming
-    which); with a tensor, by that tensor alone.
-
-    ``fingerprints`` holds at least every hash in the groups' representatives'
-    manifests. With ``reference`` (the ``fp64-reference`` fingerprint of ``tensor``) each
+    which); with a tensor, by that tensor alone. ``fingerprints`` holds at least every
+    hash of the groups' representatives' manifests. ``tolerance_for`` (dtype →
+    tolerance, the lab's policy) picks one per tensor; without it assert_close's
+    defaults. With ``reference`` (the ``fp64-reference`` fingerprint of ``tensor``) each
     group also gets an ``fp64`` judgement against ``baseline`` (the ``strict`` float32
-    CPU fingerprint). ``tolerance`` applies to every tensor; ``tolerance_for`` (dtype →
-    tolerance, the lab's policy) instead picks one per tensor; neither: assert_close's
-    defaults. With ``traces`` (hash → op trace of the groups' representatives) each pair
-    gets its origin ops (``origin``, or ``origin_note`` saying why not); past
-    ``MAX_ORIGIN_GROUPS`` groups only the pairs with group 1 do, and ``origin_note``
-    says so. Every float in the result is finite or None.
+    CPU fingerprint). With ``traces`` (hash → op trace of the representatives) each pair
+    gets its origin ops (``origin``, or ``origin_note`` saying why not). ``pairs="all"``:
+    every pair of groups. Every float in the result is finite or None.
     """
-    groups, without = group_members(members, tensor)
-    group_rows = []
-    for group in groups:
-        row = group.to_dict()
-        if reference is not None and tensor is not None:
-            row["fp64"] = _fp64_judgement(group, fingerprints, reference, baseline, tolerance,
-                                          tolerance_for)
-        group_rows.append(row)
-    flattened = flatten_members(groups)
-    limited = traces is not None and len(groups) > MAX_ORIGIN_GROUPS
-    skipped = (None, f"not computed: {len(groups)} groups, more than {MAX_ORIGIN_GROUPS}; "
-                     "origin ops only for the pairs with group 1")
-    pairs = [
-        _pair(a, b, fingerprints, tolerance, tolerance_for, flattened, tensor,
-              skipped if limited and index > 0 else
-              _origin(a, b, traces, fingerprints, tolerance, tolerance_for))
-        for index, a in enumerate(groups)
-        for b in groups[index + 1:]
-    ]
-    return json_safe({
-        "tensor": tensor,
-        "groups": group_rows,
-        "pairs": pairs,
-        "attribution": rank_attributes(groups, flattened=flattened),
-        "members_without_tensor": without,
-        "origin_note": (f"origin ops only for the pairs with group 1 (the largest): "
-                        f"{len(groups)} groups, more than {MAX_ORIGIN_GROUPS}, so the cost "
-                        "stays linear in groups") if limited else None,
-    })
+    plan = plan_divergence(
+        members=members, tensor=tensor, workload=workload, policy_version=policy_version,
+        pairs=pairs, origins=True, traced=traces is not None,
+        reference=reference.hash if reference is not None else None,
+        baseline=baseline.hash if baseline is not None else None)
+    content = dict(fingerprints)
+    for extra in (reference, baseline):
+        if extra is not None:
+            content.setdefault(extra.hash, extra)
+    computed = plan.compute(plan.keys(), fingerprints=content, traces=traces or {},
+                            tolerance_for=tolerance_for)
+    return plan.report({record.key: record.value for record in computed})

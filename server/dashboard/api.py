@@ -169,9 +169,9 @@ async def workload_page(request: Request, workload: str, session: DbSession, pol
                         _reader: PageReader, suite: str = "standard",
                         tensor: str | None = None) -> HTMLResponse:
     page = await run_in_threadpool(service.workload_page, session=session, policy=policy,
-                                   suite=suite, workload=workload, tensor=tensor)
-    return render(request, "workload.html", page=page, title=f"Workload {workload}",
-                  max_nodes=MAX_GROUP_NODES)
+                                   suite=suite, workload=workload, tensor=tensor,
+                                   members_limit=MAX_GROUP_NODES)
+    return render(request, "workload.html", page=page, title=f"Workload {workload}")
 
 
 @router.get("/nodes/{name}", response_class=HTMLResponse)

@@ -224,7 +224,10 @@ class VariantView:
 
 
 def workload_page(*, session: Session, policy: Policy, suite: str, workload: str,
-                  tensor: str | None) -> dict[str, Any]:
+                  tensor: str | None, members_limit: int = 50) -> dict[str, Any]:
+    """Every variant's /divergence of ``tensor`` (each group against the baseline, its
+    first ``members_limit`` nodes listed): the comparisons are kept, so a view after the
+    first reads them."""
     variants = sorted(repository.workload_variants(session, suite=suite, workload=workload),
                       key=variant_sort_key)
     if not variants:
@@ -241,12 +244,13 @@ def workload_page(*, session: Session, policy: Policy, suite: str, workload: str
     for variant in variants:
         try:
             report = divergence(session=session, suite=suite, workload=workload,
-                                variant=variant, tensor=chosen, policy=policy)
+                                variant=variant, tensor=chosen, policy=policy,
+                                members_limit=members_limit)
         except NotFound as exc:
             views.append(VariantView(variant, None, str(exc.detail)))
             continue
         views.append(VariantView(variant, report.model_dump(mode="json"), runs={
-            group["id"]: group["representative"]["run_id"] for group in report.groups}))
+            group.id: group.representative.run_id for group in report.groups}))
     fp64_reference = any(v.variant == "fp64-reference" and v.report for v in views)
     return {"suite": suite, "workload": workload, "tensor": chosen, "tensor_reason": why,
             "tensors": tensors, "variants": views, "fp64_reference": fp64_reference}

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from numparity_server.deps import DbSession, PolicyDep, ReaderAuth
+from numparity_server.deps import DbSession, DivergencePagesDep, PolicyDep, ReaderAuth
 from numparity_server.divergence import service
 from numparity_server.divergence.schemas import DivergenceOut
 
@@ -19,6 +19,7 @@ def get_divergence(
     session: DbSession,
     policy: PolicyDep,
     _principal: ReaderAuth,
+    pages: DivergencePagesDep,
     workload: Annotated[str, Query(min_length=1)],
     variant: Annotated[str, Query(min_length=1)],
     tensor: Annotated[str | None, Query(
@@ -27,9 +28,13 @@ def get_divergence(
     suite: str = "standard",
     workload_version: int | None = None,
 ) -> DivergenceOut:
-    """Groups of the fleet's latest results of one key, the comparisons between groups,
-    the fp64 verdicts (with a tensor) and the environment attributes that explain the
-    split. 404 naming the tensors there are when no result has `tensor`."""
-    return service.divergence(session=session, suite=suite, workload=workload, variant=variant,
-                              tensor=tensor, workload_version=workload_version,
-                              policy=policy)
+    """Groups of the fleet's latest results of one key, each group compared with the
+    baseline (the usual answer; the full matrix of pairs a page at a time with
+    `pairs=all`), the fp64 verdicts (with a tensor) and the environment attributes that
+    explain the split. A comparison of two answers is computed once and kept. 404 naming
+    the tensors there are when no result has `tensor`."""
+    return service.divergence(
+        session=session, suite=suite, workload=workload, variant=variant, tensor=tensor,
+        workload_version=workload_version, policy=policy, pairs=pages.pairs,
+        pairs_limit=pages.pairs_limit, pairs_offset=pages.pairs_offset,
+        pairs_origin=pages.pairs_origin, members_limit=pages.members_limit)

@@ -25,6 +25,15 @@ def load_fingerprints(session: Session, hashes: Iterable[str]
     return {row.hash: to_analysis(row) for row in rows}
 
 
+def with_values(session: Session, hashes: Iterable[str]) -> set[str]:
+    """Of these hashes, the fingerprints stored with their whole values (no blob read)."""
+    found: set[str] = set()
+    for part in chunked(sorted(set(hashes))):
+        found.update(session.scalars(select(Fingerprint.hash).where(
+            Fingerprint.hash.in_(part), Fingerprint.values.is_not(None))))
+    return found
+
+
 def to_analysis(row: Fingerprint) -> analysis.Fingerprint:
     """The stored row as the analysis sees it: blobs decoded to numpy arrays."""
     shape = tuple(int(n) for n in row.shape)

@@ -12,6 +12,7 @@ from numparity_server.analysis import (
     Member,
     divergence_report,
     group_members,
+    plan_divergence,
     rank_attributes,
     separating_attributes,
 )
@@ -163,7 +164,7 @@ def test_report_round_trips_through_strict_json_with_nan(fleet):
     fleet.add("d", environment(threads=3), minus)
 
     report = divergence_report(members=fleet.members, tensor="output",
-                               fingerprints=fleet.fingerprints)
+                               fingerprints=fleet.fingerprints, pairs="all")
     text = json.dumps(report, allow_nan=False)
     assert json.loads(text) == report
     group_of = {g["nodes"][0]: g["id"] for g in report["groups"]}
@@ -173,11 +174,13 @@ def test_report_round_trips_through_strict_json_with_nan(fleet):
     zero_pair = verdicts[frozenset((group_of["c"], group_of["d"]))]
     assert zero_pair["verdict"] == "equivalent"
     assert zero_pair["metrics"]["sqnr_db"] is None  # infinite: no noise at all
-    assert set(report) == {"tensor", "groups", "pairs", "attribution", "members_without_tensor",
-                           "origin_note"}
+    assert set(report) == {"tensor", "baseline", "groups", "pairs_mode", "pairs_total", "pairs",
+                           "attribution", "members_without_tensor",
+                           "members_without_tensor_total", "origin_note"}
+    assert (report["pairs_mode"], report["pairs_total"], len(report["pairs"])) == ("all", 6, 6)
     group = report["groups"][0]
-    assert set(group) == {"id", "hash", "size", "nodes", "devices", "env_keys",
-                          "representative"}
+    assert set(group) == {"id", "hash", "size", "nodes", "nodes_total", "devices",
+                          "devices_total", "env_keys", "env_keys_total", "representative"}
     assert group["devices"] == []  # a CPU fleet: every member is its node's CPU
     assert group["representative"] == {"node": group["nodes"][0],
                                        "run_id": f"run-{group['nodes'][0]}", "device": "cpu"}
@@ -216,8 +219,10 @@ def test_one_group_has_nothing_to_explain(fleet):
     assert [g["size"] for g in report["groups"]] == [2]
     assert report["pairs"] == [] and report["attribution"] == []
     empty = divergence_report(members=[], tensor="output", fingerprints={})
-    assert empty == {"tensor": "output", "groups": [], "pairs": [], "attribution": [],
-                     "members_without_tensor": [], "origin_note": None}
+    assert empty == {"tensor": "output", "baseline": None, "groups": [],
+                     "pairs_mode": "baseline", "pairs_total": 0, "pairs": [],
+                     "attribution": [], "members_without_tensor": [],
+                     "members_without_tensor_total": 0, "origin_note": None}
 
 
 def test_a_version_is_named_before_a_blob_that_changed_with_it():
@@ -242,3 +247,31 @@ def test_a_version_is_named_before_a_blob_that_changed_with_it():
     assert blob["a"] == [env("2.12.0", config)["torch"]["config"]]  # the whole value kept
     ranked = rank_attributes(groups)
     assert [row["attribute"] for row in ranked] == ["torch.version", "torch.config"]
+
+
+def test_the_full_matrix_comes_a_page_at_a_time(fleet):
+    """Pairs i < j in order, any page of them, and their count: rows before the page are
+    skipped by arithmetic (a far page does not walk the matrix)."""
+    for k in range(6):
+        fleet.add(f"n{k}", environment(threads=k + 1), fleet.variant({"output": k * 1e-3}))
+    every = [(a, b) for a in range(1, 7) for b in range(a + 1, 7)]
+    for offset in range(0, 17):
+        for limit in (1, 4, 15, None):
+            plan = plan_divergence(members=fleet.members, tensor="output", workload="cnn",
+                                   policy_version="v", pairs="all", limit=limit,
+                                   offset=offset)
+            stop = None if limit is None else offset + limit
+            assert [(p.a.id, p.b.id) for p in plan.pairs] == every[offset:stop]
+            assert plan.pairs_total == 15
+    far = plan_divergence(members=fleet.members, tensor="output", workload="cnn",
+                          policy_version="v", pairs="all", limit=10, offset=10**9)
+    assert far.pairs == [] and far.pairs_total == 15
+    baseline = plan_divergence(members=fleet.members, tensor="output", workload="cnn",
+                               policy_version="v")
+    assert [(p.a.id, p.b.id) for p in baseline.pairs] == [(1, b) for b in range(2, 7)]
+    # The key names the content: another policy version, another key; the same, the same.
+    other = plan_divergence(members=fleet.members, tensor="output", workload="cnn",
+                            policy_version="w")
+    assert {p.key for p in baseline.pairs}.isdisjoint(p.key for p in other.pairs)
+    assert [p.key for p in baseline.pairs] == [p.key for p in plan_divergence(
+        members=fleet.members, tensor="output", workload="cnn", policy_version="v").pairs]

@@ -54,29 +54,35 @@ def test_a_group_whose_representative_has_no_trace_says_so(api):
                                    "run the agent with --trace-ops")
 
 
-def test_with_more_than_12_groups_only_the_pairs_with_the_largest_have_origins(api):
-    """14 groups (the largest of two nodes): every group against group 1 is traced back,
-    the 78 pairs among the others are not, and the answer says so."""
+def test_every_group_is_traced_back_against_the_baseline(api):
+    """14 groups (the baseline of two nodes): each of the 13 others is compared with the
+    baseline and traced back to its origin op; the pairs among the others (78) are in
+    the full matrix, without origin ops unless asked for."""
     post(api, "stock-1")
     post(api, "stock-2")
     for i in range(1, 14):
         post(api, f"odd-{i:02d}", shift=i * 1e-3)
     report = divergence(api)
     assert len(report["groups"]) == 14 and report["groups"][0]["size"] == 2
-    assert "14 groups, more than 12" in report["origin_note"]
-    with_first = [p for p in report["pairs"] if p["a"] == 1]
-    others = [p for p in report["pairs"] if p["a"] != 1]
-    assert len(with_first) == 13 and len(others) == 78
-    assert all(p["origin"]["ops"][0]["layer"] == "conv2" for p in with_first)
-    assert all(p["origin"] is None and "only for the pairs with group 1" in p["origin_note"]
+    assert (report["pairs_mode"], report["pairs_total"], report["baseline"]) == (
+        "baseline", 13, 1)
+    assert report["origin_note"] is None
+    assert [(p["a"], p["b"]) for p in report["pairs"]] == [(1, b) for b in range(2, 15)]
+    assert all(p["origin"]["ops"][0]["layer"] == "conv2" for p in report["pairs"])
+
+    matrix = divergence(api, pairs="all", pairs_limit=100)
+    assert (matrix["pairs_mode"], matrix["pairs_total"], matrix["pairs_limit"]) == (
+        "all", 91, 100)
+    with_baseline = [p for p in matrix["pairs"] if p["a"] == 1]
+    others = [p for p in matrix["pairs"] if p["a"] != 1]
+    assert len(with_baseline) == 13 and len(others) == 78
+    assert all(p["origin"] is not None for p in with_baseline)
+    assert all(p["origin"] is None and p["origin_note"].startswith("not computed")
                for p in others)
+    assert "only for the pairs with the baseline" in matrix["origin_note"]
 
-
-def test_twelve_groups_all_have_origins(api):
-    post(api, "stock-1")
-    for i in range(1, 12):
-        post(api, f"odd-{i:02d}", shift=i * 1e-3)
-    report = divergence(api)
-    assert len(report["groups"]) == 12 and report["origin_note"] is None
-    assert len(report["pairs"]) == 66
-    assert all(p["origin"] is not None for p in report["pairs"])
+    asked = divergence(api, pairs="all", pairs_limit=10, pairs_offset=20, pairs_origin="true")
+    assert [(p["a"], p["b"]) for p in asked["pairs"]] == [
+        (2, b) for b in range(10, 15)] + [(3, b) for b in range(4, 9)]
+    assert asked["origin_note"] is None
+    assert all(p["origin"]["ops"][0]["layer"] == "conv2" for p in asked["pairs"])

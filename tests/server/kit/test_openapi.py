@@ -32,6 +32,11 @@ def test_limits_and_constants_are_in_the_schema(make_api):
                  if p["name"] == "limit")
     assert {"type": "integer", "minimum": 1, "maximum": 200} in limit["schema"]["anyOf"]
     assert api.client.get("/api/v1/nodes?limit=201", headers=api.reader).status_code == 422
+    pages = {p["name"]: p for p in schema["paths"]["/api/v1/divergence"]["get"]["parameters"]}
+    for name in ("pairs_limit", "members_limit"):
+        assert [b.get("maximum") for b in pages[name]["schema"]["anyOf"]
+                if b["type"] == "integer"] == [200]
+    assert pages["pairs"]["schema"]["enum"] == ["baseline", "all"]
     document = schema["components"]["schemas"]["RunDocument"]
     assert document["properties"]["schema"]["enum"] == ["numparity.run/v1"]
     assert schema["components"]["securitySchemes"]["BearerToken"]["scheme"] == "bearer"

@@ -51,6 +51,19 @@ def test_settings_and_rules(policy):
     assert policy.violations({"knobs.deterministic_algorithms": "false"})[0].value == "unset"
 
 
+def test_the_version_is_the_policys_content(policy, tmp_path):
+    """/divergence keeps comparisons under the policy's version: the same content is the
+    same version, another tolerance another one."""
+    again = tmp_path / "again.toml"
+    again.write_text(POLICY)
+    assert load_policy(again).version == policy.version
+    assert len(policy.version) == 64 and policy.version != Policy().version
+    looser = tmp_path / "looser.toml"
+    looser.write_text(POLICY.replace("rtol = 1e-3", "rtol = 2e-3"))
+    assert load_policy(looser).version != policy.version
+    assert Policy().version == Policy().version
+
+
 def test_tolerances_per_workload_then_dtype_then_default(policy):
     assert policy.tolerance("transformer", "float32") == Tolerance(rtol=1e-3, atol=1e-4)
     assert policy.tolerance("cnn", "bfloat16") == Tolerance(rtol=0.05, atol=1e-3)

@@ -202,3 +202,41 @@ def test_retention_drops_comparisons_of_content_gone_or_computed_before_the_cuto
     assert retention(aged, "--days", "30") == 0
     assert "2 kept comparisons" in capsys.readouterr().out
     assert kept_keys(aged) == {"k" * 64}
+
+
+def kept_comparisons(api) -> dict[str, str]:
+    with session_factory(get_engine(api.settings))() as session:
+        return dict(session.execute(select(KeptComparison.key, KeptComparison.hash_b)).all())
+
+
+def test_what_divergence_kept_goes_with_the_answers_it_compared(aged, capsys):
+    """/divergence keeps node-c's own answer (shift 0.25) compared with the usual one. Once
+    node-c gives the usual answer, its old run expires, that answer's content goes, and
+    so do its comparisons; node-d's (0.75, recent) stays until it is older than the
+    cutoff (it is computed again when asked)."""
+    for params in ({}, {"tensor": "output"}):
+        assert aged.client.get("/api/v1/divergence", headers=aged.reader, params={
+            "workload": "cnn", "variant": "default", **params}).status_code == 200
+    gone = kept_comparisons(aged)
+    assert len(gone) == 2
+    for document in (run_document("node-c", run_id="c-new", started_at="2026-11-21T09:00:00Z"),
+                     run_document("node-d", run_id="d-new", started_at="2026-11-21T09:00:00Z",
+                                  shift=0.75)):
+        assert aged.post_run(document).status_code == 201
+    assert aged.client.get("/api/v1/divergence", headers=aged.reader, params={
+        "workload": "cnn", "variant": "default"}).status_code == 200
+    (recent,) = set(kept_comparisons(aged)) - set(gone)
+
+    assert retention(aged, "--days", "30") == 0
+    assert "dropped 3 runs" in (out := capsys.readouterr().out)
+    assert "2 kept comparisons" in out
+    assert set(kept_comparisons(aged)) == {recent}
+
+    with session_factory(get_engine(aged.settings))() as session, session.begin():
+        session.execute(update(KeptComparison)
+                        .values(created_at=utcnow() - timedelta(days=60)))
+    assert retention(aged, "--days", "30", "--dry-run") == 0
+    assert "1 kept comparisons" in capsys.readouterr().out
+    assert retention(aged, "--days", "30") == 0
+    assert "1 kept comparisons" in capsys.readouterr().out
+    assert kept_comparisons(aged) == {}
