@@ -26,6 +26,7 @@ from numparity_server.kit.db import get_engine, session_factory
 from numparity_server.kit.handlers import install_error_handlers
 from numparity_server.kit.limits import BodyLimits
 from numparity_server.kit.policy_file import load_policy
+from numparity_server.kit.readcache import ReadCache
 from numparity_server.kit.security_headers import SecurityHeaders
 from numparity_server.kit.settings import Settings
 from numparity_server.metrics.api import router as metrics_router
@@ -60,6 +61,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.engine = get_engine(settings)
     app.state.session_factory = session_factory(app.state.engine)
     app.state.policy = load_policy(settings.policy_file)
+    app.state.read_cache = ReadCache(fresh_s=settings.read_cache_seconds,
+                                     max_age_s=settings.read_cache_max_age_s)
     install_error_handlers(app, pages=(dashboard.is_page, dashboard.error_page))
     app.include_router(health_router)
     app.include_router(catalog_router)

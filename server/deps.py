@@ -4,11 +4,11 @@ module (nor FastAPI): routes resolve these and pass plain values on."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
-from fastapi import Depends, Query, Request, Security
+from fastapi import Depends, Query, Request, Response, Security
 from fastapi.security import HTTPBearer
 from sqlalchemy.orm import Session
 
@@ -18,7 +18,9 @@ from numparity_server.auth.service import authenticate
 from numparity_server.kit.errors import InvalidDocument, NotFound
 from numparity_server.kit.ingest_meter import IngestMeter
 from numparity_server.kit.pagination import MAX_OFFSET, PageParams
+from numparity_server.kit.readcache import ReadCache
 from numparity_server.kit.settings import Settings
+from numparity_server.reads.fleet_version import fleet_version
 
 
 def get_request_settings(request: Request) -> Settings:
@@ -43,6 +45,32 @@ def get_policy(request: Request) -> Policy:
 SettingsDep = Annotated[Settings, Depends(get_request_settings)]
 DbSession = Annotated[Session, Depends(get_session)]
 PolicyDep = Annotated[Policy, Depends(get_policy)]
+
+T = TypeVar("T")
+
+
+class Kept:
+    """A fleet-wide read's answer kept against the fleet's version (`kit.readcache`):
+    ``kept(key, compute)`` is ``compute()``, or the answer it gave at this version. The
+    answer's age goes out as the HTTP ``Age`` header (``headers``, for a route that makes
+    its own response)."""
+
+    def __init__(self, cache: ReadCache, session: Session, response: Response) -> None:
+        self._cache, self._session, self._response = cache, session, response
+        self.headers: dict[str, str] = {}
+
+    def __call__(self, key: Hashable, compute: Callable[[], T]) -> T:
+        cached = self._cache.get(key, fleet_version(self._session), compute)
+        self.headers["Age"] = str(int(cached.age_s))
+        self._response.headers.update(self.headers)
+        return cached.value  # type: ignore[no-any-return]
+
+
+def kept_reads(request: Request, response: Response, session: DbSession) -> Kept:
+    return Kept(request.app.state.read_cache, session, response)
+
+
+KeptReads = Annotated[Kept, Depends(kept_reads)]
 
 class BearerToken(HTTPBearer):
     """The ``Authorization`` header as sent: ``authenticate`` tells a missing header from a

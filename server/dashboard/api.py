@@ -28,7 +28,15 @@ from numparity_server.auth.service import authenticate
 from numparity_server.catalog import service as catalog
 from numparity_server.dashboard import service
 from numparity_server.dashboard.origin import same_origin, serialise
-from numparity_server.deps import DbSession, Offset, PolicyDep, SettingsDep, require_reader
+from numparity_server.deps import (
+    DbSession,
+    Kept,
+    KeptReads,
+    Offset,
+    PolicyDep,
+    SettingsDep,
+    require_reader,
+)
 from numparity_server.kit.errors import Forbidden, Unauthorized
 from numparity_server.nodes.service import node_timeline
 
@@ -128,6 +136,12 @@ templates.env.globals["no_value"] = no_value
 templates.env.globals["quote"] = lambda value: quote(str(value), safe="")
 
 
+def _aged(response: HTMLResponse, kept: Kept) -> HTMLResponse:
+    """The page with its answer's ``Age`` (``kit.readcache``)."""
+    response.headers.update(kept.headers)
+    return response
+
+
 def render(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
     return templates.TemplateResponse(request, name, context, status_code=status_code)
 
@@ -137,13 +151,14 @@ def render(request: Request, name: str, status_code: int = 200, **context: Any) 
 
 @router.get("/", response_class=HTMLResponse)
 async def fleet(request: Request, session: DbSession, policy: PolicyDep, settings: SettingsDep,
-                _reader: PageReader, suite: str = "standard",
+                _reader: PageReader, kept: KeptReads, suite: str = "standard",
                 limit: Annotated[int, Query(ge=1)] = 100,
                 offset: Offset = 0) -> HTMLResponse:
-    view = await run_in_threadpool(service.overview, session=session, policy=policy,
-                                   suite=suite, limit=min(limit, settings.page_max),
-                                   offset=offset)
-    return render(request, "overview.html", view=view, title="Fleet")
+    limit = min(limit, settings.page_max)
+    view = await run_in_threadpool(kept, ("fleet page", suite, limit, offset), lambda: (
+        service.overview(session=session, policy=policy, suite=suite, limit=limit,
+                         offset=offset)))
+    return _aged(render(request, "overview.html", view=view, title="Fleet"), kept)
 
 
 @router.get("/workloads", response_class=HTMLResponse)
@@ -166,12 +181,14 @@ async def workloads_page(request: Request, session: DbSession, settings: Setting
 
 @router.get("/workloads/{workload}", response_class=HTMLResponse)
 async def workload_page(request: Request, workload: str, session: DbSession, policy: PolicyDep,
-                        _reader: PageReader, suite: str = "standard",
+                        _reader: PageReader, kept: KeptReads, suite: str = "standard",
                         tensor: str | None = None) -> HTMLResponse:
-    page = await run_in_threadpool(service.workload_page, session=session, policy=policy,
-                                   suite=suite, workload=workload, tensor=tensor,
-                                   members_limit=MAX_GROUP_NODES)
-    return render(request, "workload.html", page=page, title=f"Workload {workload}")
+    page = await run_in_threadpool(kept, ("workload page", suite, workload, tensor), lambda: (
+        service.workload_page(session=session, policy=policy, suite=suite,
+                              workload=workload, tensor=tensor,
+                              members_limit=MAX_GROUP_NODES)))
+    return _aged(render(request, "workload.html", page=page, title=f"Workload {workload}"),
+                 kept)
 
 
 @router.get("/nodes/{name}", response_class=HTMLResponse)
@@ -211,19 +228,22 @@ async def compare_page(request: Request, session: DbSession, policy: PolicyDep,
 
 @router.get("/audit", response_class=HTMLResponse)
 async def audit_page(request: Request, session: DbSession, policy: PolicyDep,
-                     _reader: PageReader) -> HTMLResponse:
-    report = await run_in_threadpool(audit_service.audit, session=session, policy=policy)
-    return render(request, "audit.html", report=report, title="Audit")
+                     _reader: PageReader, kept: KeptReads) -> HTMLResponse:
+    report = await run_in_threadpool(kept, ("audit",), lambda: audit_service.audit(
+        session=session, policy=policy))
+    return _aged(render(request, "audit.html", report=report, title="Audit"), kept)
 
 
 @router.get("/audit.csv")
 async def audit_csv(session: DbSession, policy: PolicyDep, _reader: PageReader,
-                    table: str = "findings") -> Response:
+                    kept: KeptReads, table: str = "findings") -> Response:
     """The audit's CSV for a browser that holds the cookie (the API wants a bearer)."""
     audit_export.check_table(table)
-    report = await run_in_threadpool(audit_service.audit, session=session, policy=policy)
+    report = await run_in_threadpool(kept, ("audit",), lambda: audit_service.audit(
+        session=session, policy=policy))
     body = audit_export.to_csv(report, table)
     return Response(body, media_type="text/csv", headers={
+        **kept.headers,
         "Content-Disposition": f'attachment; filename="numparity-audit-{table}.csv"'})
 
 

@@ -6,7 +6,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from numparity_server.deps import DbSession, DivergencePagesDep, PolicyDep, ReaderAuth
+from numparity_server.deps import (
+    DbSession,
+    DivergencePagesDep,
+    KeptReads,
+    PolicyDep,
+    ReaderAuth,
+)
 from numparity_server.divergence import service
 from numparity_server.divergence.schemas import DivergenceOut
 
@@ -20,6 +26,7 @@ def get_divergence(
     policy: PolicyDep,
     _principal: ReaderAuth,
     pages: DivergencePagesDep,
+    kept: KeptReads,
     workload: Annotated[str, Query(min_length=1)],
     variant: Annotated[str, Query(min_length=1)],
     tensor: Annotated[str | None, Query(
@@ -31,10 +38,13 @@ def get_divergence(
     """Groups of the fleet's latest results of one key, each group compared with the
     baseline (the usual answer; the full matrix of pairs a page at a time with
     `pairs=all`), the fp64 verdicts (with a tensor) and the environment attributes that
-    explain the split. A comparison of two answers is computed once and kept. 404 naming
-    the tensors there are when no result has `tensor`."""
-    return service.divergence(
-        session=session, suite=suite, workload=workload, variant=variant, tensor=tensor,
-        workload_version=workload_version, policy=policy, pairs=pages.pairs,
-        pairs_limit=pages.pairs_limit, pairs_offset=pages.pairs_offset,
-        pairs_origin=pages.pairs_origin, members_limit=pages.members_limit)
+    explain the split. A comparison of two answers is computed once and kept, and the
+    whole answer until the fleet changes (`Age`: seconds since it was computed). 404
+    naming the tensors there are when no result has `tensor`."""
+    return kept(
+        ("divergence", suite, workload, variant, tensor, workload_version, pages),
+        lambda: service.divergence(
+            session=session, suite=suite, workload=workload, variant=variant, tensor=tensor,
+            workload_version=workload_version, policy=policy, pairs=pages.pairs,
+            pairs_limit=pages.pairs_limit, pairs_offset=pages.pairs_offset,
+            pairs_origin=pages.pairs_origin, members_limit=pages.members_limit))

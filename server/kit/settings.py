@@ -46,6 +46,12 @@ class Settings(BaseSettings):
     # GET /metrics reads the fleet's figures (the audit's status counts, the groups) from the
     # database at most this often; scrapes in between answer the same figures.
     metrics_cache_seconds: float = Field(default=15.0, ge=0)
+    # The fleet-wide reads (/audit, /divergence, the fleet and workload pages) keep their
+    # answers against the fleet's version (kit.readcache): one that is this many seconds
+    # old may still be served after a newer upload (0: never, every answer is as of the
+    # newest upload), and none is served once older than read_cache_max_age_s.
+    read_cache_seconds: float = Field(default=0.0, ge=0)
+    read_cache_max_age_s: float = Field(default=60.0, ge=0)
     # The URL browsers use to reach the server (e.g. https://numparity.lab.example) when a
     # proxy in front rewrites the Host header: the dashboard's sign-in and sign-out forms
     # are accepted from this origin as well as from the Host the browser asked for.

@@ -38,6 +38,16 @@ def post(api, *documents) -> None:
         assert response.status_code == 201, response.text
 
 
+# These tests watch the kept comparisons themselves: the whole answer's cache (against
+# the fleet's version, kit.readcache) is off so every request reaches them.
+NO_READ_CACHE = {"read_cache_max_age_s": 0}
+
+
+@pytest.fixture
+def api(make_api):
+    return make_api(**NO_READ_CACHE)
+
+
 @pytest.fixture
 def comparisons(monkeypatch) -> list[tuple[int, int]]:
     """Every comparison of two answers the server computes, as (group a, group b)."""
@@ -176,7 +186,7 @@ def test_another_policy_does_not_reuse_the_kept_comparisons(make_api, tmp_path,
                                                             comparisons):
     policy = tmp_path / "policy.toml"
     policy.write_text("[tolerances.workloads.cnn]\nfloat32 = {rtol = 1e-2, atol = 1e-5}\n")
-    strict, loose = make_api(), make_api(policy_file=policy)
+    strict, loose = make_api(**NO_READ_CACHE), make_api(policy_file=policy, **NO_READ_CACHE)
     post(strict, run_document("stock-1"), run_document("stock-2"),
          run_document("mkl", shift=1e-3, env_vars={"MKL_CBWR": "COMPATIBLE"}))
     assert get(strict, tensor="output")["pairs"][0]["verdict"] == "divergent"
