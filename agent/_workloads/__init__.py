@@ -19,6 +19,8 @@ BUILTIN: dict[str, tuple[str, str]] = {
     "lstm": ("numparity_agent._workloads.lstm", "LSTM"),
     "train": ("numparity_agent._workloads.train", "Train"),
     "probes": ("numparity_agent._workloads.probes", "Probes"),
+    "decoder": ("numparity_agent._workloads.decoder", "Decoder"),
+    "invariance": ("numparity_agent._workloads.invariance", "Invariance"),
     "collectives": ("numparity_agent._workloads.collectives", "Collectives"),
 }
 

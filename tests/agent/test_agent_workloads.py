@@ -43,6 +43,15 @@ PINNED = {
         # sha256 of nothing: the probes have no parameters, only inputs.
         "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
     ),
+    "decoder": (
+        "20aac156e3c5404cc12f3bd7db132aa0b3c7a3de909559ab853d143d3512b83c",
+        # The rotary tables are buffers: float64 cos/sin rounded once to float32.
+        "82e70c3678212018add241c2169d739b893db870ac7702eeb892b3f33d24e128",
+    ),
+    "invariance": (
+        "8cbef76a5479bf759a47d1736309829ef70647c16392b3bf68ca57131a8d0cc9",
+        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+    ),
     "collectives": (
         # Ranks 0-7's inputs, whatever the node's world size.
         "fee44e1516ae8a7d29f263640887856d3313b2b25233670703bd2e5e9ba969fd",
@@ -51,6 +60,7 @@ PINNED = {
 }
 VERSIONS = {
     "mlp": 1, "cnn": 1, "transformer": 1, "lstm": 1, "train": 1, "probes": 1, "collectives": 1,
+    "decoder": 1, "invariance": 1,
 }
 
 

@@ -1,0 +1,158 @@
+"""`decoder` and `invariance` (design §2.2): their checks against independent recomputations.
+
+Which operations are batch-invariant depends on the CPU's kernels: every verdict is
+checked against the same question asked here directly (torch.equal on the two ways of
+computing), never against what this machine happens to do; the distances against
+numpy's `nulp_diff`.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+# numpy 2 no longer re-exports nulp_diff from numpy.testing; it still lives here.
+from numpy.testing._private.utils import nulp_diff
+
+from numparity_agent._workloads import _checks
+from numparity_agent._workloads import decoder as decoder_module
+from numparity_agent.testing import load_workload, run_workload, variant
+
+CPU = torch.device("cpu")
+
+
+def _run(name: str, variant_name: str = "default") -> dict[str, Any]:
+    kept: dict[str, np.ndarray] = {}
+    result = run_workload(load_workload(name), variant=variant(variant_name), device=CPU,
+                          repeats=1, keep_values=kept.__setitem__)
+    assert result["status"] == "ok", result.get("error")
+    result["kept"] = kept  # large tensors' values, by hash
+    return result
+
+
+def test_agreement_counts_ulps_as_numpy_does() -> None:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(1000).astype(np.float32)
+    b = a.copy()
+    b[::7] = np.nextafter(b[::7], np.float32(np.inf))
+    b[3] = np.nextafter(np.nextafter(b[3], np.float32(-np.inf)), np.float32(-np.inf))
+    found = _checks.agreement(torch.from_numpy(a), torch.from_numpy(b))
+    assert not found["equal"]
+    assert found["max_ulp"] == int(nulp_diff(a, b).max()) == 2
+    nonzero = b != 0
+    expected = float(np.max(np.abs(a.astype(np.float64) - b) / np.abs(b.astype(np.float64)))
+                     ) if nonzero.all() else None
+    assert found["max_rel"] == pytest.approx(expected, rel=1e-12)
+    assert _checks.agreement(torch.from_numpy(a), torch.from_numpy(a.copy())) == {
+        "equal": True, "max_ulp": 0, "max_rel": 0.0}
+    # A NaN without its match: no distance is defined.
+    b[0] = np.nan
+    assert _checks.agreement(torch.from_numpy(a), torch.from_numpy(b))["max_ulp"] is None
+
+
+@pytest.fixture(scope="module")
+def decoder() -> dict[str, Any]:
+    return _run("decoder")
+
+
+def _tensor(result: dict[str, Any], name: str) -> np.ndarray:
+    entry = next(t for t in result["tensors"] if t["name"] == name)
+    if entry["hash"] in result["kept"]:
+        flat = result["kept"][entry["hash"]]
+    else:
+        values = entry["values"]
+        flat = np.frombuffer(base64.b64decode(values["data"]),
+                             dtype=np.dtype(values["dtype"]).newbyteorder("<"))
+    return np.array(flat).reshape(entry["shape"])
+
+
+def test_the_decoder_model_is_a_causal_lm_whose_decode_is_close_to_its_prefill(
+        decoder: dict[str, Any]) -> None:
+    names = [t["name"] for t in decoder["tensors"]]
+    assert names[0] == "tok_emb" and "blocks.1.attn.sdpa" in names and "lm_head" in names
+    assert {"output", "decode.logits", "batch.alone", "batch.batched", "sdpa.math"} <= set(
+        names)
+    prefill, decoded = _tensor(decoder, "output")[0], _tensor(decoder, "decode.logits")[0]
+    torch.testing.assert_close(torch.from_numpy(decoded), torch.from_numpy(prefill),
+                               rtol=1e-4, atol=1e-4)
+    check = decoder["checks"]["decode_equals_prefill"]
+    assert check["equal"] == bool(np.array_equal(decoded.view(np.int32),
+                                                 prefill.view(np.int32)))
+    if not check["equal"]:
+        assert check["max_ulp"] == int(nulp_diff(decoded, prefill).max())
+
+
+def test_batch_invariance_is_the_two_ways_of_computing_compared(
+        decoder: dict[str, Any]) -> None:
+    alone, batched = _tensor(decoder, "batch.alone"), _tensor(decoder, "batch.batched")
+    torch.testing.assert_close(torch.from_numpy(batched), torch.from_numpy(alone),
+                               rtol=1e-4, atol=1e-4)
+    check = decoder["checks"]["batch_invariant"]
+    assert check["equal"] == bool(np.array_equal(alone.view(np.int32), batched.view(np.int32)))
+    assert check["requests"] == list(decoder_module.REQUEST_LENGTHS)
+    if check["equal"]:
+        assert check["op"] is None
+        return
+    # The op named is the first layer whose output for a request differs: asked here of
+    # the model directly, for the first linear the input meets.
+    built = load_workload("decoder").build(dtype=torch.float32, device=CPU)
+    model: Any = built.model
+    x = model.blocks[0].norm1(model.tok_emb(built.inputs["request0"]))
+    padded = torch.zeros(len(decoder_module.REQUEST_LENGTHS), max(
+        decoder_module.REQUEST_LENGTHS), dtype=torch.int64)
+    for i in range(len(decoder_module.REQUEST_LENGTHS)):
+        request = built.inputs[f"request{i}"][0]
+        padded[i, :len(request)] = request
+    with torch.no_grad():
+        qkv_alone = model.blocks[0].attn.qkv(x)
+        qkv_batch = model.blocks[0].attn.qkv(model.blocks[0].norm1(model.tok_emb(padded)))
+    first_linear_differs = not torch.equal(qkv_batch[:1, :x.shape[1]], qkv_alone)
+    assert (check["op"] == "blocks.0.attn.qkv") == first_linear_differs
+
+
+def test_attention_backends_are_each_compared_with_math(decoder: dict[str, Any]) -> None:
+    check = decoder["checks"]["attention_backends_agree"]
+    ran = {t["name"].split(".", 1)[1] for t in decoder["tensors"]
+           if t["name"].startswith("sdpa.")}
+    assert "math" in ran and set(check["backends"]) == ran - {"math"}
+    assert set(check["skipped"]) == set(decoder_module.BACKENDS.values()) - ran
+    math = _tensor(decoder, "sdpa.math")
+    for name in check["backends"]:
+        other = _tensor(decoder, f"sdpa.{name}")
+        assert check["backends"][name]["equal"] == bool(np.array_equal(
+            other.view(np.int32), math.view(np.int32)))
+    # The default path's choice, as torch reports it for these shapes.
+    q = torch.zeros(1, decoder_module.HEADS, decoder_module.SEQ, decoder_module.HEAD_DIM)
+    choice = torch._fused_sdp_choice(q, q, q, None, 0.0, True)
+    from torch.nn.attention import SDPBackend
+
+    expected = next(v for m, v in decoder_module.BACKENDS.items()
+                    if int(getattr(SDPBackend, m)) == int(choice))
+    assert check["default"] == expected
+
+
+def test_the_invariance_probe_answers_what_each_op_does_here() -> None:
+    result = _run("invariance")
+    verdicts = result["invariance"]
+    built = load_workload("invariance").build(dtype=torch.float32, device=CPU)
+    x = built.inputs
+    direct = {
+        "matmul_k4096": lambda n: x["matmul_k4096.x"][:n] @ x["matmul_k4096.w"],
+        "layer_norm": lambda n: F.layer_norm(x["norm.x"][:n], (1024,)),
+        "sum": lambda n: x["sum.x"][:n].sum(dim=-1),
+    }
+    with torch.no_grad():
+        for name, op in direct.items():
+            alone = op(1)[:1]
+            invariant = all(torch.equal(op(n)[:1], alone) for n in (8, 64))
+            assert verdicts[name]["batch_invariant"] == invariant, name
+    breaking = [name for name, v in verdicts.items() if not v["batch_invariant"]]
+    check = result["checks"]["batch_invariant"]
+    assert check["equal"] == (not breaking) and check["ops"] == breaking
+    assert check["op"] == (breaking[0] if breaking else None)
+    assert all(v["repeatable"] for v in verdicts.values())  # the CPU is deterministic
