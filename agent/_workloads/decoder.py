@@ -178,6 +178,9 @@ class GPT(nn.Module):
         self.register_buffer("cos", cos)
         self.register_buffer("sin", sin)
 
+    cos: torch.Tensor
+    sin: torch.Tensor
+
     def forward(self, tokens: torch.Tensor, start: int = 0,
                 caches: list[list[torch.Tensor]] | None = None) -> torch.Tensor:
         """Logits of `tokens` (batch, seq) at positions start.., extending `caches` (one

@@ -42,13 +42,18 @@ def _rms_norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
 
 
+def _matmul(x: dict[str, torch.Tensor], k: int) -> Callable[[int], torch.Tensor]:
+    return lambda n: x[f"matmul_k{k}.x"][:n] @ x[f"matmul_k{k}.w"]
+
+
 class Invariance(Workload):
     name = "invariance"
     version = 1
 
     def build(self, *, dtype: torch.dtype, device: torch.device) -> Built:
         heads, seq, head_dim = ATTENTION
-        floats = {f"matmul_k{k}.x": ((ROWS, k), 1.0) for k in MATMUL_K}
+        floats: dict[str, tuple[tuple[int, ...], float]] = {
+            f"matmul_k{k}.x": ((ROWS, k), 1.0) for k in MATMUL_K}
         floats |= {f"matmul_k{k}.w": ((k, MATMUL_N), k ** -0.5) for k in MATMUL_K}
         floats |= {"linear.x": ((ROWS, WIDTH), 1.0), "linear.w": ((WIDTH, WIDTH), WIDTH ** -0.5),
                    "linear.b": ((WIDTH,), WIDTH ** -0.5), "norm.x": ((ROWS, WIDTH), 1.0),
@@ -61,8 +66,7 @@ class Invariance(Workload):
     def run(self, built: Built, recorder: Recorder) -> None:
         x = built.inputs
         ops: dict[str, Callable[[int], torch.Tensor]] = {
-            **{f"matmul_k{k}": (lambda n, k=k: x[f"matmul_k{k}.x"][:n] @ x[f"matmul_k{k}.w"])
-               for k in MATMUL_K},
+            **{f"matmul_k{k}": _matmul(x, k) for k in MATMUL_K},
             "linear_bias": lambda n: F.linear(x["linear.x"][:n], x["linear.w"], x["linear.b"]),
             "layer_norm": lambda n: F.layer_norm(x["norm.x"][:n], (WIDTH,)),
             "rms_norm": lambda n: _rms_norm(x["norm.x"][:n]),
