@@ -68,6 +68,9 @@ class Outcome(Base):
     # The result's op trace (traces.hash), when the agent traced it (design §3.1); the
     # outcome hash covers it only when set, so outcomes without one kept their hashes.
     trace_hash: Mapped[str | None] = mapped_column(ForeignKey("traces.hash"), index=True)
+    # Self-consistency checks by name (decoder's "batch_invariant", ...: design §2.2),
+    # each {"equal", "max_ulp", "max_rel", "op", ...}; covered by the hash only when set.
+    checks: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class Result(Base):
@@ -80,6 +83,8 @@ class Result(Base):
     run_pk: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     outcome_id: Mapped[int] = mapped_column(ForeignKey("outcomes.id"), index=True)
     wall_s: Mapped[float | None] = mapped_column(Float)
+    # Half the range of the timed repeats' wall times (None below two timed repeats).
+    wall_s_spread: Mapped[float | None] = mapped_column(Float)
     # The device it ran on (devices.id): suspects and history follow the device.
     device_id: Mapped[int | None] = mapped_column(ForeignKey("devices.id"), index=True)
 
@@ -118,3 +123,4 @@ class Latest(Base):
     outcome_id: Mapped[int] = mapped_column(BigId)
     environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"))
     wall_s: Mapped[float | None] = mapped_column(Float)
+    wall_s_spread: Mapped[float | None] = mapped_column(Float)

@@ -86,6 +86,11 @@ Dimension = Annotated[int, Field(le=INT64_MAX), BeforeValidator(_integral)]
 # the longest string (torch's build configuration) ~3,000 characters.
 MAX_ENVIRONMENT_VALUES = 10_000
 MAX_KNOBS_VALUES = 1_000
+# A result's self-consistency checks (design §2.2): a few per workload, each a verdict
+# and what it names (the decoder's backends and skipped ones: a few dozen values).
+MAX_CHECKS = 16
+MAX_CHECK_VALUES = 500
+CheckName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
 MAX_FREE_FORM_CHARS = 65_536
 # Tensors up to this many elements always travel with their values (the agent's
 # VALUES_MAX); the values of a larger one travel only when the server asked for them,
@@ -248,6 +253,27 @@ class TensorEntry(_Wire):
 _FULL_FIELDS = ("dtype", "shape", "stats", "sketch", "sample", "values")
 
 
+class CheckDoc(BaseModel):
+    """One self-consistency check of a result: two ways of computing the same numbers
+    compared bit for bit, the distance when they differ, and the operation (module,
+    backend, probe) where they first part. Other fields (the decoder's per-backend
+    verdicts, the skipped backends) are kept as sent, bounded like knobs."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
+
+    equal: bool
+    max_ulp: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    max_rel: float | None = Field(default=None, ge=0)
+    op: str | None = Field(default=None, max_length=255)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            check_free_form(value, max_values=MAX_CHECK_VALUES)
+        return value
+
+
 class ResultDoc(_Wire):
     model_config = ConfigDict(json_schema_extra={"allOf": [
         {"if": {"properties": {"status": {"const": status}}},
@@ -268,7 +294,10 @@ class ResultDoc(_Wire):
     repeats: Int32 | None = None
     repeats_agree: bool | None = None
     wall_s: float | None = Field(default=None, ge=0)
+    wall_s_spread: float | None = Field(
+        default=None, ge=0, description="Half the range of the timed repeats' wall times")
     knobs: dict[str, Any] | None = None
+    checks: dict[CheckName, CheckDoc] | None = Field(default=None, max_length=MAX_CHECKS)
     tensors: list[TensorEntry] = Field(default_factory=list, max_length=MAX_TENSORS_PER_RESULT)
     # The hash of a manifest the server already has, instead of the tensor list: what an
     # agent on a known environment sends (the sha256 of the ordered (name, kind, hash)

@@ -232,7 +232,7 @@ def _store(session: Session, run: RunDocument, sha256: str,
     outcome_ids = repository.ensure_outcomes(session, outcomes)
     result_ids = repository.insert_results(session, [
         {"run_pk": run_pk, "outcome_id": outcome_ids[outcome["hash"]], "wall_s": result.wall_s,
-         "device_id": device_ids[result.device]}
+         "wall_s_spread": result.wall_s_spread, "device_id": device_ids[result.device]}
         for outcome, result in zip(outcomes, run.results, strict=True)
     ])
 
@@ -246,7 +246,7 @@ def _store(session: Session, run: RunDocument, sha256: str,
             "workload": result.workload,
             "variant": result.variant, "result_id": result_id, "started_at": ordered_at,
             "outcome_id": outcome_ids[outcome["hash"]], "environment_id": environment_id,
-            "wall_s": result.wall_s,
+            "wall_s": result.wall_s, "wall_s_spread": result.wall_s_spread,
         }
     repository.upsert_latest(session, list(latest.values()))
     return RunCreated(id=run_pk, run_id=run.run_id, results=len(result_ids))
@@ -396,8 +396,12 @@ def _outcome_row(result: ResultDoc, digest: str | None) -> dict[str, Any]:
     # keep their hashes, so an agent without --trace-ops adds no new outcome rows.
     if result.trace is not None:
         row["trace_hash"] = result.trace
+    if result.checks is not None:  # the same for checks
+        row["checks"] = {name: check.model_dump(mode="json")
+                         for name, check in result.checks.items()}
     row["hash"] = content_hash(row)
-    row.setdefault("trace_hash", None)  # every row of the bulk insert has every column
+    for column in ("trace_hash", "checks"):  # every row of the bulk insert has every column
+        row.setdefault(column, None)
     return row
 
 
