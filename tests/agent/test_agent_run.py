@@ -34,7 +34,9 @@ def test_output_writes_a_run_document_with_both_variants(cnn_document):
         output = result["tensors"][-1]
         assert output["kind"] == "output" and output["shape"] == [64, 10]
         assert output["stats"]["count"] == 640 and "values" in output
-        assert result["wall_s"] > 0
+        # Repeats 2: the first warms up, the second is the time; no spread from one.
+        assert result["wall_s"] == result["wall_s_repeats"][1] > 0
+        assert "wall_s_spread" not in result
     default, strict = doc["results"]
     assert default["input_hash"] == strict["input_hash"]
     assert default["param_hash"] == strict["param_hash"]
@@ -53,6 +55,18 @@ def test_output_writes_a_run_document_with_both_variants(cnn_document):
     }
     assert cpu["wall_s"] > sum(r["wall_s"] * r["repeats"] for r in doc["results"])
     assert "drill_device" not in doc
+
+
+@pytest.mark.parametrize(("times", "expected"), [
+    ([5.0], {"wall_s": 5.0}),
+    ([9.0, 1.0], {"wall_s": 1.0}),
+    ([9.0, 1.0, 3.0, 2.0], {"wall_s": 2.0, "wall_s_spread": 1.0}),
+    ([0.1, 0.25, 0.75], {"wall_s": 0.5, "wall_s_spread": 0.25}),
+])
+def test_the_wall_time_is_the_median_after_the_warm_up_with_half_the_range(times, expected):
+    from numparity_agent._runner import wall_time
+
+    assert wall_time(times) == expected
 
 
 def test_strict_repeats_agree(cnn_document):
