@@ -12,6 +12,8 @@ A policy is a plain mapping (the server reads it from a TOML file)::
 
     [required]                    # attribute -> the one value it must have
     "knobs.cudnn.benchmark" = "false"
+    "decoder.batch_invariant" = true   # workload.check -> what the check must say
+
 
     [tolerances]                  # every workload, per dtype
     float32 = {rtol = 1e-5, atol = 1e-5}
@@ -22,7 +24,11 @@ A policy is a plain mapping (the server reads it from a TOML file)::
 
 Attributes are the dotted paths of the flattened environment (what attribution
 prints: ``env_vars.MKL_CBWR``, ``knobs.deterministic_algorithms``); values are compared
-as the strings attribution shows (``true``, ``null``, ``unset`` when absent).
+as the strings attribution shows (``true``, ``null``, ``unset`` when absent). A required
+key ``<workload>.<check>`` naming one of the checks the audit's numerics table shows
+(``batch_invariant``, ``decode_equals_prefill``, ``attention_backends_agree``) is a
+requirement on the results instead: every variant's latest result of that workload on
+a node must say the check holds (``true``) or does not (``false``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from typing import Any
 
 from ._arrays import canonical_dtype
 from .environment import UNSET
+from .numerics import COLUMNS as CHECK_NAMES
 from .tolerance import DEFAULT_TOLERANCES, Tolerance, default_tolerance
 
 _TOP_LEVEL = {"stale_after_hours", "min_peers", "window_days", "allowed", "required",
@@ -65,6 +72,8 @@ class Policy:
     window_days: float = 14.0
     allowed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     required: Mapping[str, str] = field(default_factory=dict)
+    # "workload.check" -> whether it must hold (the [required] keys naming a check)
+    required_checks: Mapping[str, bool] = field(default_factory=dict)
     # dtype -> tolerance, for every workload; then workload -> dtype ("*": any) -> tolerance
     tolerances: Mapping[str, Tolerance] = field(default_factory=dict)
     workload_tolerances: Mapping[str, Mapping[str, Tolerance]] = field(default_factory=dict)
@@ -111,6 +120,9 @@ def _version(policy: Policy) -> str:
         "window_days": policy.window_days,
         "allowed": {name: list(values) for name, values in policy.allowed.items()},
         "required": dict(policy.required),
+        # Only when set: a policy without check requirements kept its version.
+        **({"required_checks": dict(policy.required_checks)}
+           if policy.required_checks else {}),
         "tolerances": {dtype: tolerance(t) for dtype, t in policy.tolerances.items()},
         "workload_tolerances": {
             workload: {dtype: tolerance(t) for dtype, t in per_dtype.items()}
@@ -180,6 +192,19 @@ def _tolerances(raw: Any) -> tuple[dict[str, Tolerance], dict[str, dict[str, Tol
     return _per_dtype(raw, "tolerances"), per_workload
 
 
+def is_check_key(key: str) -> bool:
+    """``<workload>.<check>`` with a check the agent reports (not an environment path)."""
+    workload, _, check = key.partition(".")
+    return bool(workload) and check in CHECK_NAMES
+
+
+def _check_requirement(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise PolicyError(f"required.{key}: a check is required to hold (true) or not "
+                          f"(false), got {value!r}")
+    return value
+
+
 def parse_policy(raw: Mapping[str, Any]) -> Policy:
     """A Policy from its mapping; PolicyError naming the first thing that is wrong."""
     unknown = sorted(set(raw) - _TOP_LEVEL)
@@ -194,8 +219,10 @@ def parse_policy(raw: Mapping[str, Any]) -> Policy:
     for attribute, values in allowed_raw.items():
         values = values if isinstance(values, list) else [values]
         allowed[attribute] = tuple(_render(v, f"allowed.{attribute}") for v in values)
+    required_checks = {key: _check_requirement(key, value)
+                       for key, value in required_raw.items() if is_check_key(key)}
     required = {attribute: _render(value, f"required.{attribute}")
-                for attribute, value in required_raw.items()}
+                for attribute, value in required_raw.items() if not is_check_key(attribute)}
     tolerances, per_workload = _tolerances(raw.get("tolerances", {}))
     min_peers = _number(raw, "min_peers", 3, 1)
     if min_peers != int(min_peers):
@@ -206,6 +233,7 @@ def parse_policy(raw: Mapping[str, Any]) -> Policy:
         window_days=_number(raw, "window_days", 14.0, 0.0),
         allowed=allowed,
         required=required,
+        required_checks=required_checks,
         tolerances=tolerances,
         workload_tolerances=per_workload,
     )

@@ -34,7 +34,11 @@ CSV_TABLES: dict[str, tuple[str, ...]] = {
                       "fleet_param_hash"),
     "drift": ("node", "run_id", "previous_run_id", "started_at", "attributes",
               "outputs_changed"),
-    "determinism_cost": ("env_key", "nodes", "default_s", "strict_s", "ratio"),
+    "determinism_cost": ("env_key", "nodes", "default_s", "strict_s", "ratio",
+                         "ratio_estimate", "ratio_uncertainty", "note"),
+    "numerics": ("env_key", "device_model", "variant", "devices", "batch_invariant",
+                 "batch_invariant_op", "decode_equals_prefill", "decode_equals_prefill_op",
+                 "attention_backends_agree", "attention_backends_agree_op"),
 }
 TABLES = ("findings", "inventory", *CSV_TABLES)
 

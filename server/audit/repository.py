@@ -45,11 +45,14 @@ def environments(session: Session) -> Sequence[Any]:
 
 def latest_by_outcome(session: Session) -> Sequence[Any]:
     """The fleet's latest results in a few hundred rows: (environment_id, outcome_id,
-    device model, devices, summed wall_s, results with a wall_s, first node name)."""
+    device model, devices, first node name, then the wall times: summed, their squares
+    summed, how many, the spreads summed, how many)."""
     return session.execute(
         select(Latest.environment_id, Latest.outcome_id, Device.model, func.count(),
-               func.sum(Latest.wall_s), func.count(Latest.wall_s),
-               func.min(codepoint_order(session, Node.name)))
+               func.min(codepoint_order(session, Node.name)),
+               func.sum(Latest.wall_s), func.sum(Latest.wall_s * Latest.wall_s),
+               func.count(Latest.wall_s), func.sum(Latest.wall_s_spread),
+               func.count(Latest.wall_s_spread))
         .join(Node, Node.id == Latest.node_id)
         .join(Device, Device.id == Latest.device_id)
         .group_by(Latest.environment_id, Latest.outcome_id, Device.model)
@@ -66,12 +69,23 @@ class Held:
     outcome: Any  # the outcome row (``outcomes``)
     model: str  # the devices' model (``devices.model``)
     nodes: int
-    wall_s: float | None  # mean over the results that have one
     first_node: str  # the first of the nodes by name (consensus's tie-break)
+    timing: Timing | None  # None when no result has a wall time
 
     @property
     def support(self) -> Support:
         return Support(self.nodes, self.first_node)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The wall times of the results of a ``Held`` row that have one."""
+
+    mean_s: float
+    mean_sq_s: float  # the mean of the squares
+    results: int
+    spread_s: float | None  # the mean spread of those that sent one
+    spreads: int
 
 
 def held(session: Session) -> list[Held]:
@@ -79,9 +93,17 @@ def held(session: Session) -> list[Held]:
     a few hundred rows for 10,000 nodes. Most of the audit is read from these."""
     aggregate = latest_by_outcome(session)
     found = outcomes(session, [row[1] for row in aggregate])
-    return [Held(env_id, found[outcome_id], model, int(count),
-                 float(wall_sum) / timed if timed else None, first_node)
-            for env_id, outcome_id, model, count, wall_sum, timed, first_node in aggregate]
+    return [Held(env_id, found[outcome_id], model, int(count), first_node,
+                 _timing(*times))
+            for env_id, outcome_id, model, count, first_node, *times in aggregate]
+
+
+def _timing(total: Any, squares: Any, timed: int, spreads: Any, spread_count: int
+            ) -> Timing | None:
+    if not timed:
+        return None
+    return Timing(float(total) / timed, float(squares) / timed, int(timed),
+                  float(spreads) / spread_count if spread_count else None, int(spread_count))
 
 
 def outcomes(session: Session, ids: Iterable[int]) -> dict[int, Any]:
@@ -90,9 +112,21 @@ def outcomes(session: Session, ids: Iterable[int]) -> dict[int, Any]:
         found.update((row.id, row) for row in session.execute(
             select(Outcome.id, *_KEY, Outcome.variant, Outcome.status, Outcome.manifest_hash,
                    Outcome.input_hash, Outcome.param_hash, Outcome.repeats,
-                   Outcome.repeats_agree)
+                   Outcome.repeats_agree, Outcome.checks)
             .where(Outcome.id.in_(part))
         ))
+    return found
+
+
+def nodes_holding(session: Session, outcome_ids: Iterable[int]
+                  ) -> list[tuple[str, int, int]]:
+    """(node name, environment_id, outcome_id) of each latest result of these outcomes."""
+    found: list[tuple[str, int, int]] = []
+    for part in chunked(sorted(set(outcome_ids))):
+        found.extend(session.execute(
+            select(Node.name, Latest.environment_id, Latest.outcome_id)
+            .join(Node, Node.id == Latest.node_id)
+            .where(Latest.outcome_id.in_(part))).tuples())
     return found
 
 

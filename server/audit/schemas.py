@@ -50,9 +50,20 @@ EXAMPLE: dict[str, Any] = {
                "outputs_changed": [{"suite": "standard", "workload": "cnn",
                                     "variant": "default", "device": "cpu"}]}],
     "determinism_cost": [{"env_key": "5be1…", "nodes": 3, "default_s": 1.2, "strict_s": 1.5,
-                          "ratio": 1.25,
+                          "ratio": 1.25, "ratio_estimate": 1.25, "ratio_uncertainty": 0.04,
+                          "note": "1.25× ± 0.04",
                           "workloads": [{"workload": "cnn", "default_s": 0.4,
-                                         "strict_s": 0.5, "ratio": 1.25}]}],
+                                         "strict_s": 0.5, "ratio": 1.25,
+                                         "ratio_estimate": 1.25,
+                                         "ratio_uncertainty": 0.04}]}],
+    "numerics": [{"env_key": "5be1…", "device_model": "AMD EPYC 7B13", "variant": "default",
+                  "devices": 3, "batch_invariant": False,
+                  "batch_invariant_op": "invariance: matmul_k4096",
+                  "decode_equals_prefill": True, "decode_equals_prefill_op": None,
+                  "attention_backends_agree": True, "attention_backends_agree_op": None,
+                  "breaks": [{"workload": "invariance", "check": "batch_invariant",
+                              "op": "matmul_k4096", "max_ulp": 12, "max_rel": 3.1e-6,
+                              "devices": 3}]}],
 }
 
 
@@ -230,20 +241,52 @@ class DriftRow(_Row):
     outputs_changed: list[ChangedOutputRow]
 
 
-class WorkloadCostRow(_Row):
-    workload: str
+class _CostRow(_Row):
     default_s: float
     strict_s: float
-    ratio: float | None
+    ratio: float | None = Field(description="strict / default, only when further from 1 "
+                                            "than its uncertainty")
+    ratio_estimate: float | None = Field(description="strict / default, always")
+    ratio_uncertainty: float | None = Field(description="± on the ratio; null: unknown "
+                                                        "(one device, one timed repeat)")
 
 
-class DeterminismCostRow(_Row):
+class WorkloadCostRow(_CostRow):
+    workload: str
+
+
+class DeterminismCostRow(_CostRow):
     env_key: str | None
     nodes: int
-    default_s: float
-    strict_s: float
-    ratio: float | None
+    note: str = Field(description="The ratio in words, or why it is not shown")
     workloads: list[WorkloadCostRow]
+
+
+class CheckBreakRow(_Row):
+    workload: str
+    check: str
+    op: str | None = Field(description="Where the two computations first part: the "
+                                       "module, probe op or attention backend")
+    max_ulp: int | None
+    max_rel: float | None
+    devices: int
+
+
+class NumericsRow(_Row):
+    """LLM-era numerics of one environment on one device model under one variant
+    (design §3.3.12): null where no workload reports the check."""
+
+    env_key: str | None
+    device_model: str
+    variant: str
+    devices: int
+    batch_invariant: bool | None
+    batch_invariant_op: str | None
+    decode_equals_prefill: bool | None
+    decode_equals_prefill_op: str | None
+    attention_backends_agree: bool | None
+    attention_backends_agree_op: str | None
+    breaks: list[CheckBreakRow]
 
 
 class AuditOut(BaseModel):
@@ -262,3 +305,4 @@ class AuditOut(BaseModel):
     broken_inputs: list[BrokenInputsRow]
     drift: list[DriftRow]
     determinism_cost: list[DeterminismCostRow]
+    numerics: list[NumericsRow]

@@ -30,7 +30,11 @@ from numparity_server.analysis.broken import broken_results
 from numparity_server.analysis.determinism_cost import WallTime, determinism_cost
 from numparity_server.analysis.drift import attribute_changes, outputs_changed
 from numparity_server.analysis.environment import flatten_environment
-from numparity_server.analysis.fleet_policy import fleet_violations
+from numparity_server.analysis.fleet_policy import (
+    broken_requirements,
+    check_violations,
+    fleet_violations,
+)
 from numparity_server.analysis.inventory import INVENTORY_COLUMNS, inventory
 from numparity_server.analysis.node_status import (
     StaleNode,
@@ -38,6 +42,7 @@ from numparity_server.analysis.node_status import (
     stale_nodes,
     status_counts,
 )
+from numparity_server.analysis.numerics import Reported, numerics
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit import repository
 from numparity_server.audit.fleet import Fleet, deviations, held_key, judged_fleet, strict_key
@@ -51,6 +56,7 @@ from numparity_server.audit.schemas import (
     InventoryRow,
     NodeStatusCounts,
     NondeterministicRow,
+    NumericsRow,
     PolicyRow,
     RepeatsDisagreeRow,
     StaleRow,
@@ -69,12 +75,14 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None) -> A
     suspects = _suspects(session, fleet, env_keys)
     nondeterministic = _nondeterministic(session, fleet, env_keys)
     stale = _stale(session, fleet, _stale_nodes(fleet, now, policy))
-    policy_rows = [
+    policy_rows = sorted([
         PolicyRow(node=node, env_key=environments[env_id].env_key, **violation.to_dict())
-        for node, env_id, violation in fleet_violations(
-            policy, fleet.node_env, {env_id: environments[env_id].document
-                                     for env_id in set(fleet.node_env.values())})
-    ]
+        for node, env_id, violation in [
+            *fleet_violations(policy, fleet.node_env,
+                              {env_id: environments[env_id].document
+                               for env_id in set(fleet.node_env.values())}),
+            *_check_violations(session, fleet, policy)]
+    ], key=lambda row: row.node)
     broken = _broken_inputs(session, fleet.held)
     counts = _counts(fleet, suspects=node_suspect_statuses(suspects),
                      devices=[suspect.status for suspect in suspects],
@@ -98,6 +106,7 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None) -> A
         drift=_drift(session, fleet, environments),
         determinism_cost=[DeterminismCostRow.model_validate(cost) for cost in
                           determinism_cost(_wall_times(fleet.held), env_keys)],
+        numerics=_numerics(fleet.held, env_keys),
     )
 
 
@@ -274,5 +283,36 @@ def _drift(session: Session, fleet: Fleet, environments: Mapping[int, Any]) -> l
 
 
 def _wall_times(held: Sequence[Held]) -> list[WallTime]:
-    return [WallTime(h.environment, h.outcome.workload, h.outcome.variant, h.wall_s, h.nodes)
-            for h in held if h.outcome.status == "ok" and h.wall_s is not None]
+    return [WallTime(h.environment, h.outcome.workload, h.outcome.variant, h.timing.mean_s,
+                     h.timing.results, h.timing.mean_sq_s, h.timing.spread_s,
+                     h.timing.spreads)
+            for h in held if h.outcome.status == "ok" and h.timing is not None]
+
+
+def _numerics(held: Sequence[Held], env_keys: Mapping[int, str]) -> list[NumericsRow]:
+    rows = numerics(Reported(h.environment, h.model, h.outcome.variant, h.outcome.workload,
+                             h.outcome.checks or {}, h.nodes)
+                    for h in held if h.outcome.status == "ok")
+    return [NumericsRow(
+        env_key=env_keys.get(row.environment), device_model=row.model, variant=row.variant,
+        devices=row.devices,
+        **{field: (verdict.holds if verdict else None) for field, verdict
+           in row.columns.items()},
+        **{f"{field}_op": (verdict.op if verdict else None) for field, verdict
+           in row.columns.items()},
+        breaks=[asdict(found) for found in row.breaks]) for row in rows]
+
+
+def _check_violations(session: Session, fleet: Fleet, policy: Policy
+                      ) -> list[tuple[str, int, Any]]:
+    """The nodes whose latest results break a ``workload.check`` requirement: only the
+    outcomes that break one are looked up, node by node."""
+    if not policy.required_checks:
+        return []
+    breaking = {h.outcome.id: h.outcome for h in fleet.held
+                if broken_requirements(policy.required_checks, h.outcome.workload,
+                                       h.outcome.checks)}
+    return check_violations(policy.required_checks, [
+        (node, env_id, breaking[outcome_id].workload, breaking[outcome_id].variant,
+         breaking[outcome_id].checks)
+        for node, env_id, outcome_id in repository.nodes_holding(session, breaking)])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import numpy as np
 import pytest
 
 from numparity_server.analysis.audit import (
@@ -158,6 +159,7 @@ def test_drift_names_the_attributes_and_the_outputs_that_changed():
 
 
 def test_the_cost_of_determinism_per_environment_dearest_first():
+    # Two and three devices that each timed the same: no spread between them.
     times = [WallTime(1, "cnn", "default", 1.0, 2), WallTime(1, "cnn", "strict", 1.5, 2),
              WallTime(2, "cnn", "default", 1.0, 3), WallTime(2, "cnn", "strict", 3.0, 3),
              WallTime(2, "mlp", "default", 1.0, 3),  # no strict timing: left out
@@ -166,3 +168,43 @@ def test_the_cost_of_determinism_per_environment_dearest_first():
     assert [(cost.env_key, cost.nodes, cost.ratio) for cost in costs] == [
         ("env-2", 3, pytest.approx(3.0)), ("env-1", 2, pytest.approx(1.5))]
     assert [w.workload for w in costs[0].workloads] == ["cnn"]
+    assert costs[0].ratio_uncertainty == 0.0 and costs[0].note == "3.00× ± 0.00"
+
+
+def _devices(environment, variant, seconds, spread=None):
+    """WallTimes of one device each: what the audit's aggregate gives for them."""
+    return [WallTime(environment, "cnn", variant, s, 1, s * s,
+                     spread, 1 if spread is not None else 0) for s in seconds]
+
+
+def test_the_cost_of_determinism_carries_its_uncertainty_against_an_independent_estimate():
+    default = [1.00, 1.10, 0.90, 1.05]
+    strict = [1.50, 1.70, 1.40, 1.60]
+    (cost,) = determinism_cost(_devices(1, "default", default)
+                               + _devices(1, "strict", strict), {1: "env"})
+    # The standard error of each mean (numpy, ddof=1), propagated through the quotient.
+    se_d = np.std(default, ddof=1) / np.sqrt(4)
+    se_s = np.std(strict, ddof=1) / np.sqrt(4)
+    ratio = np.mean(strict) / np.mean(default)
+    expected = ratio * np.hypot(se_s / np.mean(strict), se_d / np.mean(default))
+    assert cost.ratio == pytest.approx(ratio) and cost.ratio_estimate == pytest.approx(ratio)
+    assert cost.ratio_uncertainty == pytest.approx(expected)
+    assert cost.note == f"{ratio:.2f}× ± {expected:.2f}"
+
+
+def test_a_cost_within_the_noise_or_from_one_run_is_not_shown():
+    # strict 1.2× default from one noisy device with its own spread (± 0.47): hidden.
+    noisy = determinism_cost(_devices(1, "default", [1.0], spread=0.3)
+                             + _devices(1, "strict", [1.2], spread=0.3), {1: "env"})
+    assert noisy[0].ratio is None and noisy[0].ratio_estimate == pytest.approx(1.2)
+    assert noisy[0].note == "1.20× ± 0.47: within the noise, not shown"
+    # One device, one timed repeat: the uncertainty is unknown, so nothing is shown.
+    lone = determinism_cost(_devices(1, "default", [1.0]) + _devices(1, "strict", [2.0]),
+                            {1: "env"})
+    assert lone[0].ratio is None and lone[0].ratio_uncertainty is None
+    assert "one timed run" in lone[0].note
+    # The same device's spread when it is small: the effect is measured.
+    steady = determinism_cost(_devices(1, "default", [1.0], spread=0.01)
+                              + _devices(1, "strict", [2.0], spread=0.01), {1: "env"})
+    assert steady[0].ratio == pytest.approx(2.0)
+    assert steady[0].ratio_uncertainty == pytest.approx(2.0 * np.hypot(0.01 / 2, 0.01))
