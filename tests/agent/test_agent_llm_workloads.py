@@ -156,3 +156,50 @@ def test_the_invariance_probe_answers_what_each_op_does_here() -> None:
     assert check["equal"] == (not breaking) and check["ops"] == breaking
     assert check["op"] == (breaking[0] if breaking else None)
     assert all(v["repeatable"] for v in verdicts.values())  # the CPU is deterministic
+
+
+def test_on_a_gpu_every_backend_runs_alone_and_a_differing_one_is_named(monkeypatch) -> None:
+    """The CUDA path with fakes at the edge (no GPU here): a device where flash agrees
+    with math, cuDNN attention differs by one ULP, memory-efficient refuses the shapes,
+    and the default path picks cuDNN. Unverified on real GPUs: which backends a given
+    GPU and torch run, and by how much they differ."""
+    from contextlib import contextmanager
+
+    from torch.nn.attention import SDPBackend
+
+    from numparity_agent._workloads._base import Recorder
+
+    real = F.scaled_dot_product_attention
+    active: list[str] = []
+
+    @contextmanager
+    def only(member: str):
+        active.append(member)
+        yield
+        active.pop()
+
+    def fake_sdpa(q, k, v, is_causal=False):
+        out = real(q, k, v, is_causal=is_causal)
+        if active[-1] == "EFFICIENT_ATTENTION":
+            raise RuntimeError("No available kernel. Aborting execution.\nmore detail")
+        if active[-1] == "CUDNN_ATTENTION":  # one ULP up in one element
+            out = out.clone()
+            out.view(-1)[3] = torch.nextafter(out.view(-1)[3], torch.tensor(float("inf")))
+        return out
+
+    monkeypatch.setattr(decoder_module, "_only_backend", only)
+    monkeypatch.setattr(decoder_module.F, "scaled_dot_product_attention", fake_sdpa)
+    monkeypatch.setattr(torch, "_fused_sdp_choice",
+                        lambda *a: int(SDPBackend.CUDNN_ATTENTION), raising=False)
+    q, k, v = (torch.randn(1, 4, 24, 16, generator=torch.Generator().manual_seed(i))
+               for i in range(3))
+    recorder = Recorder()
+    found = decoder_module._backends((q, k, v), recorder)
+    assert [name for name, _kind, _t in recorder.tensors] == ["sdpa.math", "sdpa.flash",
+                                                             "sdpa.cudnn"]
+    assert found["backends"]["flash"] == {"equal": True, "max_ulp": 0, "max_rel": 0.0}
+    cudnn = found["backends"]["cudnn"]
+    assert (cudnn["equal"], cudnn["max_ulp"]) == (False, 1)
+    assert found["skipped"] == {"efficient": "No available kernel. Aborting execution."}
+    assert (found["equal"], found["max_ulp"], found["op"], found["default"]) == (
+        False, 1, "cudnn", "cudnn")
