@@ -53,7 +53,10 @@ from numparity_server.kit.settings import Settings
 # Variables that change numerics on a CPU (design §2.5): cleared for every simulated node
 # so the fleet is the same whatever the shell that starts the demo has set.
 NUMERIC_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "ATEN_CPU_CAPABILITY", "PYTORCH_", "NUMPARITY_")
+# What explain reruns for each split: the workloads of the fleet page's findings.
 WORKLOADS = ("cnn", "probes")
+# What each node runs: those, and the LLM-era checks the audit's numerics lines read.
+RUN_WORKLOADS = (*WORKLOADS, "decoder", "invariance")
 VARIANTS = ("default", "strict")
 REFERENCE_VARIANT = "fp64-reference"
 SUITE = "standard"
@@ -96,7 +99,7 @@ def node_environment(node: SimulatedNode) -> dict[str, str]:
 
 
 def agent_command(node: SimulatedNode, *, server_url: str, spool: Path,
-                  workloads: Sequence[str] = WORKLOADS, variants: Sequence[str] = VARIANTS,
+                  workloads: Sequence[str] = RUN_WORKLOADS, variants: Sequence[str] = VARIANTS,
                   output: Path | None = None) -> list[str]:
     return [
         sys.executable, "-m", "numparity_agent", "run",

@@ -11,15 +11,15 @@ answer (``/divergence``'s origin ops, design §3.3.14).
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.orm import Session
 
+from numparity_server.analysis.numerics import LABELS
 from numparity_server.analysis.policy import Policy
-from numparity_server.audit.schemas import AuditOut
+from numparity_server.audit.schemas import AuditOut, NumericsRow
 from numparity_server.audit.service import audit
 from numparity_server.dashboard.service import HeatCell, overview
 from numparity_server.divergence.service import FP64_VARIANT, divergence
@@ -87,8 +87,9 @@ class Cause:
 class CostLine:
     env_key: str | None
     nodes: tuple[str, ...]
-    ratio: float | None  # the audit's: mean strict over mean default wall time
+    ratio: float | None  # the audit's strict over default, when it shows it
     spread: tuple[float, float] | None  # the nodes' own ratios, lowest and highest
+    note: str  # the audit's words for it: "1.42× ± 0.05", or why it is not shown
 
 
 @dataclass
@@ -323,7 +324,7 @@ def _costs(report: AuditOut, node_costs: Mapping[str, tuple[str | None, float | 
         ratios = [ratio for node, (env_key, ratio) in node_costs.items()
                   if env_key == cost.env_key and ratio is not None]
         spread = (min(ratios), max(ratios)) if len(ratios) > 1 else None
-        lines.append(CostLine(cost.env_key, nodes, cost.ratio, spread))
+        lines.append(CostLine(cost.env_key, nodes, cost.ratio, spread, cost.note))
     return lines
 
 
@@ -425,25 +426,53 @@ def format_audit(report: FleetReport) -> str:
     if len(lines) == 1:
         lines.append("  nothing to report")
     lines.extend(_cost_lines(report.costs))
+    lines.extend(_numerics_lines(payload.numerics))
     return "\n".join(lines)
 
 
 def _cost_lines(costs: Sequence[CostLine]) -> list[str]:
-    measured = [c for c in costs if c.ratio is not None and c.spread is not None]
-    single = [c for c in costs if c.ratio is not None and c.spread is None]
-    if not measured and not single:
+    """A line per environment whose ratio the audit shows (± its uncertainty, with the
+    nodes' own ratios), then how many it does not show and why."""
+    if not costs:
         return []
-    lines = ["  cost of determinism (strict against default wall time; the demo's workloads "
-             "take milliseconds):"]
-    for cost in measured:
-        assert cost.ratio is not None and cost.spread is not None
-        low, high = cost.spread
-        lines.append(f"    {cost.ratio:.2f}× on {str(cost.env_key)[:12]} over "
-                     f"{len(cost.nodes)} nodes ({', '.join(cost.nodes)}); node to node "
-                     f"{low:.2f}×–{high:.2f}×")
-    if single:
-        ratios = sorted(c.ratio for c in single if c.ratio is not None)
-        lines.append(f"    {len(single)} environment(s) of one node each: one run apiece, "
-                     f"{ratios[0]:.2f}×–{ratios[-1]:.2f}× (median "
-                     f"{statistics.median(ratios):.2f}×), noise rather than a measurement")
+    lines = ["  cost of determinism (strict against default wall time ± its uncertainty; "
+             "the demo's workloads take milliseconds):"]
+    for cost in costs:
+        if cost.ratio is None:
+            continue
+        spread = (f"; node to node {cost.spread[0]:.2f}×–{cost.spread[1]:.2f}×"
+                  if cost.spread else "")
+        lines.append(f"    {cost.note} on {str(cost.env_key)[:12]} over "
+                     f"{len(cost.nodes)} nodes ({', '.join(cost.nodes)}){spread}")
+    hidden = [c for c in costs if c.ratio is None]
+    lone = [c for c in hidden if len(c.nodes) <= 1]
+    if lone:
+        lines.append(f"    {len(lone)} environment(s) of one node each: one timed run apiece, "
+                     "not shown (noise rather than a measurement)")
+    for cost in hidden:
+        if len(cost.nodes) > 1:
+            lines.append(f"    {str(cost.env_key)[:12]} over {len(cost.nodes)} nodes: "
+                         f"{cost.note}")
+    return lines
+
+
+def _numerics_lines(rows: Sequence[NumericsRow]) -> list[str]:
+    """What the decoder and invariance checks say, one line per distinct answer of an
+    environment under ``default`` (the variant a job runs without settings)."""
+    answers: dict[str, list[str]] = {}
+    for row in rows:
+        if row.variant != "default":
+            continue
+        cells = []
+        for name, label in LABELS.items():
+            holds, op = getattr(row, name), getattr(row, f"{name}_op")
+            if holds is not None:
+                cells.append(f"{label} {'yes' if holds else 'no'}"
+                             + (f" (at {op})" if op else ""))
+        answers.setdefault("; ".join(cells), []).append(str(row.env_key)[:12])
+    if not answers:
+        return []
+    lines = ["  numerics under default (the decoder and invariance workloads' checks):"]
+    lines.extend(f"    {text} — on {len(envs)} environment(s)"
+                 for text, envs in answers.items())
     return lines

@@ -18,6 +18,9 @@ from typing import Any
 
 # The audit's columns: the check names the agent reports, in the order the table shows.
 COLUMNS = ("batch_invariant", "decode_equals_prefill", "attention_backends_agree")
+# How the dashboard and the demo's report name them.
+LABELS = {"batch_invariant": "batch-invariant", "decode_equals_prefill": "decode = prefill",
+          "attention_backends_agree": "attention backends agree"}
 
 
 @dataclass(frozen=True)
