@@ -426,7 +426,8 @@ def format_audit(report: FleetReport) -> str:
     if len(lines) == 1:
         lines.append("  nothing to report")
     lines.extend(_cost_lines(report.costs))
-    lines.extend(_numerics_lines(payload.numerics))
+    lines.extend(_numerics_lines([row for row in payload.numerics
+                                  if row.suite == report.suite]))
     return "\n".join(lines)
 
 

@@ -29,6 +29,7 @@ class Reported:
 
     environment: int
     model: str
+    suite: str
     variant: str
     workload: str
     checks: Mapping[str, Mapping[str, Any]]
@@ -57,6 +58,7 @@ class Verdict:
 class NumericsRow:
     environment: int
     model: str
+    suite: str
     variant: str
     devices: int  # the most devices any reporting workload ran on
     columns: dict[str, Verdict | None]  # None: no workload reports that check here
@@ -64,15 +66,16 @@ class NumericsRow:
 
 
 def numerics(reported: Iterable[Reported]) -> list[NumericsRow]:
-    """A row per (environment, device model, variant) with any checks, sorted by those."""
-    by_key: dict[tuple[int, str, str], list[Reported]] = defaultdict(list)
+    """A row per (environment, device model, suite, variant) with any checks, sorted by
+    those: the large suite's decoder is another question than the standard one's."""
+    by_key: dict[tuple[int, str, str, str], list[Reported]] = defaultdict(list)
     for entry in reported:
         if entry.checks:
-            by_key[(entry.environment, entry.model, entry.variant)].append(entry)
+            by_key[(entry.environment, entry.model, entry.suite, entry.variant)].append(entry)
     return [_row(key, entries) for key, entries in sorted(by_key.items())]
 
 
-def _row(key: tuple[int, str, str], entries: list[Reported]) -> NumericsRow:
+def _row(key: tuple[int, str, str, str], entries: list[Reported]) -> NumericsRow:
     breaks: dict[tuple[str, str, str | None], Break] = {}
     seen: set[str] = set()
     devices: dict[str, int] = defaultdict(int)
@@ -91,7 +94,8 @@ def _row(key: tuple[int, str, str], entries: list[Reported]) -> NumericsRow:
             breaks[place] = Break(entry.workload, name, place[2], ulp, rel, count)
     ordered = sorted(breaks.values(), key=_order)
     return NumericsRow(
-        environment=key[0], model=key[1], variant=key[2], devices=max(devices.values()),
+        environment=key[0], model=key[1], suite=key[2], variant=key[3],
+        devices=max(devices.values()),
         columns={name: _verdict(name, seen, ordered) for name in COLUMNS},
         breaks=ordered)
 

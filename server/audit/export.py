@@ -36,7 +36,7 @@ CSV_TABLES: dict[str, tuple[str, ...]] = {
               "outputs_changed"),
     "determinism_cost": ("env_key", "nodes", "default_s", "strict_s", "ratio",
                          "ratio_estimate", "ratio_uncertainty", "note"),
-    "numerics": ("env_key", "device_model", "variant", "devices", "batch_invariant",
+    "numerics": ("env_key", "device_model", "suite", "variant", "devices", "batch_invariant",
                  "batch_invariant_op", "decode_equals_prefill", "decode_equals_prefill_op",
                  "attention_backends_agree", "attention_backends_agree_op"),
 }

@@ -56,7 +56,8 @@ EXAMPLE: dict[str, Any] = {
                                          "strict_s": 0.5, "ratio": 1.25,
                                          "ratio_estimate": 1.25,
                                          "ratio_uncertainty": 0.04}]}],
-    "numerics": [{"env_key": "5be1…", "device_model": "AMD EPYC 7B13", "variant": "default",
+    "numerics": [{"env_key": "5be1…", "device_model": "AMD EPYC 7B13", "suite": "standard",
+                  "variant": "default",
                   "devices": 3, "batch_invariant": False,
                   "batch_invariant_op": "invariance: matmul_k4096",
                   "decode_equals_prefill": True, "decode_equals_prefill_op": None,
@@ -278,6 +279,7 @@ class NumericsRow(_Row):
 
     env_key: str | None
     device_model: str
+    suite: str
     variant: str
     devices: int
     batch_invariant: bool | None

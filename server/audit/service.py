@@ -283,18 +283,26 @@ def _drift(session: Session, fleet: Fleet, environments: Mapping[int, Any]) -> l
 
 
 def _wall_times(held: Sequence[Held]) -> list[WallTime]:
-    return [WallTime(h.environment, h.outcome.workload, h.outcome.variant, h.timing.mean_s,
+    return [WallTime(h.environment, _suite_workload(h.outcome.suite, h.outcome.workload),
+                     h.outcome.variant, h.timing.mean_s,
                      h.timing.results, h.timing.mean_sq_s, h.timing.spread_s,
                      h.timing.spreads)
             for h in held if h.outcome.status == "ok" and h.timing is not None]
 
 
+def _suite_workload(suite: str, workload: str) -> str:
+    """A workload as the cost of determinism names it: another suite's is another one
+    (the large suite's decoder is not the standard one's)."""
+    return workload if suite == "standard" else f"{suite}:{workload}"
+
+
 def _numerics(held: Sequence[Held], env_keys: Mapping[int, str]) -> list[NumericsRow]:
-    rows = numerics(Reported(h.environment, h.model, h.outcome.variant, h.outcome.workload,
-                             h.outcome.checks or {}, h.nodes)
+    rows = numerics(Reported(h.environment, h.model, h.outcome.suite, h.outcome.variant,
+                             h.outcome.workload, h.outcome.checks or {}, h.nodes)
                     for h in held if h.outcome.status == "ok")
     return [NumericsRow(
-        env_key=env_keys.get(row.environment), device_model=row.model, variant=row.variant,
+        env_key=env_keys.get(row.environment), device_model=row.model, suite=row.suite,
+        variant=row.variant,
         devices=row.devices,
         **{field: (verdict.holds if verdict else None) for field, verdict
            in row.columns.items()},

@@ -24,12 +24,12 @@ PROBE_BATCH = {"batch_invariant": {**breaks("matmul_k4096", ulp=12), "ops": ["ma
 
 def test_a_row_per_environment_model_and_variant_naming_the_breaking_op():
     rows = numerics([
-        Reported(1, "cpu-a", "default", "decoder", DECODER_BATCH, 3),
-        Reported(1, "cpu-a", "default", "invariance", PROBE_BATCH, 3),
-        Reported(1, "cpu-a", "strict", "decoder", DECODER_OK, 3),
-        Reported(2, "gpu-b", "default", "decoder", {"decode_equals_prefill":
+        Reported(1, "cpu-a", "standard", "default", "decoder", DECODER_BATCH, 3),
+        Reported(1, "cpu-a", "standard", "default", "invariance", PROBE_BATCH, 3),
+        Reported(1, "cpu-a", "standard", "strict", "decoder", DECODER_OK, 3),
+        Reported(2, "gpu-b", "standard", "default", "decoder", {"decode_equals_prefill":
                                                     breaks(None, ulp=None)}, 2),
-        Reported(2, "gpu-b", "default", "cnn", {}, 2),  # no checks: no say
+        Reported(2, "gpu-b", "standard", "default", "cnn", {}, 2),  # no checks: no say
     ])
     assert [(r.environment, r.model, r.variant) for r in rows] == [
         (1, "cpu-a", "default"), (1, "cpu-a", "strict"), (2, "gpu-b", "default")]
@@ -46,9 +46,9 @@ def test_a_row_per_environment_model_and_variant_naming_the_breaking_op():
 
 
 def test_devices_of_one_environment_that_disagree_about_a_check_break_it():
-    rows = numerics([Reported(1, "m", "default", "decoder", DECODER_OK, 5),
-                     Reported(1, "m", "default", "decoder", DECODER_BATCH, 1),
-                     Reported(1, "m", "default", "decoder",
+    rows = numerics([Reported(1, "m", "standard", "default", "decoder", DECODER_OK, 5),
+                     Reported(1, "m", "standard", "default", "decoder", DECODER_BATCH, 1),
+                     Reported(1, "m", "standard", "default", "decoder",
                               {**DECODER_OK, "batch_invariant": breaks("blocks.0.attn.qkv",
                                                                        ulp=9)}, 2)])
     (row,) = rows
@@ -82,3 +82,10 @@ def test_a_check_requirement_must_be_a_boolean_and_changes_the_policy_version():
     assert parse_policy({"required": {}}).version == plain.version
     assert parse_policy({"required": {"decoder.batch_invariant": True}}).version \
         != plain.version
+
+
+def test_suites_are_kept_apart():
+    rows = numerics([Reported(1, "m", "standard", "default", "decoder", DECODER_BATCH, 2),
+                     Reported(1, "m", "large", "default", "decoder", DECODER_OK, 2)])
+    assert [(r.suite, r.columns["batch_invariant"].holds) for r in rows] == [
+        ("large", True), ("standard", False)]
