@@ -126,8 +126,8 @@ def note(found: Ratio) -> str:
     if found.value is None:
         return "default took no time"
     if found.uncertainty is None:
-        return (f"{found.value:.2f}× from one timed run per environment: not shown "
-                "(run more nodes, or --repeats 3 for each run's own spread)")
+        return ("one timed run per environment, no uncertainty: not shown (more nodes, "
+                "or --repeats 3 for each run's own spread)")
     figure = f"{found.value:.2f}× ± {found.uncertainty:.2f}"
     return figure if found.shown else f"{figure}: within the noise, not shown"
 
