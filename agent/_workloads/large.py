@@ -180,4 +180,5 @@ class LargeTrain(Train):
     suite = SUITE
 
     def __init__(self, size: TrainSize = LARGE_TRAIN) -> None:
+        self.size = size
         self.batch, self.features, self.steps = size.batch, size.features, size.steps
