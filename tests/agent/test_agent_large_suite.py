@@ -184,6 +184,16 @@ def test_run_suite_large_results_say_large(tmp_path):
     assert math.prod(conv3["shape"]) == _sizes.LARGE_BOTTLENECK.batch * 256 * 56 * 56
 
 
+def test_explain_refuses_a_large_reference():
+    from numparity_agent import _explain
+
+    reference = {"run_id": "r1", "results": [
+        {"suite": "large", "workload": "gemm", "variant": "default", "status": "ok",
+         "device": "cuda:0", "tensors": []}]}
+    with pytest.raises(_explain.ExplainError, match="is of suite large"):
+        _explain.targets_of(reference, workloads=None, variants=None, device=None)
+
+
 def test_suites_lists_both_without_torch():
     code = ("import sys; from numparity_agent.testing import main; main(['suites']); "
             "assert 'torch' not in sys.modules")
