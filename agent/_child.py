@@ -1,6 +1,6 @@
 """The child process of one variant: `python -m numparity_agent._child SPEC OUT`.
 
-SPEC is a JSON file {"variant", "workloads", "device", "repeats", "node_env_vars",
+SPEC is a JSON file {"variant", "suite", "workloads", "device", "repeats", "node_env_vars",
 "fault_drill", "trace_ops", "progress", "values_dir"} (device: the slot, "cuda:3",
 that the results name, computed on `_devices.torch_device(slot)`; fault_drill: flip one
 bit in each workload, design §2.6; trace_ops: record each workload's ops, §2.10;
@@ -36,13 +36,14 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     device_name = spec.get("device", "cpu")
     fault_drill = bool(spec.get("fault_drill", False))
     trace = bool(spec.get("trace_ops", False))
+    suite = spec.get("suite", _workloads.SUITE)
     results: list[dict[str, Any]] = []
 
     def all_results(**fields: Any) -> dict[str, Any]:
         return {
             "environment": environment,
             "results": [
-                {**result_head(w, None, variant.name, device_name), **fields}
+                {**result_head(w, None, variant.name, device_name, suite), **fields}
                 for w in spec["workloads"]
             ],
         }
@@ -64,11 +65,11 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     variant.apply(device, threads=torch.get_num_threads())
     for spec_name in spec["workloads"]:
         try:
-            workload = _workloads.load(spec_name)
+            workload = _workloads.load(spec_name, suite)
         except Exception as exc:  # noqa: BLE001
             results.append(
                 {
-                    **result_head(spec_name, None, variant.name, device_name),
+                    **result_head(spec_name, None, variant.name, device_name, suite),
                     "status": "failed",
                     "error": _error_text(exc),
                 }

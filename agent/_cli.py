@@ -124,13 +124,18 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the suite, spool and upload the run document",
                          epilog=EXIT_CODES_HELP, formatter_class=formatter)
     server_args(run)
+    run.add_argument("--suite", metavar="NAME",
+                     help=f"the suite: {', '.join(_workloads.suite_names())} (production "
+                     "shapes for GPU nodes; `numparity-agent suites` lists both) "
+                     f"(NUMPARITY_SUITE, config suite; default {_workloads.SUITE})")
     run.add_argument("--variants", nargs="+", metavar="V",
                      help=f"variants (NUMPARITY_VARIANTS, config variants; default all: "
-                     f"{', '.join(_variants.names())})")
+                     f"{', '.join(_variants.names())}; {_workloads.LARGE} leaves out "
+                     "fp64-reference unless named)")
     run.add_argument("--workloads", nargs="+", metavar="W",
-                     help=f"workloads: {', '.join(_workloads.builtin_names())} or "
-                     "module:factory (NUMPARITY_WORKLOADS, config workloads; default all "
-                     "built-ins)")
+                     help=f"workloads of the suite: {', '.join(_workloads.builtin_names())} "
+                     "or module:factory (NUMPARITY_WORKLOADS, config workloads; default all "
+                     "built-ins of the suite)")
     run.add_argument("--device", metavar="LIST",
                      help="devices, comma-separated: cuda:N, cpu, or all (every visible CUDA "
                      "device, MIG instances included, else the CPU); they run one after "
@@ -193,6 +198,9 @@ def _parser() -> argparse.ArgumentParser:
     flush = sub.add_parser("flush", help="upload what is spooled, oldest first",
                            epilog=EXIT_CODES_HELP, formatter_class=formatter)
     server_args(flush)
+
+    sub.add_parser("suites", help="list the suites, their workloads and, for large, each "
+                   "workload's FLOPs and A100 time estimate")
 
     sub.add_parser("env", help="print the environment document")
 
@@ -438,6 +446,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         DEFAULT_TIMEOUT_S,
         DeviceListError,
         UsageError,
+        check_suite,
+        default_variants,
         drill_slot,
         select_devices,
         validate,
@@ -445,13 +455,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     context = _Context(args)
     get = context.settings.get
-    variants = get("variants") or _variants.names()
-    workloads = get("workloads") or _workloads.builtin_names()
+    suite = get("suite", _workloads.SUITE)
     repeats = get("repeats", DEFAULT_REPEATS)
     timeout = get("timeout", DEFAULT_TIMEOUT_S)
     selection = get("device", _devices.ALL)
     try:
-        validate(workloads, variants, repeats, drill=args.fault_drill)
+        try:
+            check_suite(suite)
+        except UsageError as exc:
+            raise UsageError(f"{context.settings.sources.get('suite', '--suite')}: {exc}"
+                             ) from None
+        variants = get("variants") or default_variants(suite)
+        workloads = get("workloads") or _workloads.builtin_names(suite)
+        validate(workloads, variants, repeats, drill=args.fault_drill, suite=suite)
         if args.drill_device and not args.fault_drill:
             raise UsageError("--drill-device names the device of --fault-drill: add it")
         try:
@@ -476,13 +492,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
             stopped = context.lock(stack, "run")
             if stopped is not None:
                 return stopped
-        return _run_locked(args, context, workloads=workloads, variants=variants,
-                           devices=devices, repeats=repeats, timeout=timeout)
+        return _run_locked(args, context, suite=suite, workloads=workloads,
+                           variants=variants, devices=devices, repeats=repeats,
+                           timeout=timeout)
 
 
-def _run_locked(args: argparse.Namespace, context: _Context, *, workloads: list[str],
-                variants: list[str], devices: list[dict[str, Any]], repeats: int,
-                timeout: float) -> int:
+def _run_locked(args: argparse.Namespace, context: _Context, *, suite: str,
+                workloads: list[str], variants: list[str], devices: list[dict[str, Any]],
+                repeats: int, timeout: float) -> int:
     from numparity_agent._suite import run_suite
 
     codes: set[int] = set()
@@ -494,7 +511,7 @@ def _run_locked(args: argparse.Namespace, context: _Context, *, workloads: list[
     store = _values.ValuesStore(_values.values_dir(context.spool)) if context.server else None
     try:
         document = run_suite(
-            workloads=workloads, variants=variants, device=devices,
+            suite=suite, workloads=workloads, variants=variants, device=devices,
             repeats=repeats, node=get("node") or socket.gethostname(),
             labels=get("labels") or {}, timeout=timeout, drill=args.fault_drill,
             drill_device=args.drill_device,
@@ -546,6 +563,13 @@ def _spool_and_upload(context: _Context, document: dict[str, Any]) -> set[int]:
     return _flush_codes(result)
 
 
+def _cmd_suites(_args: argparse.Namespace) -> int:
+    from numparity_agent._workloads._sizes import suites_listing
+
+    _answer(suites_listing())
+    return EXIT_OK
+
+
 def _cmd_env(_args: argparse.Namespace) -> int:
     from numparity_agent._environment import capture_environment
 
@@ -572,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
     handlers = {"run": _cmd_run, "flush": _cmd_flush, "env": _cmd_env, "doctor": _cmd_doctor,
-                "explain": _cmd_explain}
+                "explain": _cmd_explain, "suites": _cmd_suites}
     try:
         return handlers[args.command](args)
     except _Usage as exc:

@@ -32,6 +32,7 @@ KINDS: dict[str, str] = {
     "spool": "path",
     "node": "str",
     "labels": "labels",
+    "suite": "str",
     "workloads": "list",
     "variants": "list",
     "repeats": "count",

@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from numparity_agent import _variants
+from numparity_agent import _variants, _workloads
 from numparity_agent._answer import ServerAnswer, answer_of, no_answer
 from numparity_agent._log import log
 from numparity_agent._settings import (
@@ -132,6 +132,11 @@ def targets_of(reference: dict[str, Any], *, workloads: Sequence[str] | None,
     for result in reference.get("results") or []:
         if result.get("status", "ok") != "ok":
             continue
+        if result.get("suite", _workloads.SUITE) != _workloads.SUITE:
+            # Its child loads the standard suite's definitions (design §2.11).
+            raise ExplainError(f"run {reference.get('run_id')} is of suite "
+                               f"{result['suite']}: explain reproduces {_workloads.SUITE} "
+                               "runs only")
         workload, variant = result["workload"], result["variant"]
         if workloads and workload not in workloads:
             continue

@@ -16,6 +16,7 @@ import torch
 from numparity_agent._fingerprint import combined_hash, fingerprint, tensor_hashes
 from numparity_agent._knobs import read_knobs
 from numparity_agent._variants import Variant
+from numparity_agent._workloads import SUITE
 from numparity_agent._workloads._base import (
     Built,
     Recorder,
@@ -41,7 +42,7 @@ def _sync(device: torch.device) -> None:
 
 
 def result_head(
-    workload: str, version: int | None, variant: str, device: str, suite: str = "standard"
+    workload: str, version: int | None, variant: str, device: str, suite: str = SUITE
 ) -> dict[str, Any]:
     return {
         "suite": suite,

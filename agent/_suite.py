@@ -38,14 +38,22 @@ class UsageError(ValueError):
     """A bad request from the caller (unknown workload or variant, bad repeats)."""
 
 
+def check_suite(suite: str) -> None:
+    if suite not in _workloads.SUITES:
+        raise UsageError(
+            f"unknown suite {suite}; valid: {', '.join(_workloads.suite_names())}")
+
+
 def validate(
-    workloads: Sequence[str], variants: Sequence[str], repeats: int, *, drill: bool = False
+    workloads: Sequence[str], variants: Sequence[str], repeats: int, *, drill: bool = False,
+    suite: str = _workloads.SUITE,
 ) -> None:
-    bad_w = [w for w in workloads if not _workloads.is_known(w)]
+    check_suite(suite)
+    bad_w = [w for w in workloads if not _workloads.is_known(w, suite)]
     if bad_w:
         raise UsageError(
-            f"unknown workload(s) {', '.join(bad_w)}; valid: "
-            f"{', '.join(_workloads.builtin_names())} or module:factory"
+            f"unknown workload(s) {', '.join(bad_w)} in suite {suite}; valid: "
+            f"{', '.join(_workloads.builtin_names(suite))} or module:factory"
         )
     bad_v = [v for v in variants if v not in _variants.VARIANTS]
     if bad_v:
@@ -59,6 +67,13 @@ def validate(
             f"--fault-drill corrupts the {_variants.FAULT_DRILL_VARIANT} variant; "
             f"add {_variants.FAULT_DRILL_VARIANT} to --variants"
         )
+
+
+def default_variants(suite: str = _workloads.SUITE) -> list[str]:
+    """The variants a run of `suite` makes when none are named: all, but those the suite
+    leaves out unless asked for (`_workloads.NOT_BY_DEFAULT`)."""
+    skipped = _workloads.NOT_BY_DEFAULT.get(suite, frozenset())
+    return [v for v in _variants.names() if v not in skipped]
 
 
 def _child_failure(proc: subprocess.CompletedProcess[str] | None, reason: str) -> str:
@@ -89,6 +104,7 @@ def run_variant(
     on_progress: Callable[[int], None] | None = None,
     values_dir: Path | None = None,
     trace_ops: bool = False,
+    suite: str = _workloads.SUITE,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """(environment or None, results) of one variant's child process; with
     `fault_drill` the child flips one bit in each workload (design §2.6), with
@@ -97,6 +113,7 @@ def run_variant(
     workloads it has finished."""
     spec = {
         "variant": variant,
+        "suite": suite,
         "workloads": list(workloads),
         "device": device,
         "repeats": repeats,
@@ -132,7 +149,7 @@ def run_variant(
             error = _child_failure(proc, _describe_exit(proc.returncode))
     return None, [
         {
-            "suite": _workloads.SUITE,
+            "suite": suite,
             "workload": w,
             "workload_version": None,
             "variant": variant,
@@ -300,9 +317,11 @@ def run_suite(
     on_progress: Progress | None = None,
     values_dir: Path | None = None,
     trace_ops: bool = False,
+    suite: str = _workloads.SUITE,
 ) -> dict[str, Any]:
-    """Run `workloads` under `variants` (all built-ins by default) on each device: the
-    run document. Large tensors' values are kept in `values_dir` when given (`_values`).
+    """Run `workloads` of `suite` under `variants` (by default its built-ins under
+    `default_variants(suite)`) on each device: the run document. Large tensors' values
+    are kept in `values_dir` when given (`_values`).
 
     `device` is a selection (see select_devices; default every visible CUDA device,
     else the CPU) or the devices select_devices gave for one. Devices run one after
@@ -318,9 +337,10 @@ def run_suite(
     `trace_ops` every variant records each workload's ops (design §2.10): the document
     carries the trace bodies in `traces`, each result the hash of its own.
     """
-    workloads = list(workloads or _workloads.builtin_names())
-    variants = list(variants or _variants.names())
-    validate(workloads, variants, repeats, drill=drill)
+    check_suite(suite)
+    workloads = list(workloads or _workloads.builtin_names(suite))
+    variants = list(variants or default_variants(suite))
+    validate(workloads, variants, repeats, drill=drill, suite=suite)
     devices = select_devices(device, timeout=timeout) if isinstance(device, str) else device
     drill_at = drill_slot(devices, drill_device) if drill else None
     plan = device_plan(devices, variants)
@@ -369,6 +389,7 @@ def run_suite(
                 on_progress=watch,
                 values_dir=values_dir,
                 trace_ops=trace_ops,
+                suite=suite,
             )
             environment = environment or child_env
             _log_results(log_line, prefix, child_results)

@@ -9,7 +9,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from numparity_agent._workloads._base import Workload
 
+# The default suite, and the suites there are (design §2.2): a suite is versioned apart,
+# so the same workload name in two suites names two definitions.
 SUITE = "standard"
+LARGE = "large"
 
 # name -> (module, class); each is a Workload subclass with `name` and `version`.
 BUILTIN: dict[str, tuple[str, str]] = {
@@ -25,14 +28,32 @@ BUILTIN: dict[str, tuple[str, str]] = {
 }
 
 
+# `large`: production shapes for GPU nodes (`_workloads/large.py`); opt-in.
+LARGE_BUILTIN: dict[str, tuple[str, str]] = {
+    "gemm": ("numparity_agent._workloads.large", "GEMM"),
+    "resnet_block": ("numparity_agent._workloads.large", "Bottleneck"),
+    "attention": ("numparity_agent._workloads.large", "Attention"),
+    "decoder": ("numparity_agent._workloads.large", "LargeDecoder"),
+    "train": ("numparity_agent._workloads.large", "LargeTrain"),
+}
+SUITES: dict[str, dict[str, tuple[str, str]]] = {SUITE: BUILTIN, LARGE: LARGE_BUILTIN}
+# Variants a suite leaves out unless asked for by name: the float64 reference of the
+# large suite computes on the node's CPU (design §2.3), minutes for its GEMMs alone.
+NOT_BY_DEFAULT: dict[str, frozenset[str]] = {LARGE: frozenset({"fp64-reference"})}
+
+
 # Workloads that measure the node rather than one device (collectives span every GPU of
 # it): run once per device type of a run, on its first device of that type, not on
 # every GPU (design §2.6).
 NODE_WIDE = frozenset({"collectives"})
 
 
-def builtin_names() -> list[str]:
-    return list(BUILTIN)
+def suite_names() -> list[str]:
+    return list(SUITES)
+
+
+def builtin_names(suite: str = SUITE) -> list[str]:
+    return list(SUITES[suite])
 
 
 def is_factory_spec(spec: str) -> bool:
@@ -41,17 +62,19 @@ def is_factory_spec(spec: str) -> bool:
     return bool(sep and module and attr)
 
 
-def is_known(spec: str) -> bool:
-    return spec in BUILTIN or is_factory_spec(spec)
+def is_known(spec: str, suite: str = SUITE) -> bool:
+    return spec in SUITES[suite] or is_factory_spec(spec)
 
 
-def load(spec: str) -> Workload:
-    """The workload named `spec` (a built-in name or `module:factory`)."""
-    if spec in BUILTIN:
-        module, cls = BUILTIN[spec]
+def load(spec: str, suite: str = SUITE) -> Workload:
+    """The workload named `spec` (a built-in name of `suite`, or `module:factory`)."""
+    builtin = SUITES[suite]
+    if spec in builtin:
+        module, cls = builtin[spec]
         return getattr(importlib.import_module(module), cls)()
     if is_factory_spec(spec):
         from numparity_agent._workloads._base import from_factory
 
         return from_factory(spec)
-    raise KeyError(f"unknown workload {spec!r}; valid: {', '.join(BUILTIN)} or module:factory")
+    raise KeyError(f"unknown workload {spec!r} in suite {suite}; valid: {', '.join(builtin)} "
+                   "or module:factory")

@@ -1,19 +1,21 @@
 """`decoder`: a small GPT-style decoder and the three answers an LLM lab asks of it
 (design §2.2).
 
-The model: token embeddings tied to the output head, `LAYERS` pre-norm blocks of RMSNorm,
+The model: token embeddings tied to the output head, 2 pre-norm blocks of RMSNorm,
 causal self-attention with rotary position embeddings (through
 F.scaled_dot_product_attention, a leaf `blocks.N.attn.sdpa`), RMSNorm and a SwiGLU MLP;
-a final RMSNorm. Weights and tokens come from the portable generator (design §2.1).
+a final RMSNorm. Weights and tokens come from the portable generator (design §2.1). The
+sizes named here are the standard suite's (`SIZE`); the large suite builds the same model
+at its own (`large.LargeDecoder`).
 
-Recorded: every leaf module of a prefill of `SEQ` tokens, and its logits (`output`);
+Recorded: every leaf module of a prefill of 24 tokens, and its logits (`output`);
 then three self-consistency checks, each as tensors (kind `probe`, so `/divergence`
 groups and judges them like any other) and as a verdict in the result's `checks` field
 (`_checks.agreement`: bitwise equal, max ULP, max relative error):
 
 - `decode_equals_prefill`: the same tokens decoded one at a time with a KV cache
   (`decode.logits`, every position) against the prefill's logits;
-- `batch_invariant`: each request of `REQUEST_LENGTHS` prefilled alone
+- `batch_invariant`: each request (7, 12, 19, 24 tokens) prefilled alone
   (`batch.alone`, its last position's logits) against inside one right-padded batch
   (`batch.batched`); `op` names the first module (execution order) whose output for the
   request differs — on a CPU whose GEMM blocks by the number of rows, the first linear;
@@ -48,15 +50,11 @@ from numparity_agent._workloads._base import (
     place,
 )
 from numparity_agent._workloads._checks import agreement, worst
+from numparity_agent._workloads._sizes import DecoderSize
 
-VOCAB = 256
-D_MODEL = 64
-HEADS = 4
-HEAD_DIM = D_MODEL // HEADS
-LAYERS = 2
-HIDDEN = 176  # SwiGLU: about 8/3 of d_model, a multiple of 16
-SEQ = 24
-REQUEST_LENGTHS = (7, 12, 19, 24)
+# The standard suite's decoder. SwiGLU's hidden is about 8/3 of d_model, a multiple of 16.
+SIZE = DecoderSize(vocab=256, d_model=64, heads=4, layers=2, hidden=176, seq=24,
+                   request_lengths=(7, 12, 19, 24))
 ROPE_BASE = 10000.0
 RMS_EPS = 1e-6
 # SDPABackend member -> the name the checks use.
@@ -67,9 +65,9 @@ BACKENDS = {"MATH": "math", "FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in float32 (at least) as LLaMA does."""
 
-    def __init__(self) -> None:
+    def __init__(self, d_model: int) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(D_MODEL))
+        self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
@@ -109,46 +107,48 @@ class CausalAttention(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, size: DecoderSize) -> None:
         super().__init__()
-        self.qkv = nn.Linear(D_MODEL, 3 * D_MODEL, bias=False)
+        self.heads, self.head_dim = size.heads, size.head_dim
+        self.qkv = nn.Linear(size.d_model, 3 * size.d_model, bias=False)
         self.rope = Rotary()
         self.sdpa = CausalAttention()
-        self.proj = nn.Linear(D_MODEL, D_MODEL, bias=False)
+        self.proj = nn.Linear(size.d_model, size.d_model, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: list[torch.Tensor] | None) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        qkv = self.qkv(x).reshape(batch, seq, 3, HEADS, HEAD_DIM).permute(2, 0, 3, 1, 4)
+        batch, seq, d_model = x.shape
+        qkv = self.qkv(x).reshape(batch, seq, 3, self.heads, self.head_dim).permute(
+            2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         q, k = self.rope(q, k, cos, sin)
         if cache is not None:
             if cache:  # the keys and values of the tokens before
                 k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
             cache[:] = [k, v]
-        attended = self.sdpa(q, k, v).transpose(1, 2).reshape(batch, seq, D_MODEL)
+        attended = self.sdpa(q, k, v).transpose(1, 2).reshape(batch, seq, d_model)
         return self.proj(attended)
 
 
 class SwiGLU(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, size: DecoderSize) -> None:
         super().__init__()
-        self.gate = nn.Linear(D_MODEL, HIDDEN, bias=False)
-        self.up = nn.Linear(D_MODEL, HIDDEN, bias=False)
+        self.gate = nn.Linear(size.d_model, size.hidden, bias=False)
+        self.up = nn.Linear(size.d_model, size.hidden, bias=False)
         self.act = nn.SiLU()
-        self.down = nn.Linear(HIDDEN, D_MODEL, bias=False)
+        self.down = nn.Linear(size.hidden, size.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(self.act(self.gate(x)) * self.up(x))
 
 
 class Block(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, size: DecoderSize) -> None:
         super().__init__()
-        self.norm1 = RMSNorm()
-        self.attn = Attention()
-        self.norm2 = RMSNorm()
-        self.mlp = SwiGLU()
+        self.norm1 = RMSNorm(size.d_model)
+        self.attn = Attention(size)
+        self.norm2 = RMSNorm(size.d_model)
+        self.mlp = SwiGLU(size)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: list[torch.Tensor] | None) -> torch.Tensor:
@@ -168,13 +168,13 @@ class TiedHead(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, size: DecoderSize) -> None:
         super().__init__()
-        self.tok_emb = nn.Embedding(VOCAB, D_MODEL)
-        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.norm_f = RMSNorm()
+        self.tok_emb = nn.Embedding(size.vocab, size.d_model)
+        self.blocks = nn.ModuleList(Block(size) for _ in range(size.layers))
+        self.norm_f = RMSNorm(size.d_model)
         self.lm_head = TiedHead(self.tok_emb)
-        cos, sin = _rope_tables()
+        cos, sin = _rope_tables(size)
         self.register_buffer("cos", cos)
         self.register_buffer("sin", sin)
 
@@ -193,13 +193,14 @@ class GPT(nn.Module):
         return self.lm_head(self.norm_f(x))
 
 
-def _rope_tables() -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of position * inv_freq, (SEQ, HEAD_DIM), computed in float64 with
+def _rope_tables(size: DecoderSize) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position * inv_freq, (seq, head_dim), computed in float64 with
     numpy and rounded once to float32. A libm whose float64 cos is 1 ULP off changes the
     float32 only for a value within 2**-29 of a rounding boundary: the pinned param_hash
     (tests) would show it."""
-    inv_freq = ROPE_BASE ** (-np.arange(0, HEAD_DIM, 2, dtype=np.float64) / HEAD_DIM)
-    angles = np.outer(np.arange(SEQ, dtype=np.float64), inv_freq)
+    head_dim = size.head_dim
+    inv_freq = ROPE_BASE ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = np.outer(np.arange(size.seq, dtype=np.float64), inv_freq)
     angles = np.concatenate([angles, angles], axis=-1)
     return (torch.from_numpy(np.cos(angles).astype(np.float32)),
             torch.from_numpy(np.sin(angles).astype(np.float32)))
@@ -208,18 +209,25 @@ def _rope_tables() -> tuple[torch.Tensor, torch.Tensor]:
 class Decoder(Workload):
     name = "decoder"
     version = 1
+    size = SIZE
+
+    def __init__(self, size: DecoderSize | None = None) -> None:
+        if size is not None:
+            self.size = size
 
     def build(self, *, dtype: torch.dtype, device: torch.device) -> Built:
-        model = GPT()
+        size = self.size
+        model = GPT(size)
         init_default_(model, self)
         with torch.no_grad():
-            model.tok_emb.weight.copy_(bell_tensor(self, "tok_emb.weight", (VOCAB, D_MODEL),
-                                                   std=0.5))
+            model.tok_emb.weight.copy_(bell_tensor(self, "tok_emb.weight",
+                                                   (size.vocab, size.d_model), std=0.5))
         model.eval()
-        inputs = {"tokens": class_labels(self, "input.tokens", SEQ, VOCAB).reshape(1, SEQ)}
-        for index, length in enumerate(REQUEST_LENGTHS):
+        inputs = {"tokens": class_labels(self, "input.tokens", size.seq, size.vocab
+                                         ).reshape(1, size.seq)}
+        for index, length in enumerate(size.request_lengths):
             inputs[f"request{index}"] = class_labels(
-                self, f"input.request{index}", length, VOCAB).reshape(1, length)
+                self, f"input.request{index}", length, size.vocab).reshape(1, length)
         built = place(Built(model=model, inputs=inputs), dtype=dtype, device=device)
         # The rotary tables stay float32 (cast at use), as the positions' exact angles.
         built.model.cos = built.model.cos.float()  # type: ignore[assignment]
@@ -238,21 +246,22 @@ class Decoder(Workload):
             checks = {
                 "decode_equals_prefill": _decode(model, tokens, logits, recorder),
                 "batch_invariant": _batched(model, built, recorder),
-                "attention_backends_agree": _backends(model.blocks[0].attn.sdpa.inputs,
-                                                      recorder),
+                "attention_backends_agree": attention_backends(
+                    model.blocks[0].attn.sdpa.inputs, recorder),
             }
         recorder.fields["checks"] = checks
 
 
 def _decode(model: Any, tokens: torch.Tensor, prefill: torch.Tensor,
             recorder: Recorder) -> dict[str, Any]:
+    seq = tokens.shape[1]
     caches: list[list[torch.Tensor]] = [[] for _ in model.blocks]
-    steps = [model(tokens[:, t:t + 1], start=t, caches=caches) for t in range(SEQ)]
+    steps = [model(tokens[:, t:t + 1], start=t, caches=caches) for t in range(seq)]
     decoded = torch.cat(steps, dim=1)
     recorder.record("decode.logits", "probe", decoded)
     found = agreement(decoded, prefill)
     if not found["equal"]:
-        differs = (decoded != prefill).reshape(SEQ, -1).any(-1).nonzero()
+        differs = (decoded != prefill).reshape(seq, -1).any(-1).nonzero()
         found["first_position"] = int(differs[0]) if len(differs) else None
     return found
 
@@ -289,8 +298,9 @@ def _row(batched: torch.Tensor, row: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def _batched(model: Any, built: Built, recorder: Recorder) -> dict[str, Any]:
-    requests = [built.inputs[f"request{i}"] for i in range(len(REQUEST_LENGTHS))]
-    longest = max(REQUEST_LENGTHS)
+    requests = [tensor for name, tensor in built.inputs.items() if name.startswith("request")]
+    lengths = [request.shape[1] for request in requests]
+    longest = max(lengths)
     padded = torch.zeros(len(requests), longest, dtype=requests[0].dtype,
                          device=requests[0].device)
     for i, request in enumerate(requests):
@@ -304,11 +314,11 @@ def _batched(model: Any, built: Built, recorder: Recorder) -> dict[str, Any]:
         batched_logits = model(padded)
     alone = torch.stack([last for last, _ in alone_runs])
     batched = torch.stack([batched_logits[i, length - 1]
-                           for i, length in enumerate(REQUEST_LENGTHS)])
+                           for i, length in enumerate(lengths)])
     recorder.record("batch.alone", "probe", alone)
     recorder.record("batch.batched", "probe", batched)
     found = agreement(batched, alone)
-    found["requests"] = list(REQUEST_LENGTHS)
+    found["requests"] = lengths
     found["op"] = None
     if not found["equal"]:
         # The first module, in execution order, whose output for a request differs.
@@ -322,7 +332,8 @@ def _batched(model: Any, built: Built, recorder: Recorder) -> dict[str, Any]:
     return found
 
 
-def _backends(inputs: tuple[torch.Tensor, ...] | None, recorder: Recorder) -> dict[str, Any]:
+def attention_backends(inputs: tuple[torch.Tensor, ...] | None,
+                       recorder: Recorder) -> dict[str, Any]:
     """Layer 0's attention through each SDPA backend that runs here, each against math."""
     assert inputs is not None
     q, k, v = inputs

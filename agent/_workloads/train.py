@@ -119,16 +119,20 @@ class Train(Workload):
     version = 1
     # GradScaler's default; a test subclass raises it to force inf gradients.
     init_scale: float = 2.0**16
+    # The sizes (the large suite's `LargeTrain` has its own).
+    batch: int = BATCH
+    features: tuple[int, int, int] = FEATURES
+    steps: int = STEPS
 
     def build(self, *, dtype: torch.dtype, device: torch.device) -> Built:
-        d_in, hidden, classes = FEATURES
+        d_in, hidden, classes = self.features
         model = nn.Sequential(
             OrderedDict(fc1=nn.Linear(d_in, hidden), act1=nn.GELU(), fc2=nn.Linear(hidden, classes))
         )
         init_default_(model, self)
         model.train()
-        x = bell_tensor(self, "input.x", (BATCH, d_in))
-        y = class_labels(self, "input.y", BATCH, classes)
+        x = bell_tensor(self, "input.x", (self.batch, d_in))
+        y = class_labels(self, "input.y", self.batch, classes)
         return place(Built(model=model, inputs={"x": x, "y": y}), dtype=dtype, device=device)
 
     def run(self, built: Built, recorder: Recorder) -> None:
@@ -138,7 +142,7 @@ class Train(Workload):
         scaler = grad_scaler(device_type, self.init_scale) if fp16 else None
         optimizer = Adam(list(model.parameters()), lr=LR, eps=ADAM_EPS)
         skipped = 0
-        for step in range(STEPS):
+        for step in range(self.steps):
             optimizer.zero_grad()
             hooks = layer_hooks(model, recorder) if step == 0 else contextlib.nullcontext()
             with hooks:
@@ -166,7 +170,7 @@ class Train(Workload):
         for name, param in model.named_parameters():
             recorder.record(f"param.{name}", "param", param)
         recorder.fields["train"] = {
-            "steps": STEPS,
+            "steps": self.steps,
             "grad_scaler": scaler is not None,
             "skipped_steps": skipped,
             "scale": float(scaler.get_scale()) if scaler is not None else None,

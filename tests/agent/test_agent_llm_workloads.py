@@ -94,7 +94,7 @@ def test_batch_invariance_is_the_two_ways_of_computing_compared(
                                rtol=1e-4, atol=1e-4)
     check = decoder["checks"]["batch_invariant"]
     assert check["equal"] == bool(np.array_equal(alone.view(np.int32), batched.view(np.int32)))
-    assert check["requests"] == list(decoder_module.REQUEST_LENGTHS)
+    assert check["requests"] == list(decoder_module.SIZE.request_lengths)
     if check["equal"]:
         assert check["op"] is None
         return
@@ -103,9 +103,9 @@ def test_batch_invariance_is_the_two_ways_of_computing_compared(
     built = load_workload("decoder").build(dtype=torch.float32, device=CPU)
     model: Any = built.model
     x = model.blocks[0].norm1(model.tok_emb(built.inputs["request0"]))
-    padded = torch.zeros(len(decoder_module.REQUEST_LENGTHS), max(
-        decoder_module.REQUEST_LENGTHS), dtype=torch.int64)
-    for i in range(len(decoder_module.REQUEST_LENGTHS)):
+    padded = torch.zeros(len(decoder_module.SIZE.request_lengths), max(
+        decoder_module.SIZE.request_lengths), dtype=torch.int64)
+    for i in range(len(decoder_module.SIZE.request_lengths)):
         request = built.inputs[f"request{i}"][0]
         padded[i, :len(request)] = request
     with torch.no_grad():
@@ -127,7 +127,8 @@ def test_attention_backends_are_each_compared_with_math(decoder: dict[str, Any])
         assert check["backends"][name]["equal"] == bool(np.array_equal(
             other.view(np.int32), math.view(np.int32)))
     # The default path's choice, as torch reports it for these shapes.
-    q = torch.zeros(1, decoder_module.HEADS, decoder_module.SEQ, decoder_module.HEAD_DIM)
+    q = torch.zeros(1, decoder_module.SIZE.heads, decoder_module.SIZE.seq,
+                    decoder_module.SIZE.head_dim)
     choice = torch._fused_sdp_choice(q, q, q, None, 0.0, True)
     from torch.nn.attention import SDPBackend
 
