@@ -131,10 +131,12 @@ def encode_array(arr: np.ndarray, dtype: str) -> dict[str, str]:
 
 
 # The sketch plan of element i depends on i alone, so one plan per k, grown on demand
-# (only the new indices are computed), serves every size as a prefix view. Plans up to
-# _PLAN_KEEP elements stay cached (16 bytes each); a larger tensor gets a plan built
-# for it alone, as before.
-_PLAN_KEEP = 1 << 22
+# (only the new indices are computed), serves every size as a prefix view. A plan is
+# compact: the bucket in the smallest unsigned integer that holds k - 1 (one byte for
+# k = 256), the sign as an int8, so plans up to _PLAN_KEEP elements (128 MiB) stay
+# cached and a production-size suite (16-64 million elements a tensor) computes each
+# index once per process; a larger tensor gets a plan built for it alone.
+_PLAN_KEEP = 1 << 26
 _plans: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 _plans_lock = threading.Lock()
 
@@ -142,8 +144,8 @@ _plans_lock = threading.Lock()
 def _plan_segment(start: int, stop: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """h(i) and s(i) for start <= i < stop, computed in cache-sized blocks (the values
     are integer functions of i alone, so blocking changes nothing but the speed)."""
-    buckets = np.empty(stop - start, dtype=np.intp)
-    signs = np.empty(stop - start, dtype=np.float64)
+    buckets = np.empty(stop - start, dtype=np.min_scalar_type(k - 1))
+    signs = np.empty(stop - start, dtype=np.int8)
     for a in range(start, stop, _BLOCK):
         b = min(a + _BLOCK, stop)
         x = splitmix64(_SKETCH_KEY, np.arange(a, b, dtype=np.uint64))
@@ -153,14 +155,16 @@ def _plan_segment(start: int, stop: int, k: int) -> tuple[np.ndarray, np.ndarray
         else:
             high %= np.uint64(k)
         buckets[a - start : b - start] = high
-        signs[a - start : b - start] = np.where((x & np.uint64(1)) == 0, 1.0, -1.0)
+        signs[a - start : b - start] = 1 - 2 * (x & np.uint64(1)).astype(np.int8)
     return buckets, signs
 
 
 def sketch_plan(numel: int, k: int = SKETCH_K) -> tuple[np.ndarray, np.ndarray]:
-    """Bucket h(i) and sign s(i) of every element index i < numel (read-only views)."""
+    """Bucket h(i) and sign s(i) (+1 or -1) of every element index i < numel (read-only
+    views)."""
     with _plans_lock:
-        buckets, signs = _plans.get(k, (np.empty(0, np.intp), np.empty(0, np.float64)))
+        buckets, signs = _plans.get(k, (np.empty(0, np.min_scalar_type(k - 1)),
+                                        np.empty(0, np.int8)))
         if numel > buckets.size:
             # Rounded up, so a run of slightly larger tensors does not regrow each time.
             size = numel if numel > _PLAN_KEEP else min(_PLAN_KEEP, -(-numel // _BLOCK) * _BLOCK)
