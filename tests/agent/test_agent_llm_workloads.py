@@ -195,7 +195,7 @@ def test_on_a_gpu_every_backend_runs_alone_and_a_differing_one_is_named(monkeypa
     q, k, v = (torch.randn(1, 4, 24, 16, generator=torch.Generator().manual_seed(i))
                for i in range(3))
     recorder = Recorder()
-    found = decoder_module._backends((q, k, v), recorder)
+    found = decoder_module.attention_backends((q, k, v), recorder)
     assert [name for name, _kind, _t in recorder.tensors] == ["sdpa.math", "sdpa.flash",
                                                              "sdpa.cudnn"]
     assert found["backends"]["flash"] == {"equal": True, "max_ulp": 0, "max_rel": 0.0}
