@@ -23,6 +23,9 @@ so the first 1,000 nodes of a 10,000-node fleet are the 1,000-node fleet):
 - 1 % drift: the older run on the previous GPU driver (535), the newer on the current.
 - 2 % stale: the newest run 3 to 4 days old.
 - The lab's policy allows torch 2.13 only: nodes on 2.12.1 are policy violations.
+- ``Fleet(answers=N)``, N > 1: each environment comes in N builds (``env_vars``
+  ``NUMPARITY_BENCH_BUILD``), half the nodes on build 0; the build alone decides every
+  answer but fp64-reference's, so each key has N distinct answers.
 
 Loading: ``Loader`` ingests each node's runs in-process through
 ``numparity_server.runs.service.ingest_run`` with sessions of ``numparity_server.kit.db``

@@ -21,15 +21,24 @@ fleet was built to contain (suspects, watch, nondeterministic, stale, drift, pol
 violations, groups); a mismatch is printed and makes the exit code 1. On PostgreSQL the
 tables are vacuumed and analysed after each load, as autovacuum does in a running lab.
 
-    .venv/bin/python bench/analysis.py [--sizes 100 1000 10000] [--db sqlite|postgresql|both]
+Every request computes its answer: the server runs with the read cache and /metrics'
+cache off (``NUMPARITY_READ_CACHE_MAX_AGE_S=0``, ``NUMPARITY_METRICS_CACHE_SECONDS=0``).
+Beyond 10,000 nodes the fleet is loaded by bench/_bulk.py (copies of the real ingest's
+rows; bench/bulkcheck.py checks that they answer as the real ingest's do).
+
+    .venv/bin/python bench/analysis.py [--sizes 100 1000 10000 | --nodes 100000]
+        [--answers N] [--load ingest|bulk] [--db sqlite|postgresql|both]
         [--repeats 3] [--loaders 2] [--profile auto|always|never]
         [--postgres-url postgresql+psycopg://postgres@127.0.0.1:5432/test]
 
-Targets: /audit for 10,000 nodes <= 1 s on PostgreSQL; from 1,000 to 10,000 nodes
-each endpoint's time grows <= 12x. With ``--profile auto`` an endpoint that misses a
-target (or takes over 1 s) is profiled in-process at the largest size (cProfile around
-the service function): the time spent in each repository function, then the top 15
-cumulative entries of the whole call tree and of numparity's own functions.
+``--answers N``: every key but fp64-reference has N distinct answers, one per build
+(bench/_fleet.py). Targets: /audit for 10,000 nodes <= 1 s on PostgreSQL; from 1,000 to
+10,000 nodes each endpoint's time grows <= 12x; at 100,000 nodes on PostgreSQL every
+endpoint <= 1 s, and from 10,000 to 100,000 each grows <= 5x. With ``--profile auto``
+an endpoint that misses a target (or takes over 1 s) is profiled in-process at the
+largest size (cProfile around the service function): the time spent in each repository
+function, then the top 15 cumulative entries of the whole call tree and of numparity's
+own functions.
 """
 
 from __future__ import annotations
