@@ -23,6 +23,9 @@ so the first 1,000 nodes of a 10,000-node fleet are the 1,000-node fleet):
 - 1 % drift: the older run on the previous GPU driver (535), the newer on the current.
 - 2 % stale: the newest run 3 to 4 days old.
 - The lab's policy allows torch 2.13 only: nodes on 2.12.1 are policy violations.
+- ``Fleet(answers=N)``, N > 1: each environment comes in N builds (``env_vars``
+  ``NUMPARITY_BENCH_BUILD``), half the nodes on build 0; the build alone decides every
+  answer but fp64-reference's, so each key has N distinct answers.
 
 Loading: ``Loader`` ingests each node's runs in-process through
 ``numparity_server.runs.service.ingest_run`` with sessions of ``numparity_server.kit.db``
@@ -107,6 +110,9 @@ class EnvSpec:
     torch: str
     mkl: str  # MKL_CBWR, "" when unset
     driver: str  # "" without a GPU
+    # With ``Fleet(answers=N)``, N > 1: the node's build of the lab's libraries
+    # (``env_vars.NUMPARITY_BENCH_BUILD``), which alone decides its answers.
+    build: int = -1
 
     @property
     def weight(self) -> float:
@@ -120,6 +126,8 @@ def answer_key(spec: EnvSpec, workload: str, variant: str) -> tuple[str, ...]:
     """The environment attributes a result's numbers depend on."""
     if variant == "fp64-reference":
         return ()
+    if spec.build >= 0:
+        return (str(spec.build),)
     if variant == "strict":
         return (spec.torch, spec.mkl) if workload in ("transformer", "lstm") else (spec.torch,)
     if variant == "default":
@@ -154,9 +162,16 @@ class NodePlan:
 
 
 class Fleet:
-    def __init__(self, *, now: datetime, seed: int = 0, history: int = 0) -> None:
+    def __init__(self, *, now: datetime, seed: int = 0, history: int = 0,
+                 answers: int = 0) -> None:
+        """``answers`` > 1: every key but ``fp64-reference`` has that many distinct
+        answers, one per build (half the nodes on build 0, the usual answer; the others
+        spread evenly), each build an environment of its own."""
         self.now = now
         self.seed = seed
+        builds = range(answers) if answers > 1 else (-1,)
+        self.build_weight = {build: 0.5 if build == 0 else 0.5 / (answers - 1)
+                             for build in builds} if answers > 1 else {-1: 1.0}
         # Steady nodes' older hourly runs, the same answers (a lab's window of history).
         self.history = history
         template = suite_document("seed")
@@ -166,16 +181,20 @@ class Fleet:
         self.result_fields = [{k: v for k, v in r.items() if k != "tensors"}
                               for r in template["results"]]
         self.envs = sorted(
-            EnvSpec(gpu, version, mkl, GPUS[gpu]["driver"] if gpu in GPUS else "")
-            for gpu in GPU_WEIGHTS for version in TORCH_WEIGHTS for mkl in MKL_WEIGHTS)
-        self.weights = [spec.weight for spec in self.envs]
+            EnvSpec(gpu, version, mkl, GPUS[gpu]["driver"] if gpu in GPUS else "", build)
+            for gpu in GPU_WEIGHTS for version in TORCH_WEIGHTS for mkl in MKL_WEIGHTS
+            for build in builds)
+        self.weights = [self.weight(spec) for spec in self.envs]
         self.gpu_envs = [spec for spec in self.envs if spec.gpu != "cpu"]
-        self.heavy = sorted(self.envs, key=lambda spec: -spec.weight)[:3]
+        self.heavy = sorted(self.envs, key=lambda spec: -self.weight(spec))[:3]
         every = [*self.envs, *(replace(spec, driver=PREVIOUS_DRIVER) for spec in self.gpu_envs)]
         self.environments = {spec: self._environment(spec) for spec in every}
         self.answers: dict[tuple[str, str, tuple[str, ...]], Answer] = {}
         self.faulty: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
         self._make_answers(every)
+
+    def weight(self, spec: EnvSpec) -> float:
+        return spec.weight * self.build_weight[spec.build]
 
     # -- what the nodes compute --------------------------------------------------------
 
@@ -187,8 +206,11 @@ class Fleet:
                                     cuda="12.4" if gpu else None,
                                     cudnn=90100 if gpu else None)
         env_vars = {k: v for k, v in environment["env_vars"].items() if k != "MKL_CBWR"}
-        environment["env_vars"] = dict(sorted({**env_vars, **({"MKL_CBWR": spec.mkl}
-                                                               if spec.mkl else {})}.items()))
+        if spec.mkl:
+            env_vars["MKL_CBWR"] = spec.mkl
+        if spec.build >= 0:
+            env_vars["NUMPARITY_BENCH_BUILD"] = str(spec.build)
+        environment["env_vars"] = dict(sorted(env_vars.items()))
         environment["gpus"] = [
             {"index": index, "name": gpu["name"], "compute_capability": gpu["compute_capability"],
              "sm_count": gpu["sm_count"], "memory_bytes": gpu["memory_bytes"], "uuid": None,
@@ -244,7 +266,7 @@ class Fleet:
         if role in ("suspect", "watch"):
             env = self.heavy[index % len(self.heavy)]
         elif role == "drift":
-            env = rng.choices(self.gpu_envs, [spec.weight for spec in self.gpu_envs])[0]
+            env = rng.choices(self.gpu_envs, [self.weight(spec) for spec in self.gpu_envs])[0]
         else:
             env = rng.choices(self.envs, self.weights)[0]
         latest = self.now - timedelta(minutes=rng.uniform(5, 55))
@@ -417,12 +439,18 @@ class Loader:
         self.sent: set[str] = set()
         self.runs = 0
 
-    def load(self, start: int, stop: int, chunk: int = 50) -> Loaded:
-        global _FLEET
+    def load(self, start: int, stop: int) -> Loaded:
         began = time.monotonic()
         runs_before = self.runs
+        self.ingest(range(start, stop))
+        return Loaded(stop - start, self.runs - runs_before, time.monotonic() - began)
+
+    def ingest(self, indices: Sequence[int], chunk: int = 50) -> None:
+        """The runs of these nodes through the real ingest, in worker processes once every
+        manifest they use is stored."""
+        global _FLEET
         later = []
-        for index in range(start, stop):
+        for index in indices:
             plan = self.fleet.node(index)
             if self._known(plan):
                 later.append(index)
@@ -439,13 +467,12 @@ class Loader:
                     for document, received in self.fleet.documents(self.fleet.node(index), None):
                         ingest_received(session, document, received)
                         self.runs += 1
-        else:
+        elif chunks:
             self.engine.dispose()  # no pooled connection crosses the fork
             _FLEET = self.fleet
             context = multiprocessing.get_context("fork")
             with context.Pool(self.processes, _start_worker, (self.url,)) as pool:
                 self.runs += sum(pool.imap_unordered(_load_nodes, chunks))
-        return Loaded(stop - start, self.runs - runs_before, time.monotonic() - began)
 
     def _known(self, plan: NodePlan) -> bool:
         """Whether every manifest of the node's runs is on the server already."""

@@ -56,12 +56,17 @@ def answer_counts(session: Session, *, suite: str) -> list[tuple[str, str, str, 
 
 def node_names(session: Session, *, suite: str, limit: int, offset: int
                ) -> tuple[list[str], int]:
-    """A page of the names of the nodes with a newest result in ``suite``, and how many."""
-    having = select(Latest.node_id).where(Latest.suite == suite).distinct().subquery()
-    total = session.scalar(select(func.count()).select_from(having)) or 0
+    """A page of the names of the nodes with a newest result in ``suite``, and how many.
+
+    Both walk ``nodes`` and ask ``latest`` only whether the node has a row (its unique
+    key leads with ``node_id``): the page stops after ``offset + limit`` names in name
+    order, instead of collecting the distinct nodes of every latest result first (36 a
+    node) — at 100,000 nodes that was most of the fleet page's time."""
+    held = (select(Latest.id).where(Latest.node_id == Node.id, Latest.suite == suite)
+            .exists())
+    total = session.scalar(select(func.count()).select_from(Node).where(held)) or 0
     names = session.scalars(
-        select(Node.name).where(Node.id.in_(select(having.c.node_id)))
-        .order_by(Node.name).limit(limit).offset(offset)
+        select(Node.name).where(held).order_by(Node.name).limit(limit).offset(offset)
     ).all()
     return list(names), total
 
