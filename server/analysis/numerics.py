@@ -51,7 +51,7 @@ class Break:
 @dataclass(frozen=True)
 class Verdict:
     holds: bool
-    op: str | None  # "workload: op" of the first break (None when it holds or says none)
+    op: str | None  # "workload: op" of the first break (None: it holds, or names none)
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def _verdict(name: str, seen: set[str], breaks: list[Break]) -> Verdict | None:
     first = next((b for b in breaks if b.check == name), None)
     if first is None:
         return Verdict(True, None)
-    return Verdict(False, f"{first.workload}: {first.op}" if first.op else first.workload)
+    return Verdict(False, f"{first.workload}: {first.op}" if first.op else None)
 
 
 def check_holds(checks: Mapping[str, Mapping[str, Any]] | None, name: str) -> bool | None:
