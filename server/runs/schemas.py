@@ -13,7 +13,7 @@ import functools
 import hashlib
 import math
 from datetime import datetime, timezone
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -253,25 +253,32 @@ class TensorEntry(_Wire):
 _FULL_FIELDS = ("dtype", "shape", "stats", "sketch", "sample", "values")
 
 
-class CheckDoc(BaseModel):
+class _FreeForm(BaseModel):
+    """A section whose other fields are kept as sent, bounded by ``check_free_form``."""
+
+    max_values: ClassVar[int]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            check_free_form(value, max_values=cls.max_values)
+        return value
+
+
+class CheckDoc(_FreeForm):
     """One self-consistency check of a result: two ways of computing the same numbers
     compared bit for bit, the distance when they differ, and the operation (module,
     backend, probe) where they first part. Other fields (the decoder's per-backend
     verdicts, the skipped backends) are kept as sent, bounded like knobs."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
+    max_values = MAX_CHECK_VALUES
 
     equal: bool
     max_ulp: int | None = Field(default=None, ge=0, le=INT64_MAX)
     max_rel: float | None = Field(default=None, ge=0)
     op: str | None = Field(default=None, max_length=255)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _bounded(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            check_free_form(value, max_values=MAX_CHECK_VALUES)
-        return value
 
 
 class ResultDoc(_Wire):
@@ -333,19 +340,13 @@ class NodeDoc(_Wire):
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
 
 
-class EnvironmentDoc(BaseModel):
+class EnvironmentDoc(_FreeForm):
     """The environment document: free-form, but keyed by ``env_key`` (design §2.5)."""
 
     model_config = ConfigDict(extra="allow")
+    max_values = MAX_ENVIRONMENT_VALUES
 
     env_key: str = Field(pattern=SHA256_HEX)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _bounded(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            check_free_form(value, max_values=MAX_ENVIRONMENT_VALUES)
-        return value
 
 
 def check_free_form(section: dict[str, Any], *, max_values: int) -> None:
