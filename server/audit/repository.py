@@ -131,18 +131,24 @@ def nodes_holding(session: Session, outcome_ids: Iterable[int]
 
 
 def newest_run_ids(session: Session, node_ids: Sequence[int]) -> dict[int, str]:
-    """node id → run_id of the newest run holding one of its latest results."""
-    newest: dict[int, tuple[Any, str]] = {}
+    """node id → run_id of the newest run holding one of its latest results (by order
+    time, then run_id).
+
+    Only the latest rows at each node's newest order time are joined to their results
+    and runs (one run's worth a node), so the cost follows these nodes, not the history.
+    """
+    found: dict[int, str] = {}
     for part in chunked(sorted(set(node_ids))):
-        for node_id, started_at, run_id in session.execute(
-            select(Latest.node_id, Latest.started_at, Run.run_id)
+        newest = (select(Latest.node_id, func.max(Latest.started_at).label("at"))
+                  .where(Latest.node_id.in_(part)).group_by(Latest.node_id).subquery())
+        found.update((int(node_id), run_id) for node_id, run_id in session.execute(
+            select(Latest.node_id, func.max(Run.run_id))
+            .join(newest, (newest.c.node_id == Latest.node_id)
+                  & (newest.c.at == Latest.started_at))
             .join(Result, Result.id == Latest.result_id)
             .join(Run, Run.id == Result.run_pk)
-            .where(Latest.node_id.in_(part))
-        ):
-            if node_id not in newest or (started_at, run_id) > newest[node_id]:
-                newest[node_id] = (started_at, run_id)
-    return {node_id: run_id for node_id, (_started, run_id) in newest.items()}
+            .group_by(Latest.node_id)))
+    return found
 
 
 def run_ids_holding(session: Session, pairs: Iterable[tuple[int, int]]
@@ -166,6 +172,18 @@ def run_ids_holding(session: Session, pairs: Iterable[tuple[int, int]]
             .where(Result.id.in_(part))
         ))
     return {pair: runs[result_id] for pair, result_id in firsts.items()}
+
+
+def devices_holding(session: Session, outcome_ids: Iterable[int]) -> list[tuple[int, int, int]]:
+    """(device_id, environment_id, outcome_id) of each latest result of these outcomes:
+    ``latest`` alone, through its index on outcome_id, for callers that need no node
+    name or run."""
+    found: list[tuple[int, int, int]] = []
+    for part in chunked(sorted(set(outcome_ids))):
+        found.extend(session.execute(
+            select(Latest.device_id, Latest.environment_id, Latest.outcome_id)
+            .where(Latest.outcome_id.in_(part))).tuples())
+    return found
 
 
 def latest_holding(session: Session, outcome_ids: Iterable[int]) -> Sequence[Any]:
