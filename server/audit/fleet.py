@@ -86,9 +86,9 @@ def read_history(session: Session, strict: Sequence[Held],
     unusual_now = {(h.environment, h.outcome.id) for h in strict
                    if usual[(h.environment, held_key(h))].manifest_hash
                    != h.outcome.manifest_hash}
-    candidates = {row.device_id for row in repository.latest_holding(
+    candidates = {device for device, env_id, outcome in repository.devices_holding(
                       session, {outcome for _env, outcome in unusual_now})
-                  if (row.environment_id, row.outcome_id) in unusual_now}
+                  if (env_id, outcome) in unusual_now}
     candidates |= repository.devices_with_unusual_answers(
         session, usual_manifests=[found.manifest_hash for found in usual.values()],
         since=since)

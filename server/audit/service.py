@@ -159,8 +159,8 @@ def _suspects(session: Session, fleet: Fleet, env_keys: Mapping[int, str]) -> li
     deviant = [h.outcome.id for h in fleet.strict
                if (h.environment, h.outcome.manifest_hash) in answers]
     manifest_of = {h.outcome.id: h.outcome.manifest_hash for h in fleet.strict}
-    current = {(row.device_id, row.environment_id, manifest_of[row.outcome_id])
-               for row in repository.latest_holding(session, deviant)}
+    current = {(device, env_id, manifest_of[outcome])
+               for device, env_id, outcome in repository.devices_holding(session, deviant)}
     labels = {pk: DeviceLabel(row.slot, row.uuid, row.serial, row.pci_bus_id, row.name)
               for pk, row in fleet.history.devices.items()}
     return classify_suspects(deviations(fleet.history, judged), majority, env_keys,

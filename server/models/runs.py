@@ -97,13 +97,19 @@ class Latest(Base):
     outcome, the run's environment, the wall time), so /audit and /divergence aggregate
     this one table instead of joining 10,000 nodes' results and runs. The copies change
     only with ``result_id``; an outcome cannot go while its result refers to it, and the
-    row goes with the result, so ``outcome_id`` needs no foreign key (nor its index).
+    row goes with the result, so ``outcome_id`` needs no foreign key.
+
+    ``outcome_id`` is indexed all the same, for /audit's "who holds these outcomes"
+    (migration 0013). That keeps uploads' updates HOT: PostgreSQL compares an indexed
+    column's old and new values, and ``outcome_id`` changes only when the node's answer
+    for the key does, which a node that keeps its answers never does.
     """
 
     __tablename__ = "latest"
     __table_args__ = (
         UniqueConstraint("node_id", "device_id", "suite", "workload", "variant"),
         Index("ix_latest_key", "suite", "workload", "variant"),
+        Index("ix_latest_outcome_id", "outcome_id"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)

@@ -7,6 +7,7 @@ import io
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from helpers.documents import at, run_document
 from helpers.documents import audit_document as document
 
 from numparity_server.analysis.node_status import STATUSES
@@ -104,6 +105,21 @@ def test_stale_nodes(fleet):
     assert fresh.stale == []
     assert len(later.stale) == 9 and later.stale[0].hours_since >= 2.9
     assert later.summary.stale == 9
+
+
+def test_a_stale_nodes_last_run_is_its_newest_whatever_the_upload_order(api):
+    # The newer run, sent first by a spool, ran default alone: the older, uploaded last,
+    # still holds the node's latest strict results.
+    newer = run_document("sleeper", started_at=at(2), variants=("default",))
+    older = document("sleeper", 5)
+    assert api.post_run(newer).status_code == 201
+    assert api.post_run(older).status_code == 201
+    engine = get_engine(api.settings)
+    with session_factory(engine)() as session:
+        report = service.audit(session=session, policy=Policy(stale_after_hours=1),
+                               now=datetime.now(timezone.utc) + timedelta(hours=3))
+    assert [(row.node, row.last_run_id) for row in report.stale] == [
+        ("sleeper", newer["run_id"])]
 
 
 @pytest.mark.parametrize("policy, hours_later", [
