@@ -439,7 +439,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, help="keep the database and spools here")
     args = parser.parse_args(argv)
 
-    previous = signal.signal(signal.SIGTERM, _raise_stopped), signal.getsignal(signal.SIGINT)
+    # Ctrl-C stops the demo even when it was started with SIGINT ignored (a job put in
+    # the background by a non-interactive shell inherits that, and Python then never
+    # raises KeyboardInterrupt).
+    previous = (signal.signal(signal.SIGTERM, _raise_stopped),
+                signal.signal(signal.SIGINT, signal.default_int_handler))
     try:
         return _demo(args)
     except (KeyboardInterrupt, Stopped) as stop:

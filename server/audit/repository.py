@@ -126,7 +126,7 @@ def nodes_holding(session: Session, outcome_ids: Iterable[int]
         found.extend(session.execute(
             select(Node.name, Latest.environment_id, Latest.outcome_id)
             .join(Node, Node.id == Latest.node_id)
-            .where(Latest.outcome_id.in_(part))).tuples())
+            .where(Latest.outcome_id.in_(part))).all())
     return found
 
 
@@ -188,7 +188,7 @@ def devices_holding(session: Session, outcome_ids: Iterable[int]) -> list[tuple[
     for part in chunked(sorted(set(outcome_ids))):
         found.extend(session.execute(
             select(Latest.device_id, Latest.environment_id, Latest.outcome_id)
-            .where(Latest.outcome_id.in_(part))).tuples())
+            .where(Latest.outcome_id.in_(part))).all())
     return found
 
 
