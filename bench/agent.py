@@ -240,8 +240,9 @@ def main() -> int:
             wall = per_variant_s.get((slot, variant), float("nan"))
             print(f"  {variant:<16} {wall:7.2f} s  ({counts}){note}")
         print(
-            f"{slot}, per workload: wall_s from the document (mean of one of "
-            f"{args.repeats} runs, building and fingerprinting excluded), by variant"
+            f"{slot}, per workload: wall_s from the document (one run: the median of "
+            f"the {args.repeats} repeats after the first, a warm-up; building and "
+            "fingerprinting excluded), by variant"
         )
         print(
             "  "
