@@ -121,12 +121,16 @@ def outcomes(session: Session, ids: Iterable[int]) -> dict[int, Any]:
 def nodes_holding(session: Session, outcome_ids: Iterable[int]
                   ) -> list[tuple[str, int, int]]:
     """(node name, environment_id, outcome_id) of each latest result of these outcomes."""
-    found: list[tuple[str, int, int]] = []
+    return _of_outcomes(session, select(Node.name, Latest.environment_id, Latest.outcome_id)
+                        .join(Node, Node.id == Latest.node_id), outcome_ids)
+
+
+def _of_outcomes(session: Session, query: Any, outcome_ids: Iterable[int]) -> list[Any]:
+    """``query``'s rows for the latest results of these outcomes, a chunk of ids at a time
+    (``latest`` is found through its index on outcome_id)."""
+    found: list[Any] = []
     for part in chunked(sorted(set(outcome_ids))):
-        found.extend(session.execute(
-            select(Node.name, Latest.environment_id, Latest.outcome_id)
-            .join(Node, Node.id == Latest.node_id)
-            .where(Latest.outcome_id.in_(part))).all())
+        found.extend(session.execute(query.where(Latest.outcome_id.in_(part))).all())
     return found
 
 
@@ -184,12 +188,8 @@ def devices_holding(session: Session, outcome_ids: Iterable[int]) -> list[tuple[
     """(device_id, environment_id, outcome_id) of each latest result of these outcomes:
     ``latest`` alone, through its index on outcome_id, for callers that need no node
     name or run."""
-    found: list[tuple[int, int, int]] = []
-    for part in chunked(sorted(set(outcome_ids))):
-        found.extend(session.execute(
-            select(Latest.device_id, Latest.environment_id, Latest.outcome_id)
-            .where(Latest.outcome_id.in_(part))).all())
-    return found
+    return _of_outcomes(session, select(Latest.device_id, Latest.environment_id,
+                                        Latest.outcome_id), outcome_ids)
 
 
 class Holding(NamedTuple):
