@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class WallTime:
-    """The wall times of ``nodes`` devices' latest results of one outcome, as sums (so
-    several outcomes of one key add up): of the times, their squares, and the agents'
-    spreads over the ``spreads`` devices that sent one."""
+    """The wall times of ``nodes`` devices' latest results of one outcome, as means that
+    are weighted by their counts when several outcomes of one key add up: of the times,
+    of their squares, and of the agents' spreads over the ``spreads`` devices that sent
+    one."""
 
     environment: int
     workload: str
