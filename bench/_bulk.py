@@ -31,9 +31,11 @@ from typing import Any
 from _fleet import Fleet, Loaded, Loader, NodePlan
 from psycopg.types.json import Json
 from sqlalchemy import Connection, Table, func, select, text
+from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import is_sqlite
 from numparity_server.models import Device, Latest, Node, Result, Run
+from numparity_server.runs import counts
 from numparity_server.runs.service import document_sha256
 
 TABLES: tuple[Table, ...] = tuple(model.__table__ for model in (Node, Run, Device, Result,
@@ -80,6 +82,10 @@ class BulkLoader:
         copied = [plan for plan in plans if plan.index not in real]
         for part in range(0, len(copied), CHUNK_NODES):
             self.loader.runs += self._copy(copied[part:part + CHUNK_NODES])
+        if copied:
+            # The copies' latest rows went in beside ingest: count them as it would have.
+            with Session(self.loader.engine) as session, session.begin():
+                counts.rebuild(session)
         return Loaded(stop - start, self.loader.runs - runs_before, time.monotonic() - began)
 
     def _needs_ingest(self, plan: NodePlan) -> bool:

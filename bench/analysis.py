@@ -276,7 +276,7 @@ def sqlite_database(workdir: Path) -> Iterator[str]:
 
 
 @contextmanager
-def postgres_database(base_url: str) -> Iterator[str]:
+def postgres_database(base_url: str, keep: bool = False) -> Iterator[str]:
     import psycopg
     from sqlalchemy import make_url
 
@@ -285,12 +285,16 @@ def postgres_database(base_url: str) -> Iterator[str]:
     name = f"numparity_bench_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
+    url = base.set(drivername="postgresql+psycopg", database=name).render_as_string(
+        hide_password=False)
     try:
-        yield base.set(drivername="postgresql+psycopg", database=name).render_as_string(
-            hide_password=False)
+        yield url
     finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if keep:
+            print(f"kept: {url} (drop it with DROP DATABASE \"{name}\")", flush=True)
+        else:
+            with psycopg.connect(admin_dsn, autocommit=True) as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def vacuum_analyze(url: str) -> None:
@@ -463,6 +467,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--history", type=int, default=0,
                         help="older hourly runs of every steady node (default 0)")
+    parser.add_argument("--keep-database", action="store_true",
+                        help="leave PostgreSQL's database in place and print its URL (to "
+                             "profile or query the fleet afterwards)")
     parser.add_argument("--postgres-url",
                         default=os.environ.get("NUMPARITY_TEST_DATABASE_URL",
                                                "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
@@ -491,7 +498,7 @@ def main() -> int:
             if args.db not in (db, "both"):
                 continue
             database = (sqlite_database(workdir) if db == "sqlite"
-                        else postgres_database(args.postgres_url))
+                        else postgres_database(args.postgres_url, args.keep_database))
             with database as url:
                 found, report = scenario(db, url, fleet, args, workdir)
             rows += found

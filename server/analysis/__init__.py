@@ -18,12 +18,12 @@ from .environment import (
     short_difference,
 )
 from .fingerprint import Fingerprint, fingerprint_from_wire
-from .groups import Group, Member, group_members
+from .groups import Answer, Counted, Group, Member, counted, group_answers, group_members
 from .judge import Judgement, judge
 from .layers import compare_manifests, first_divergent_layer, first_nonfinite, largest_jump
 from .origin import Origins, no_trace_note, origin_ops
 from .pairs import COMPARISON_VERSION, ComparisonRecord
-from .report import DivergencePlan, PairsMode, divergence_report, plan_divergence
+from .report import DivergencePlan, PairsMode, divergence_report, plan_divergence, plan_groups
 from .tolerance import DEFAULT_TOLERANCES, Tolerance, default_tolerance
 from .trace import Trace, trace_from_body
 from .ulp import ulp_distance
@@ -37,8 +37,10 @@ __all__ = [
     "SEVERITY",
     "UNSET",
     "VERDICTS",
+    "Answer",
     "Comparison",
     "ComparisonRecord",
+    "Counted",
     "DivergencePlan",
     "Fingerprint",
     "Group",
@@ -54,6 +56,7 @@ __all__ = [
     "fleet_inputs",
     "compare",
     "compare_manifests",
+    "counted",
     "decode_array",
     "default_tolerance",
     "divergence_report",
@@ -64,6 +67,7 @@ __all__ = [
     "first_nonfinite",
     "fingerprint_from_wire",
     "flatten_environment",
+    "group_answers",
     "group_members",
     "json_safe",
     "judge",
@@ -71,6 +75,7 @@ __all__ = [
     "no_trace_note",
     "origin_ops",
     "plan_divergence",
+    "plan_groups",
     "rank_attributes",
     "result_verdict",
     "separating_attributes",

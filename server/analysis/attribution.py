@@ -19,9 +19,9 @@ def flatten_members(groups: Sequence[Group]) -> Flattened:
     has a few dozen environments)."""
     flattened: Flattened = {}
     for group in groups:
-        for member in group.members:
-            if member.env_key not in flattened:
-                flattened[member.env_key] = flatten_environment(member.environment)
+        for env_key, document in group.environments.items():
+            if env_key not in flattened:
+                flattened[env_key] = flatten_environment(document)
     return flattened
 
 
@@ -30,8 +30,7 @@ def _env_counts(groups: Sequence[Group], flattened: Flattened | None
     """Members per (group, env_key), the flattened environments and every attribute name."""
     if flattened is None:
         flattened = flatten_members(groups)
-    counts = {group.id: Counter(member.env_key for member in group.members)
-              for group in groups}
+    counts = {group.id: Counter(group.env_counts) for group in groups}
     names = sorted({name for envs in counts.values() for env in envs
                     for name in flattened[env]})
     return counts, flattened, names
@@ -53,8 +52,7 @@ def separating_attributes(a: Group, b: Group, *, flattened: Flattened | None = N
     """
     if flattened is None:
         flattened = flatten_members([a, b])
-    return separating_environments({member.env_key for member in a.members},
-                                   {member.env_key for member in b.members}, flattened)
+    return separating_environments(set(a.env_counts), set(b.env_counts), flattened)
 
 
 def separating_environments(envs_a: Collection[str], envs_b: Collection[str],

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -43,14 +44,48 @@ class Member:
 
 
 @dataclass(frozen=True)
+class Counted:
+    """What a group holds beyond the members it lists, when it lists only the first of
+    them (a fleet read from its counts): how many members, how many not on a node's CPU,
+    members per environment and those environments' documents."""
+
+    size: int
+    devices: int
+    env_counts: Mapping[str, int] = field(hash=False)
+    environments: Mapping[str, dict[str, Any]] = field(hash=False)
+
+
+@dataclass(frozen=True)
 class Group:
+    """One answer of the key and the members giving it: all of them, or with ``counted``
+    the first ones by node name (and ``counted`` says how many there are in all)."""
+
     id: int
     hash: str
     members: tuple[Member, ...]
+    counted: Counted | None = None
 
     @property
     def nodes(self) -> list[str]:
         return sorted(member.node for member in self.members)
+
+    @property
+    def size(self) -> int:
+        return self.counted.size if self.counted else len(self.members)
+
+    @cached_property
+    def env_counts(self) -> Mapping[str, int]:
+        """Members per environment (env_key)."""
+        if self.counted:
+            return self.counted.env_counts
+        return Counter(member.env_key for member in self.members)
+
+    @cached_property
+    def environments(self) -> Mapping[str, dict[str, Any]]:
+        """env_key → the environment's document, for every environment of the group."""
+        if self.counted:
+            return self.counted.environments
+        return {member.env_key: member.environment for member in self.members}
 
     @cached_property
     def representative(self) -> Member:
@@ -69,16 +104,16 @@ class Group:
         ordered = sorted(self.members, key=lambda m: (m.node, m.device))
         devices = [{"node": member.node, "device": member.device}
                    for member in ordered if member.device != "cpu"]
-        env_keys = sorted({member.env_key for member in self.members})
+        env_keys = sorted(self.env_counts)
         cut = slice(None if members_limit is None else max(members_limit, 0))
         return {
             "id": self.id,
             "hash": self.hash,
-            "size": len(self.members),
+            "size": self.size,
             "nodes": [member.node for member in ordered][cut],
-            "nodes_total": len(ordered),
+            "nodes_total": self.size,
             "devices": devices[cut],
-            "devices_total": len(devices),
+            "devices_total": self.counted.devices if self.counted else len(devices),
             "env_keys": env_keys[cut],
             "env_keys_total": len(env_keys),
             "representative": {"node": representative.node, "run_id": representative.run_id,
@@ -119,3 +154,62 @@ def group_members(members: Sequence[Member], tensor: str | None
         for index, digest in enumerate(ordered, start=1)
     ]
     return groups, sorted(without)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Latest results of one outcome in one environment on one device model, counted
+    (a ``latest_counts`` row): what a fleet's /divergence groups without its members."""
+
+    outcome: int
+    tensors: tuple[tuple[str, str, str], ...]
+    manifest: str
+    env_key: str
+    environment: dict[str, Any] = field(hash=False)
+    environment_id: int = 0
+    devices: int = 1
+    first_node: str = ""
+    slot: str = "cpu"
+    trace: str | None = None  # the outcome's op trace, when it was traced
+    workload_version: int | None = None
+    input_hash: str | None = None
+    param_hash: str | None = None
+
+    @property
+    def support(self) -> consensus.Support:
+        return consensus.Support(self.devices, self.first_node)
+
+    def tensor_hash(self, name: str) -> str | None:
+        for tensor_name, _kind, digest in self.tensors:
+            if tensor_name == name:
+                return digest
+        return None
+
+
+def group_answers(answers: Sequence[Answer], tensor: str | None
+                  ) -> tuple[list[tuple[str, list[Answer]]], list[Answer]]:
+    """``group_members`` of counted answers: (hash, its answers) in ``consensus.ranked``
+    order (the members' counts added up), and the answers without ``tensor``."""
+    by_hash: dict[str, list[Answer]] = {}
+    without: list[Answer] = []
+    for answer in answers:
+        digest = answer.manifest if tensor is None else answer.tensor_hash(tensor)
+        if digest is None:
+            without.append(answer)
+        else:
+            by_hash.setdefault(digest, []).append(answer)
+    ordered = consensus.ranked({
+        digest: consensus.tally(("", answer.support) for answer in group)[""]
+        for digest, group in by_hash.items()})
+    return [(digest, by_hash[digest]) for digest in ordered], without
+
+
+def counted(answers: Sequence[Answer]) -> Counted:
+    """What the members of these answers add up to."""
+    env_counts: Counter[str] = Counter()
+    for answer in answers:
+        env_counts[answer.env_key] += answer.devices
+    return Counted(size=sum(answer.devices for answer in answers),
+                   devices=sum(answer.devices for answer in answers if answer.slot != "cpu"),
+                   env_counts=env_counts,
+                   environments={answer.env_key: answer.environment for answer in answers})

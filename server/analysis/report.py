@@ -73,6 +73,7 @@ class DivergencePlan:
     fp64: dict[int, str] = field(default_factory=dict)  # group id -> its judgement's key
     reference: str | None = None  # the float64 answer's hash
     baseline: str | None = None  # the strict CPU answer's hash
+    without_total: int | None = None  # members without the tensor (None: len(without))
 
     def keys(self) -> set[str]:
         """Every comparison the report shows, by key."""
@@ -141,8 +142,7 @@ class DivergencePlan:
         flattened = flatten_members(self.groups)
         # Attribution reads the members' environments: made per request (a few dozen
         # environments, not the nodes), never kept with the comparison.
-        envs = {group.id: {member.env_key for member in group.members}
-                for group in self.groups}
+        envs = {group.id: set(group.env_counts) for group in self.groups}
         pairs = []
         skipped = False
         for pair in self.pairs:
@@ -170,7 +170,8 @@ class DivergencePlan:
             "pairs": pairs,
             "attribution": rank_attributes(self.groups, flattened=flattened),
             "members_without_tensor": self.without[cut],
-            "members_without_tensor_total": len(self.without),
+            "members_without_tensor_total": (len(self.without) if self.without_total is None
+                                             else self.without_total),
             "origin_note": ("origin ops only for the pairs with the baseline (group 1); "
                             "the other pairs of this page have theirs on request")
                            if skipped else None,
@@ -214,6 +215,21 @@ def plan_divergence(
     answer's hash).
     """
     groups, without = group_members(members, tensor)
+    return plan_groups(groups, without, tensor=tensor, workload=workload,
+                       policy_version=policy_version, pairs=pairs, limit=limit, offset=offset,
+                       origins=origins, traced=traced, reference=reference, baseline=baseline)
+
+
+def plan_groups(
+    groups: list[Group], without: list[str], *, tensor: str | None, workload: str,
+    policy_version: str, pairs: PairsMode = "baseline", limit: int | None = None,
+    offset: int = 0, origins: bool = False, traced: bool = True,
+    reference: str | None = None, baseline: str | None = None,
+    without_total: int | None = None,
+) -> DivergencePlan:
+    """``plan_divergence`` of groups already made (ids 1..n in ``consensus.ranked``
+    order): a fleet read from its counts lists only the first members of each group and
+    of ``without`` (``without_total`` then says how many lack the tensor)."""
     if pairs == "baseline":
         total = max(len(groups) - 1, 0)
         chosen = [(groups[0], group) for group in groups[1 + offset:][:limit]]
@@ -234,7 +250,7 @@ def plan_divergence(
                                    workload=workload, policy_version=policy_version)
                 for group in groups}
     return DivergencePlan(tensor, groups, without, [planned(a, b) for a, b in chosen], pairs,
-                          total, traced, fp64, reference, baseline)
+                          total, traced, fp64, reference, baseline, without_total)
 
 
 def _matrix_page(groups: Sequence[Group], offset: int, limit: int | None

@@ -12,8 +12,17 @@ from sqlalchemy import Integer, cast, func, select, true
 from sqlalchemy.orm import Session, aliased
 
 from numparity_server.analysis.consensus import Support
-from numparity_server.kit.db import chunked, codepoint_order, lookup
-from numparity_server.models import Device, Environment, Latest, Node, Outcome, Result, Run
+from numparity_server.kit.db import chunked, lookup
+from numparity_server.models import (
+    Device,
+    Environment,
+    Latest,
+    LatestCount,
+    Node,
+    Outcome,
+    Result,
+    Run,
+)
 
 STRICT = "strict"
 _KEY = (Outcome.suite, Outcome.workload, Outcome.workload_version, Outcome.device)
@@ -44,18 +53,16 @@ def environments(session: Session) -> Sequence[Any]:
 
 
 def latest_by_outcome(session: Session) -> Sequence[Any]:
-    """The fleet's latest results in a few hundred rows: (environment_id, outcome_id,
-    device model, devices, first node name, then the wall times: summed, their squares
-    summed, how many, the spreads summed, how many)."""
+    """The fleet's latest results in a few hundred rows, as ingest counts them
+    (``latest_counts``): (environment_id, outcome_id, device model, devices, first node
+    name, then the wall times: summed, their squares summed, how many, the spreads
+    summed, how many)."""
     return session.execute(
-        select(Latest.environment_id, Latest.outcome_id, Device.model, func.count(),
-               func.min(codepoint_order(session, Node.name)),
-               func.sum(Latest.wall_s), func.sum(Latest.wall_s * Latest.wall_s),
-               func.count(Latest.wall_s), func.sum(Latest.wall_s_spread),
-               func.count(Latest.wall_s_spread))
-        .join(Node, Node.id == Latest.node_id)
-        .join(Device, Device.id == Latest.device_id)
-        .group_by(Latest.environment_id, Latest.outcome_id, Device.model)
+        select(LatestCount.environment_id, LatestCount.outcome_id, LatestCount.model,
+               LatestCount.devices, LatestCount.first_node, LatestCount.wall_sum,
+               LatestCount.wall_sq_sum, LatestCount.walls, LatestCount.spread_sum,
+               LatestCount.spreads)
+        .where(LatestCount.devices > 0)
     ).all()
 
 

@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import chunked, codepoint_order
-from numparity_server.models import Device, Latest, Node, Outcome, Result, Run
+from numparity_server.models import Device, Latest, LatestCount, Node, Outcome, Result, Run
 
 
 @dataclass(frozen=True)
@@ -41,15 +41,15 @@ def answer_counts(session: Session, *, suite: str) -> list[tuple[str, str, str, 
     first node name) of the newest ok results, one row per distinct answer (a few
     hundred rows however many nodes). A node's eight identical GPUs count eight."""
     rows = session.execute(
-        select(Outcome.workload, Outcome.variant, Device.model, Outcome.manifest_hash,
-               func.count(), func.min(codepoint_order(session, Node.name)))
-        .select_from(Latest)
-        .join(Outcome, Outcome.id == Latest.outcome_id)
-        .join(Node, Node.id == Latest.node_id)
-        .join(Device, Device.id == Latest.device_id)
-        .where(Latest.suite == suite, Outcome.status == "ok",
+        select(Outcome.workload, Outcome.variant, LatestCount.model, Outcome.manifest_hash,
+               func.sum(LatestCount.devices),
+               func.min(codepoint_order(session, LatestCount.first_node)))
+        .select_from(LatestCount)
+        .join(Outcome, Outcome.id == LatestCount.outcome_id)
+        .where(LatestCount.suite == suite, LatestCount.devices > 0, Outcome.status == "ok",
                Outcome.manifest_hash.is_not(None))
-        .group_by(Outcome.workload, Outcome.variant, Device.model, Outcome.manifest_hash)
+        .group_by(Outcome.workload, Outcome.variant, LatestCount.model,
+                  Outcome.manifest_hash)
     ).all()
     return [tuple(row) for row in rows]  # type: ignore[misc]
 
@@ -97,14 +97,17 @@ def latest_cells(session: Session, *, suite: str, nodes: Collection[str]) -> lis
 def columns(session: Session, *, suite: str) -> list[tuple[str, str]]:
     """Every (workload, variant) of ``suite`` some node has a newest result of."""
     rows = session.execute(
-        select(Latest.workload, Latest.variant).where(Latest.suite == suite).distinct())
+        select(LatestCount.workload, LatestCount.variant)
+        .where(LatestCount.suite == suite, LatestCount.devices > 0).distinct())
     return [(workload, variant) for workload, variant in rows]
 
 
 def workload_variants(session: Session, *, suite: str, workload: str) -> list[str]:
     """The variants of ``workload`` some node has a newest result of."""
     return list(session.scalars(
-        select(Latest.variant).where(Latest.suite == suite, Latest.workload == workload)
+        select(LatestCount.variant)
+        .where(LatestCount.suite == suite, LatestCount.workload == workload,
+               LatestCount.devices > 0)
         .distinct()
     ))
 

@@ -9,13 +9,14 @@ from typing import Any
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
-from numparity_server.analysis import ComparisonRecord
+from numparity_server.analysis import Answer, ComparisonRecord
 from numparity_server.analysis.consensus import Support
 from numparity_server.kit.db import chunked, codepoint_order, insert_ignoring_conflicts, lookup
 from numparity_server.models import (
     Environment,
     KeptComparison,
     Latest,
+    LatestCount,
     Manifest,
     Node,
     Outcome,
@@ -25,65 +26,106 @@ from numparity_server.models import (
 )
 
 
+def counted_answers(session: Session, *, suite: str, workload: str, variant: str
+                    ) -> list[Answer]:
+    """The key's latest ok results as ingest counts them (``latest_counts``): one answer
+    per (outcome, environment, device model), a few hundred rows however many nodes."""
+    rows = session.execute(
+        select(LatestCount.outcome_id, LatestCount.environment_id, LatestCount.devices,
+               LatestCount.first_node, Outcome.device, Outcome.workload_version,
+               Outcome.input_hash, Outcome.param_hash, Outcome.manifest_hash,
+               Outcome.trace_hash)
+        .join(Outcome, Outcome.id == LatestCount.outcome_id)
+        .where(LatestCount.suite == suite, LatestCount.workload == workload,
+               LatestCount.variant == variant, LatestCount.devices > 0,
+               Outcome.status == "ok", Outcome.manifest_hash.is_not(None))
+    ).all()
+    environments = {row.id: row for row in session.execute(
+        select(Environment.id, Environment.env_key, Environment.document)
+        .where(Environment.id.in_(sorted({row.environment_id for row in rows}))))}
+    entries = lookup(session, Manifest.hash, Manifest.entries,
+                     {row.manifest_hash for row in rows})
+    manifests: dict[str, tuple[tuple[str, str, str], ...]] = {
+        digest: tuple((e["name"], e["kind"], e["hash"]) for e in found)
+        for digest, found in entries.items()}
+    return [
+        Answer(outcome=int(row.outcome_id), tensors=manifests[row.manifest_hash],
+               manifest=row.manifest_hash,
+               env_key=environments[row.environment_id].env_key,
+               environment=environments[row.environment_id].document,
+               environment_id=int(row.environment_id), devices=int(row.devices),
+               first_node=row.first_node, slot=row.device,
+               trace=row.trace_hash, workload_version=row.workload_version,
+               input_hash=row.input_hash, param_hash=row.param_hash)
+        for row in rows]
+
+
 @dataclass(frozen=True)
-class LatestResult:
+class Listed:
+    """A latest result listed as a member: its outcome, environment, node and run."""
+
+    outcome_id: int
+    environment_id: int
     node: str
     run_id: str
-    env_key: str
-    environment: dict[str, Any]
-    device: str
-    workload_version: int | None
-    input_hash: str | None
-    param_hash: str | None
-    entries: list[dict[str, Any]]
-    trace_hash: str | None = None
-    manifest_hash: str | None = None
 
 
-def latest_ok_results(
-    session: Session, *, suite: str, workload: str, variant: str
-) -> list[LatestResult]:
-    """Every node's newest result of the key, when that result is ok (it has a manifest).
+def first_members(session: Session, *, suite: str, workload: str, variant: str,
+                  outcome_ids: Collection[int], limit: int | None) -> list[Listed]:
+    """The latest results of these outcomes of the key, the first ``limit`` of each
+    outcome by node name (code point order; all with None), with their run ids.
 
-    Nodes of one environment share its document (one dict per environment: a fleet of
-    10,000 nodes has a few dozen environments), and results of one manifest its entries.
-    """
-    rows = session.execute(
-        select(Node.name, Run.run_id, Environment.env_key, Run.environment_id, Outcome.device,
-               Outcome.workload_version, Outcome.input_hash, Outcome.param_hash,
-               Outcome.manifest_hash, Outcome.trace_hash)
-        .select_from(Latest)
-        .join(Outcome, Outcome.id == Latest.outcome_id)
-        .join(Result, Result.id == Latest.result_id)
-        .join(Run, Run.id == Result.run_pk)
-        .join(Node, Node.id == Latest.node_id)
-        .join(Environment, Environment.id == Latest.environment_id)
-        .where(Latest.suite == suite, Latest.workload == workload, Latest.variant == variant,
-               Outcome.status == "ok", Outcome.manifest_hash.is_not(None))
-        .order_by(Node.name)
-    ).all()
-    documents = lookup(session, Environment.id, Environment.document,
-                        {row.environment_id for row in rows})
-    entries = lookup(session, Manifest.hash, Manifest.entries,
-                      {row.manifest_hash for row in rows})
-    return [
-        LatestResult(row.name, row.run_id, row.env_key, documents[row.environment_id],
-                     row.device, row.workload_version, row.input_hash, row.param_hash,
-                     entries[row.manifest_hash], row.trace_hash, row.manifest_hash)
-        for row in rows
-    ]
+    The window ranks the outcomes' rows in the database, so only the listed rows (a page
+    a group) come back and have their runs looked up."""
+    ranked: list[Any] = []
+    for part in chunked(sorted(set(outcome_ids))):
+        rank = func.row_number().over(
+            partition_by=Latest.outcome_id,
+            order_by=(codepoint_order(session, Node.name), Latest.device_id)).label("rank")
+        inner = (select(Latest.outcome_id, Latest.environment_id, Latest.result_id,
+                        Node.name, rank)
+                 .join(Node, Node.id == Latest.node_id)
+                 .where(Latest.suite == suite, Latest.workload == workload,
+                        Latest.variant == variant, Latest.outcome_id.in_(part))
+                 .subquery())
+        query = select(inner.c.outcome_id, inner.c.environment_id, inner.c.result_id,
+                       inner.c.name)
+        if limit is not None:
+            query = query.where(inner.c.rank <= limit)
+        ranked.extend(session.execute(query))
+    run_ids: dict[int, str] = {}
+    for part in chunked(sorted({row.result_id for row in ranked})):
+        run_ids.update((int(pk), run_id) for pk, run_id in session.execute(
+            select(Result.id, Run.run_id).join(Run, Run.id == Result.run_pk)
+            .where(Result.id.in_(part))))
+    return [Listed(int(row.outcome_id), int(row.environment_id), row.name,
+                   run_ids[row.result_id]) for row in ranked]
+
+
+def outcomes_of_nodes(session: Session, *, suite: str, workload: str, variant: str,
+                      nodes: Collection[str]) -> dict[str, set[int]]:
+    """node name → the outcomes of its latest results of the key (one a device)."""
+    found: dict[str, set[int]] = {}
+    for part in chunked(sorted(set(nodes))):
+        for name, outcome_id in session.execute(
+                select(Node.name, Latest.outcome_id).join(Node, Node.id == Latest.node_id)
+                .where(Latest.suite == suite, Latest.workload == workload,
+                       Latest.variant == variant, Node.name.in_(part))):
+            found.setdefault(name, set()).add(int(outcome_id))
+    return found
 
 
 def outcome_counts(session: Session, *, suite: str, workload: str, variant: str
                    ) -> list[tuple[Any, Support, list[dict[str, Any]]]]:
     """The key's latest ok results by outcome: (outcome, its support, manifest entries)."""
     rows = session.execute(
-        select(Outcome.workload_version, Outcome.device, Outcome.manifest_hash, func.count(),
-               func.min(codepoint_order(session, Node.name)))
-        .select_from(Latest)
-        .join(Outcome, Outcome.id == Latest.outcome_id)
-        .join(Node, Node.id == Latest.node_id)
-        .where(Latest.suite == suite, Latest.workload == workload, Latest.variant == variant,
+        select(Outcome.workload_version, Outcome.device, Outcome.manifest_hash,
+               func.sum(LatestCount.devices),
+               func.min(codepoint_order(session, LatestCount.first_node)))
+        .select_from(LatestCount)
+        .join(Outcome, Outcome.id == LatestCount.outcome_id)
+        .where(LatestCount.suite == suite, LatestCount.workload == workload,
+               LatestCount.variant == variant, LatestCount.devices > 0,
                Outcome.status == "ok", Outcome.manifest_hash.is_not(None))
         .group_by(Outcome.workload_version, Outcome.device, Outcome.manifest_hash)
     ).all()

@@ -13,11 +13,10 @@ from numparity_server import analysis
 from numparity_server.analysis import PairsMode, Tolerance, consensus
 from numparity_server.analysis.policy import Policy
 from numparity_server.divergence import repository
-from numparity_server.divergence.repository import LatestResult
 from numparity_server.divergence.schemas import DivergenceKey, DivergenceOut, Excluded
 from numparity_server.kit.db import writing
 from numparity_server.kit.errors import NotFound
-from numparity_server.reads.explanations import explanations_among
+from numparity_server.reads.explanations import explanations_of_key
 from numparity_server.reads.fingerprints import load_fingerprints, with_values
 from numparity_server.reads.traces import load_traces
 
@@ -43,49 +42,55 @@ def divergence(
     every pair of the page only with ``pairs_origin``. Each group lists its first
     ``members_limit`` members (None: all; the API always bounds it). Comparisons come
     from the kept ones, or are computed once and kept (design §3.3.7)."""
-    latest = repository.latest_ok_results(session, suite=suite, workload=workload,
-                                          variant=variant)
-    if not latest:
+    answers = repository.counted_answers(session, suite=suite, workload=workload,
+                                         variant=variant)
+    if not answers:
         raise NotFound(f"no ok results for suite {suite!r}, workload {workload!r}, "
                        f"variant {variant!r}")
     version = (workload_version if workload_version is not None
-               else consensus.newest_version(latest))
+               else consensus.newest_version(answers))
     # Other input or parameter bytes are a bug on that node, not a divergence (design
     # §2.1): such results, and those of another version, are left out and named.
-    comparable, left_out = consensus.comparable(
-        latest, version=version, support_of=lambda r: consensus.Support(1, r.node))
+    comparable, left_out = consensus.comparable(answers, version=version,
+                                                support_of=lambda answer: answer.support)
     if not comparable:
         raise NotFound(f"no ok results of {workload!r} version {version} for variant "
                        f"{variant!r}")
-    manifests: dict[str | None, tuple[tuple[str, str, str], ...]] = {}
-    members = [_member(result, manifests) for result in comparable]
-
+    ranked, lacking = analysis.group_answers(comparable, tensor)
+    if not ranked:
+        names = dict.fromkeys(name for a in comparable for name, _kind, _hash in a.tensors)
+        raise NotFound(f"no result of {workload!r} under {variant!r} has a tensor {tensor!r}; "
+                       f"its tensors: {', '.join(names) or 'none'}")
+    # Each group lists its first members by name; the counts say how many there are.
+    members = _Members(session, (suite, workload, variant), answers, members_limit)
+    groups = [analysis.Group(id=number, hash=digest, members=tuple(members(held)),
+                             counted=analysis.counted(held))
+              for number, (digest, held) in enumerate(ranked, start=1)]
     reference_hash = baseline_hash = None
     if variant != FP64_VARIANT and tensor is not None:
         reference_hash = _consensus_hash(session, suite, workload, FP64_VARIANT, tensor, version)
         baseline_hash = _consensus_hash(session, suite, workload, BASELINE_VARIANT, tensor,
                                         version, device="cpu")
     policy = policy or Policy()
-    plan = analysis.plan_divergence(
-        members=members, tensor=tensor, workload=workload, policy_version=policy.version,
-        pairs=pairs, limit=pairs_limit, offset=pairs_offset, origins=pairs_origin,
-        reference=reference_hash, baseline=baseline_hash)
-    if not plan.groups:
-        names = dict.fromkeys(name for m in members for name, _kind, _hash in m.tensors)
-        raise NotFound(f"no result of {workload!r} under {variant!r} has a tensor {tensor!r}; "
-                       f"its tensors: {', '.join(names) or 'none'}")
+    plan = analysis.plan_groups(
+        groups, [member.node for member in members(lacking)], tensor=tensor,
+        workload=workload, policy_version=policy.version, pairs=pairs, limit=pairs_limit,
+        offset=pairs_offset, origins=pairs_origin, reference=reference_hash,
+        baseline=baseline_hash, without_total=sum(answer.devices for answer in lacking))
     comparisons = _comparisons(session, plan,
                                lambda dtype: policy.tolerance(workload, dtype))
     report = plan.report(comparisons, members_limit=members_limit)
-    _with_explanations(session, report, plan.groups, (suite, workload, variant))
+    _with_explanations(session, report, ranked, (suite, workload, variant))
     key = DivergenceKey(suite=suite, workload=workload, workload_version=version,
                         variant=variant, tensor=tensor)
-    excluded = [Excluded(node=r.node, run_id=r.run_id, reason=reason)
-                for r, reason in left_out[:members_limit]]
+    reasons = {answer.outcome: reason for answer, reason in left_out}
+    excluded = [Excluded(node=member.node, run_id=member.run_id, reason=reasons[outcome])
+                for outcome, member in members.outcomes([a for a, _ in left_out])]
     return DivergenceOut.model_validate({
         "key": key, **report, "pairs_limit": pairs_limit,
         "pairs_offset": pairs_offset, "members_limit": members_limit,
-        "excluded": excluded, "excluded_total": len(left_out)})
+        "excluded": excluded[:members_limit] if members_limit is not None else excluded,
+        "excluded_total": sum(answer.devices for answer, _ in left_out)})
 
 
 def _comparisons(session: Session, plan: analysis.DivergencePlan,
@@ -126,36 +131,71 @@ EXPLANATIONS_PER_PAIR = 10
 
 
 def _with_explanations(session: Session, report: dict[str, Any],
-                       groups: Sequence[analysis.Group], key: tuple[str, str, str]) -> None:
+                       ranked: Sequence[tuple[str, Sequence[analysis.Answer]]],
+                       key: tuple[str, str, str]) -> None:
     """Each pair gets `explanations`: what `explain` found between a node of one group and
-    a node of the other (design §2.11), read once for every member of the pairs' groups."""
-    shown = {side for pair in report["pairs"] for side in (pair["a"], pair["b"])}
-    nodes = {group.id: {member.node for member in group.members} for group in groups
-             if group.id in shown}
-    if not nodes:
+    a node of the other (design §2.11). The key's findings are few (one per `explain`
+    run): each side's node is placed in a group by its latest answer, so the groups'
+    members are never sent to the database."""
+    if not report["pairs"]:
         return
-    found = explanations_among(session=session, nodes=set().union(*nodes.values()),
-                               keys={key}).get(key, [])
+    suite, workload, variant = key
+    found = explanations_of_key(session=session, suite=suite, workload=workload,
+                                variant=variant)
+    if not found:
+        for pair in report["pairs"]:
+            pair["explanations"] = []
+        return
+    group_of = {answer.outcome: number for number, (_digest, held) in enumerate(ranked, 1)
+                for answer in held}
+    outcomes = repository.outcomes_of_nodes(
+        session, suite=suite, workload=workload, variant=variant,
+        nodes={name for e in found for name in (e.node, e.against_node)})
+    groups_of = {name: {group_of[o] for o in held if o in group_of}
+                 for name, held in outcomes.items()}
     for pair in report["pairs"]:
-        side_a, side_b = nodes[pair["a"]], nodes[pair["b"]]
+        a, b = pair["a"], pair["b"]
         pair["explanations"] = [
             e.model_dump(mode="json") for e in found
-            if (e.node in side_a and e.against_node in side_b)
-            or (e.node in side_b and e.against_node in side_a)][:EXPLANATIONS_PER_PAIR]
+            if (a in groups_of.get(e.node, ()) and b in groups_of.get(e.against_node, ()))
+            or (b in groups_of.get(e.node, ()) and a in groups_of.get(e.against_node, ()))
+        ][:EXPLANATIONS_PER_PAIR]
 
 
-def _member(result: LatestResult,
-            manifests: dict[str | None, tuple[tuple[str, str, str], ...]]) -> analysis.Member:
-    """The result as the analysis sees it; members of one manifest share its tensors."""
-    tensors = manifests.get(result.manifest_hash)
-    if tensors is None:
-        tensors = tuple((e["name"], e["kind"], e["hash"]) for e in result.entries)
-        manifests[result.manifest_hash] = tensors
-    return analysis.Member(
-        node=result.node, run_id=result.run_id, env_key=result.env_key,
-        environment=result.environment, tensors=tensors, device=result.device,
-        trace=result.trace_hash, manifest=result.manifest_hash,
-    )
+class _Members:
+    """The first members of each set of answers, read once for all of them: members of a
+    set are those of its outcomes (every answer of an outcome falls in one group)."""
+
+    def __init__(self, session: Session, key: tuple[str, str, str],
+                 answers: Sequence[analysis.Answer], limit: int | None) -> None:
+        suite, workload, variant = key
+        # At least one a group, its representative (the answer's lists are cut to
+        # ``limit`` when they are made).
+        self.limit = None if limit is None else max(limit, 1)
+        # An outcome's answers differ only in environment and device model.
+        by_outcome = {answer.outcome: answer for answer in answers}
+        environments = {answer.environment_id: answer for answer in answers}
+        self.listed: dict[int, list[analysis.Member]] = {}
+        for row in repository.first_members(session, suite=suite, workload=workload,
+                                            variant=variant, outcome_ids=list(by_outcome),
+                                            limit=self.limit):
+            answer, env = by_outcome[row.outcome_id], environments[row.environment_id]
+            self.listed.setdefault(row.outcome_id, []).append(analysis.Member(
+                node=row.node, run_id=row.run_id, env_key=env.env_key,
+                environment=env.environment, tensors=answer.tensors, device=answer.slot,
+                trace=answer.trace, manifest=answer.manifest))
+
+    def outcomes(self, answers: Sequence[analysis.Answer]
+                 ) -> list[tuple[int, analysis.Member]]:
+        """The first members of these answers by node name (then slot), with their
+        outcomes."""
+        found = [(outcome, member) for outcome in {answer.outcome for answer in answers}
+                 for member in self.listed.get(outcome, [])]
+        found.sort(key=lambda item: (item[1].node, item[1].device))
+        return found[:self.limit] if self.limit is not None else found
+
+    def __call__(self, answers: Sequence[analysis.Answer]) -> list[analysis.Member]:
+        return [member for _outcome, member in self.outcomes(answers)]
 
 
 def _consensus_hash(session: Session, suite: str, workload: str, variant: str, tensor: str,

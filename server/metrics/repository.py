@@ -10,20 +10,22 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import codepoint_order
-from numparity_server.models import Latest, Node, Outcome
+from numparity_server.models import LatestCount, Node, Outcome
 
 Key = tuple[str, str, str]  # suite, workload, variant
 
 
 def latest_ok_answers(session: Session) -> Sequence[Any]:
-    """The fleet's latest ok results by outcome, a few hundred rows: (suite, workload,
-    variant, workload_version, input_hash, param_hash, manifest_hash, nodes, first_node)."""
+    """The fleet's latest ok results by outcome, a few hundred rows read from the counts
+    ingest keeps (``latest_counts``): (suite, workload, variant, workload_version,
+    input_hash, param_hash, manifest_hash, nodes, first_node)."""
     per_outcome = (
-        select(Latest.suite, Latest.workload, Latest.variant, Latest.outcome_id,
-               func.count().label("nodes"),
-               func.min(codepoint_order(session, Node.name)).label("first_node"))
-        .join(Node, Node.id == Latest.node_id)
-        .group_by(Latest.suite, Latest.workload, Latest.variant, Latest.outcome_id)
+        select(LatestCount.suite, LatestCount.workload, LatestCount.variant,
+               LatestCount.outcome_id, func.sum(LatestCount.devices).label("nodes"),
+               func.min(codepoint_order(session, LatestCount.first_node)).label("first_node"))
+        .where(LatestCount.devices > 0)
+        .group_by(LatestCount.suite, LatestCount.workload, LatestCount.variant,
+                  LatestCount.outcome_id)
         .subquery()
     )
     return session.execute(

@@ -5,7 +5,7 @@ from numparity_server.models.comparisons import KeptComparison
 from numparity_server.models.content import STAT_FIELDS, Fingerprint, Manifest, Trace
 from numparity_server.models.explanations import Explanation
 from numparity_server.models.fleet import Device, Environment, Node
-from numparity_server.models.runs import Latest, Outcome, Result, Run
+from numparity_server.models.runs import Latest, LatestCount, Outcome, Result, Run
 from numparity_server.models.tokens import Token
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "Fingerprint",
     "KeptComparison",
     "Latest",
+    "LatestCount",
     "Manifest",
     "Node",
     "Outcome",

@@ -128,5 +128,39 @@ class Latest(Base):
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     outcome_id: Mapped[int] = mapped_column(BigId)
     environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"))
+    # The device's model when this result ran (devices.model then): what makes devices
+    # peers, and the key of ``latest_counts`` (migration 0014).
+    model: Mapped[str] = mapped_column(String(320))
     wall_s: Mapped[float | None] = mapped_column(Float)
     wall_s_spread: Mapped[float | None] = mapped_column(Float)
+
+
+class LatestCount(Base):
+    """``latest`` counted by (environment, outcome, device model): how many latest rows
+    hold each, the first of their nodes by name (code point order: consensus's tie-break)
+    and the sums the audit's cost of determinism reads. Ingest keeps it in step with
+    ``latest`` in the same transaction (``runs.counts``), so the fleet-wide reads (the
+    audit, /metrics, the dashboard, /divergence's groups) read a few hundred rows, not a
+    row per node and key (design §3.1). A count that fell to 0 stays, with
+    ``first_node`` NULL; readers ask for ``devices > 0``."""
+
+    __tablename__ = "latest_counts"
+    __table_args__ = (
+        UniqueConstraint("environment_id", "outcome_id", "model"),
+        Index("ix_latest_counts_key", "suite", "workload", "variant"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"))
+    outcome_id: Mapped[int] = mapped_column(BigId)
+    model: Mapped[str] = mapped_column(String(320))
+    suite: Mapped[str] = mapped_column(String(64))
+    workload: Mapped[str] = mapped_column(String(128))
+    variant: Mapped[str] = mapped_column(String(64))
+    devices: Mapped[int] = mapped_column(Integer)
+    first_node: Mapped[str | None] = mapped_column(String(255))
+    wall_sum: Mapped[float] = mapped_column(Float)
+    wall_sq_sum: Mapped[float] = mapped_column(Float)
+    walls: Mapped[int] = mapped_column(Integer)
+    spread_sum: Mapped[float] = mapped_column(Float)
+    spreads: Mapped[int] = mapped_column(Integer)

@@ -163,6 +163,25 @@ def explanations_between(
     return found[:limit]
 
 
+def explanations_of_key(*, session: Session, suite: str, workload: str, variant: str
+                        ) -> list[ExplanationOut]:
+    """Every finding of (suite, workload, variant), the newest per (node, against_node),
+    newest first: /divergence matches them to its groups by the nodes' answers, so a
+    group of 100,000 nodes is not sent to the database as names."""
+    newest = (
+        select(Explanation.id.label("id"), func.row_number().over(
+            partition_by=(Explanation.node_id, Explanation.against_node_id),
+            order_by=(Explanation.created_at.desc(), Explanation.id.desc()),
+        ).label("rank"))
+        .where(Explanation.suite == suite, Explanation.workload == workload,
+               Explanation.variant == variant)
+    ).subquery()
+    rows = session.execute(_newest_first(
+        _select().join(newest, newest.c.id == Explanation.id).where(newest.c.rank == 1)
+    )).all()
+    return [_out(row) for row in rows]
+
+
 def _across(out: ExplanationOut, side_a: set[str], side_b: set[str]) -> bool:
     return ((out.node in side_a and out.against_node in side_b)
             or (out.node in side_b and out.against_node in side_a))

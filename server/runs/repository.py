@@ -292,7 +292,7 @@ def _upsert_latest_statement(dialect: str) -> Any:
     return stmt.on_conflict_do_update(
         index_elements=["node_id", "device_id", "suite", "workload", "variant"],
         set_={name: stmt.excluded[name] for name in (
-            "result_id", "started_at", "outcome_id", "environment_id", "wall_s",
+            "result_id", "started_at", "outcome_id", "environment_id", "model", "wall_s",
             "wall_s_spread")},
         where=table.c.started_at <= stmt.excluded.started_at,
     )

@@ -19,7 +19,7 @@ from numparity_server.kit.db import writing
 from numparity_server.kit.errors import Conflict, InvalidDocument, NotFound, UnsupportedSchema
 from numparity_server.kit.pagination import Page
 from numparity_server.models import STAT_FIELDS, Run, utcnow
-from numparity_server.runs import repository, traces
+from numparity_server.runs import counts, repository, traces
 from numparity_server.runs.devices import seen_devices, serials_unique, visible_uuids
 from numparity_server.runs.schemas import (
     SUPPORTED_SCHEMAS,
@@ -216,6 +216,8 @@ def _store(session: Session, run: RunDocument, sha256: str,
     node_id = repository.upsert_node(session, name=run.node.name, labels=run.node.labels,
                                      seen_at=now, environment_id=environment_id,
                                      started_at=ordered_at)
+    # The node's row is locked now (its upsert): its latest rows move only here.
+    held_before = counts.node_rows(session, node_id)
     # First, so a run_id already stored fails here (IntegrityError) before any other work.
     run_pk = repository.insert_run(session, {
         "run_id": run.run_id, "node_id": node_id, "environment_id": environment_id,
@@ -223,7 +225,8 @@ def _store(session: Session, run: RunDocument, sha256: str,
         "agent_version": run.agent_version, "document_sha256": sha256, "drill": run.drill,
         "received_at": now,
     })
-    device_ids = _devices(session, run, node_id=node_id, started_at=ordered_at, now=now)
+    device_ids, models = _devices(session, run, node_id=node_id, started_at=ordered_at,
+                                  now=now)
     _store_fingerprints(session, run, now=now)
     result_manifest = _manifests(session, run, digests, now=now)
     traces.store_traces(session, run, bodies, now=now)
@@ -246,16 +249,21 @@ def _store(session: Session, run: RunDocument, sha256: str,
             "workload": result.workload,
             "variant": result.variant, "result_id": result_id, "started_at": ordered_at,
             "outcome_id": outcome_ids[outcome["hash"]], "environment_id": environment_id,
-            "wall_s": result.wall_s, "wall_s_spread": result.wall_s_spread,
+            "model": models[result.device], "wall_s": result.wall_s,
+            "wall_s_spread": result.wall_s_spread,
         }
     repository.upsert_latest(session, list(latest.values()))
+    # Last: the counts are the rows concurrent uploads share, locked until the commit.
+    counts.move(session, node=run.node.name, before=held_before,
+                after=counts.node_rows(session, node_id))
     return RunCreated(id=run_pk, run_id=run.run_id, results=len(result_ids))
 
 
 def _devices(session: Session, run: RunDocument, *, node_id: int, started_at: datetime,
-             now: datetime) -> dict[str, int]:
-    """slot → devices.id of every slot the run's results name (runs.devices); a GPU of
-    this node that the node's newest run no longer sees leaves the node."""
+             now: datetime) -> tuple[dict[str, int], dict[str, str]]:
+    """slot → devices.id, and slot → model, of every slot the run's results name
+    (runs.devices); a GPU of this node that the node's newest run no longer sees leaves
+    the node."""
     seen = seen_devices(run)
     unique = serials_unique(seen)
     ids = repository.resolve_devices(session, node_id=node_id, started_at=started_at,
@@ -269,7 +277,7 @@ def _devices(session: Session, run: RunDocument, *, node_id: int, started_at: da
     if visible is not None:
         repository.detach_devices(session, node_id=node_id, started_at=started_at,
                                   visible_uuids=visible)
-    return ids
+    return ids, {slot: device.model for slot, device in seen.items()}
 
 
 def _manifests(session: Session, run: RunDocument, digests: Sequence[str | None], *,
