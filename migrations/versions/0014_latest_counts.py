@@ -10,6 +10,9 @@ counts in the transaction that moves the latest rows (``runs.counts``).
 of ``latest`` alone (a device's description can change after its latest results were
 stored). Both are filled from what is there.
 
+On PostgreSQL ``nodes.name`` takes the "C" collation (code point order, as Python and
+SQLite compare): "the first nodes by name" then walks the unique index.
+
 Revision ID: 0014
 Revises: 0013
 Create Date: 2026-11-26 02:00:00
@@ -78,10 +81,19 @@ def upgrade() -> None:
     )
     op.create_index("ix_latest_counts_key", "latest_counts", ["suite", "workload", "variant"],
                     unique=False)
+    if postgresql:
+        # Names in code point order, as Python and SQLite compare them: the unique index
+        # then walks nodes in the order the analysis names them.
+        op.alter_column("nodes", "name", type_=sa.String(length=255, collation="C"),
+                        existing_type=sa.String(length=255), existing_nullable=False)
     op.execute(FILL.format(collate=' COLLATE "C"' if postgresql else ""))
 
 
 def downgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.alter_column("nodes", "name", type_=sa.String(length=255),
+                        existing_type=sa.String(length=255, collation="C"),
+                        existing_nullable=False)
     op.drop_index("ix_latest_counts_key", table_name="latest_counts")
     op.drop_table("latest_counts")
     with op.batch_alter_table("latest") as batch:

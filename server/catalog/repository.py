@@ -8,7 +8,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import chunked
-from numparity_server.models import Latest, Outcome
+from numparity_server.models import LatestCount, Outcome
 
 
 @dataclass(frozen=True)
@@ -29,15 +29,16 @@ def seen_outcomes(session: Session, *, suite: str | None = None,
                   workload: str | None = None) -> list[SeenOutcome]:
     """Every distinct outcome of the newest results (of ``suite``/``workload`` if given).
 
-    One aggregate over ``latest`` by ``outcome_id`` (no join: a node's newest result of a
-    key is one row, so the count is the nodes holding that outcome), then the few
-    distinct outcomes by id: a 10,000-node fleet holds a few hundred of them.
+    Read from the counts ingest keeps (``latest_counts``: a row per outcome, environment
+    and device model), then the few distinct outcomes by id: a fleet of 100,000 nodes
+    holds a few hundred of them.
     """
-    counted = select(Latest.outcome_id, func.count()).group_by(Latest.outcome_id)
+    counted = (select(LatestCount.outcome_id, func.sum(LatestCount.devices))
+               .where(LatestCount.devices > 0).group_by(LatestCount.outcome_id))
     if suite is not None:
-        counted = counted.where(Latest.suite == suite)
+        counted = counted.where(LatestCount.suite == suite)
     if workload is not None:
-        counted = counted.where(Latest.workload == workload)
+        counted = counted.where(LatestCount.workload == workload)
     nodes = {int(outcome_id): int(count) for outcome_id, count in session.execute(counted)}
     found: list[SeenOutcome] = []
     for part in chunked(sorted(nodes)):
@@ -54,4 +55,5 @@ def seen_outcomes(session: Session, *, suite: str | None = None,
 
 def suites(session: Session) -> list[str]:
     """Every suite some node has a newest result in."""
-    return sorted(session.scalars(select(Latest.suite).distinct()))
+    return sorted(session.scalars(
+        select(LatestCount.suite).where(LatestCount.devices > 0).distinct()))

@@ -22,10 +22,9 @@ from numparity_server.compare.schemas import CompareOut, ResultPair
 from numparity_server.compare.service import compare_runs
 from numparity_server.dashboard import repository
 from numparity_server.dashboard.heatmap import DeviceRow, HeatCell, node_rows, slot_order
-from numparity_server.divergence.service import divergence
+from numparity_server.divergence.service import comparisons, divergence
 from numparity_server.kit.errors import NotFound
 from numparity_server.reads import results as reads_results
-from numparity_server.reads.fingerprints import load_fingerprints
 
 
 def compare_url(run_a: str, run_b: str, workload: str | None = None,
@@ -125,7 +124,18 @@ def overview(*, session: Session, policy: Policy, suite: str, limit: int,
         return f"{cell.node} / {cell.slot}" if several(cell.node) else cell.node
 
 
-    verdicts: dict[tuple[str, str, str, str], tuple[str, str]] = {}
+    # Every other answer on the page against its baseline, from their first nodes' first
+    # devices: comparisons kept by content, as /divergence keeps its own.
+    others: dict[Column, dict[str, repository.Cell]] = defaultdict(dict)
+    for workload, variant, model, digest in on_page:
+        column = (workload, variant, model)
+        if digest and column in baselines and digest != baselines[column].manifest_hash:
+            (first,) = [a.first_node for a in answers[column] if a.manifest_hash == digest]
+            others[column][digest] = representative[(first, column, digest)]
+    verdicts = _verdicts(session, policy, {
+        column: (representative[(baselines[column].first_node, column,
+                                 baselines[column].manifest_hash)], list(held.values()))
+        for column, held in others.items()})
     found: dict[tuple[str, int, str, str], HeatCell] = {}
     for cell in cells:
         key = (cell.workload, cell.variant, cell.model)
@@ -144,14 +154,7 @@ def overview(*, session: Session, policy: Policy, suite: str, limit: int,
             counted = "nodes" if cell.model == "cpu" else "devices"
             verdict, how = "identical", f"the most common answer ({baseline.devices} {counted})"
         else:
-            answer = (*key, cell.manifest_hash)
-            if answer not in verdicts:
-                (first,) = [a.first_node for a in answers[key]
-                            if a.manifest_hash == cell.manifest_hash]
-                verdicts[answer] = _versus(
-                    session, policy, base,
-                    representative[(first, key, cell.manifest_hash)])
-            verdict, how = verdicts[answer]
+            verdict, how = verdicts[key + (cell.manifest_hash,)]
         is_baseline = (cell.node, cell.device_id) == (base.node, base.device_id)
         # The comparison of the cell's result with the baseline representative's, device
         # by device where a node has several (two GPUs of one run compare too).
@@ -186,30 +189,52 @@ def overview(*, session: Session, policy: Policy, suite: str, limit: int,
     return view
 
 
-def _versus(session: Session, policy: Policy, baseline: repository.Cell,
-            other: repository.Cell) -> tuple[str, str]:
-    """The verdict of one answer against the baseline, from the results of their first
-    nodes' first devices: broken inputs win, then the result verdict (the worst of its
-    tensors', ``analysis.compare_manifests``, as GET /compare judges a pair). The two
-    may be on other slots (cuda:3 against cuda:0), even in one run."""
+def _verdicts(session: Session, policy: Policy,
+              columns: dict[Column, tuple[repository.Cell, list[repository.Cell]]]
+              ) -> dict[tuple[str, str, str, str], tuple[str, str]]:
+    """(workload, variant, model, manifest) → (verdict, how) of each other answer against
+    its column's baseline, from the results of their first nodes' first devices (the two
+    may be on other slots: cuda:3 against cuda:0, even in one run): broken inputs win,
+    then the result verdict of /divergence's comparison of the two answers (the worst of
+    the tensors', as GET /compare judges a pair), kept by content and read again."""
     how = "judged on the first device of each answer's first node"
-    broken = analysis.broken_inputs((other.input_hash, other.param_hash),
-                                    (baseline.input_hash, baseline.param_hash))
-    if broken:
-        return "broken", f"{' and '.join(broken)} differ: broken inputs, not a divergence"
-    assert baseline.manifest_hash and other.manifest_hash
-    manifests = {digest: [(e["name"], e["kind"], e["hash"]) for e in entries]
-                 for digest, entries in reads_results.manifest_entries(
-                     session, [baseline.manifest_hash, other.manifest_hash]).items()}
-    if baseline.manifest_hash not in manifests or other.manifest_hash not in manifests:
-        return "missing", "the tensors of a result are no longer stored"
-    fingerprints = load_fingerprints(session, {digest for manifest in manifests.values()
-                                               for _name, _kind, digest in manifest})
-    rows = analysis.compare_manifests(
-        manifests[other.manifest_hash], manifests[baseline.manifest_hash], fingerprints,
-        tolerance_for=lambda dtype: policy.tolerance(other.workload, dtype))
-    decided = analysis.result_verdict(rows)
-    return (decided.verdict if decided is not None else "identical"), how
+    manifests = {digest: tuple((e["name"], e["kind"], e["hash"]) for e in entries)
+                 for digest, entries in reads_results.manifest_entries(session, {
+                     cell.manifest_hash for base, held in columns.values()
+                     for cell in (base, *held) if cell.manifest_hash}).items()}
+
+    def member(cell: repository.Cell) -> analysis.Member:
+        return analysis.Member(node=cell.node, run_id=cell.run_id, env_key="",
+                               environment={}, tensors=manifests[cell.manifest_hash or ""],
+                               device=cell.slot, manifest=cell.manifest_hash)
+
+    found: dict[tuple[str, str, str, str], tuple[str, str]] = {}
+    for column, (base, held) in columns.items():
+        judged = []
+        for cell in held:
+            assert cell.manifest_hash
+            broken = analysis.broken_inputs((cell.input_hash, cell.param_hash),
+                                            (base.input_hash, base.param_hash))
+            if broken:
+                found[column + (cell.manifest_hash,)] = (
+                    "broken", f"{' and '.join(broken)} differ: broken inputs, not a divergence")
+            elif base.manifest_hash not in manifests or cell.manifest_hash not in manifests:
+                found[column + (cell.manifest_hash,)] = (
+                    "missing", "the tensors of a result are no longer stored")
+            else:
+                judged.append(cell)
+        if not judged:
+            continue
+        groups = [analysis.Group(id=number, hash=cell.manifest_hash or "",
+                                 members=(member(cell),))
+                  for number, cell in enumerate((base, *judged), start=1)]
+        plan = analysis.plan_groups(groups, [], tensor=None, workload=column[0],
+                                    policy_version=policy.version, traced=False)
+        kept = comparisons(session, plan,
+                           lambda dtype, workload=column[0]: policy.tolerance(workload, dtype))
+        for pair in plan.pairs:
+            found[column + (pair.b.hash,)] = (kept[pair.key]["verdict"], how)
+    return found
 
 
 # ---- per-workload page ------------------------------------------------------------------

@@ -77,9 +77,9 @@ def divergence(
         workload=workload, policy_version=policy.version, pairs=pairs, limit=pairs_limit,
         offset=pairs_offset, origins=pairs_origin, reference=reference_hash,
         baseline=baseline_hash, without_total=sum(answer.devices for answer in lacking))
-    comparisons = _comparisons(session, plan,
+    kept = comparisons(session, plan,
                                lambda dtype: policy.tolerance(workload, dtype))
-    report = plan.report(comparisons, members_limit=members_limit)
+    report = plan.report(kept, members_limit=members_limit)
     _with_explanations(session, report, ranked, (suite, workload, variant))
     key = DivergenceKey(suite=suite, workload=workload, workload_version=version,
                         variant=variant, tensor=tensor)
@@ -93,7 +93,7 @@ def divergence(
         "excluded_total": sum(answer.devices for answer, _ in left_out)})
 
 
-def _comparisons(session: Session, plan: analysis.DivergencePlan,
+def comparisons(session: Session, plan: analysis.DivergencePlan,
                  tolerance_for: Callable[[str], Tolerance]) -> dict[str, dict[str, Any]]:
     """Every comparison the plan shows, by key: the kept ones read, the others (and those
     whose fingerprints' values have arrived since) computed and kept.
@@ -105,15 +105,15 @@ def _comparisons(session: Session, plan: analysis.DivergencePlan,
     awaited = {digest for found in kept.values() for digest in found.awaiting}
     arrived = with_values(session, awaited) if awaited else set()
     stale = {key for key, found in kept.items() if arrived.intersection(found.awaiting)}
-    comparisons = {key: found.value for key, found in kept.items() if key not in stale}
+    found_values = {key: found.value for key, found in kept.items() if key not in stale}
     missing = (keys - kept.keys()) | stale
     if not missing:
-        return comparisons
+        return found_values
     hashes, trace_hashes = plan.needs(missing)
     computed = plan.compute(missing, fingerprints=load_fingerprints(session, hashes),
                             traces=load_traces(session, trace_hashes),
                             tolerance_for=tolerance_for)
-    comparisons.update((record.key, record.value) for record in computed)
+    found_values.update((record.key, record.value) for record in computed)
     complete = [record for record in computed if record.complete]
     if complete:
         try:
@@ -123,7 +123,7 @@ def _comparisons(session: Session, plan: analysis.DivergencePlan,
             # A database that cannot take the write now (SQLite busy past its timeout, a
             # read-only replica) costs the next request a computation, not this answer.
             log.warning("divergence: %d comparisons not kept: %s", len(complete), exc)
-    return comparisons
+    return found_values
 
 
 # Findings beside one pair of groups: the newest per direction and pair of nodes.
@@ -174,10 +174,13 @@ class _Members:
         self.limit = None if limit is None else max(limit, 1)
         # An outcome's answers differ only in environment and device model.
         by_outcome = {answer.outcome: answer for answer in answers}
+        holders: dict[int, int] = {}
+        for answer in answers:
+            holders[answer.outcome] = holders.get(answer.outcome, 0) + answer.devices
         environments = {answer.environment_id: answer for answer in answers}
         self.listed: dict[int, list[analysis.Member]] = {}
         for row in repository.first_members(session, suite=suite, workload=workload,
-                                            variant=variant, outcome_ids=list(by_outcome),
+                                            variant=variant, outcomes=holders,
                                             limit=self.limit):
             answer, env = by_outcome[row.outcome_id], environments[row.environment_id]
             self.listed.setdefault(row.outcome_id, []).append(analysis.Member(

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import codepoint_order
@@ -37,8 +38,21 @@ def latest_ok_answers(session: Session) -> Sequence[Any]:
     ).all()
 
 
-def node_last_runs(session: Session) -> Sequence[Any]:
-    """Every node: (name, newest_started_at, last_seen)."""
+def last_run_ages(session: Session, *, now: datetime, buckets: Sequence[float]
+                  ) -> list[int]:
+    """How many nodes' newest runs started at most each of ``buckets`` seconds before
+    ``now`` (the start of a node that sent none: when it was last seen), then how many
+    nodes: one aggregate over ``nodes``, whatever the fleet's size."""
+    started = func.coalesce(Node.newest_started_at, Node.last_seen)
+    row = session.execute(select(
+        *(func.coalesce(func.sum(case((started >= now - timedelta(seconds=bucket), 1),
+                                      else_=0)), 0) for bucket in buckets),
+        func.count())).one()
+    return [int(value) for value in row]
+
+
+def oldest_last_runs(session: Session, *, limit: int) -> Sequence[Any]:
+    """The ``limit`` nodes whose newest run started longest ago: (name, started)."""
+    started = func.coalesce(Node.newest_started_at, Node.last_seen).label("started")
     return session.execute(
-        select(Node.name, Node.newest_started_at, Node.last_seen).order_by(Node.name)
-    ).all()
+        select(Node.name, started).order_by(started, Node.name).limit(limit)).all()

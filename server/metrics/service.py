@@ -10,12 +10,12 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from prometheus_client import generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
@@ -28,19 +28,32 @@ from numparity_server.kit.ingest_meter import process_metrics
 from numparity_server.metrics import repository
 from numparity_server.metrics.repository import Key
 
+# The buckets (seconds) of the nodes' newest runs' ages: an hour, 6 hours, a day, two
+# (the audit's default stale_after_hours), a week, 30 days.
+AGE_BUCKETS = (3600.0, 6 * 3600.0, 24 * 3600.0, 48 * 3600.0, 7 * 86400.0, 30 * 86400.0)
+# The nodes whose newest run is oldest get a series each (the dashboard's "longest since
+# a run" panel); a series per node of a 100,000-node lab would be the whole scrape.
+OLDEST_NODES = 100
+
 
 @dataclass(frozen=True)
 class FleetSnapshot:
     summary: NodeStatusCounts  # nodes, environments, nodes per status
     groups: dict[Key, int]  # distinct whole results per key (/divergence's groups)
-    last_runs: list[tuple[str, datetime]]  # each node's newest run
+    last_runs: list[tuple[str, datetime]]  # the OLDEST_NODES nodes' newest runs
+    taken_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    # Nodes whose newest run started within each of AGE_BUCKETS of ``taken_at``, then all.
+    age_counts: list[int] = field(default_factory=list)
 
 
 def fleet_snapshot(*, session: Session, policy: Policy) -> FleetSnapshot:
-    last_runs = [(row.name, row.newest_started_at or row.last_seen)
-                 for row in repository.node_last_runs(session)]
+    now = datetime.now(timezone.utc)
+    last_runs = [(row.name, row.started)
+                 for row in repository.oldest_last_runs(session, limit=OLDEST_NODES)]
     return FleetSnapshot(summary=audit_summary(session=session, policy=policy),
-                         groups=result_groups(session), last_runs=last_runs)
+                         groups=result_groups(session), last_runs=last_runs, taken_at=now,
+                         age_counts=repository.last_run_ages(session, now=now,
+                                                             buckets=AGE_BUCKETS))
 
 
 def result_groups(session: Session) -> dict[Key, int]:
@@ -105,16 +118,26 @@ def fleet_metrics(snapshot: FleetSnapshot, now: datetime | None = None) -> list[
         groups.add_metric([suite, workload, variant], count)
     ages = GaugeMetricFamily(
         "numparity_node_last_run_age_seconds",
-        "Seconds since the node's newest run started (its started_at).", labels=["node"])
+        f"Seconds since the node's newest run started (its started_at), for the "
+        f"{OLDEST_NODES} nodes whose newest run started longest ago.", labels=["node"])
     for name, started_at in snapshot.last_runs:
         ages.add_metric([name], (now - started_at).total_seconds())
+    histogram = HistogramMetricFamily(
+        "numparity_fleet_last_run_age_seconds",
+        "The nodes by the age of their newest run (seconds since its started_at) when the "
+        "fleet figures were read: every node, in 7 series (one a bucket).")
+    if snapshot.age_counts:
+        *within, total = snapshot.age_counts
+        histogram.add_metric([], [*((str(int(bucket)), count)
+                                    for bucket, count in zip(AGE_BUCKETS, within, strict=True)),
+                                  ("+Inf", total)], sum_value=None)
     return [
         GaugeMetricFamily("numparity_fleet_nodes", "Nodes known to the server.",
                           value=snapshot.summary.nodes),
         GaugeMetricFamily("numparity_fleet_environments",
                           "Distinct environments (env_key) the nodes' newest runs ran on.",
                           value=snapshot.summary.environments),
-        nodes, devices, groups, ages,
+        nodes, devices, groups, ages, histogram,
     ]
 
 

@@ -15,7 +15,11 @@ class Node(Base):
     __tablename__ = "nodes"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(255), unique=True)
+    # Code point order on PostgreSQL too ("C"), as Python and SQLite compare names: the
+    # unique index then serves "the first nodes by name" (/divergence's members, the
+    # fleet page) without a sort of every node.
+    name: Mapped[str] = mapped_column(
+        String(255).with_variant(String(255, collation="C"), "postgresql"), unique=True)
     labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     first_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)

@@ -236,6 +236,28 @@ def test_age_of_each_nodes_newest_run(make_api):
         assert expected[node] <= age <= expected[node] + elapsed + 1, node
 
 
+def test_ages_of_a_large_fleet_are_a_histogram_and_the_oldest_nodes(make_api, monkeypatch):
+    """Every node is in the histogram's buckets; only the oldest few get a series each
+    (a series per node of a 100,000-node lab would be the whole scrape)."""
+    from numparity_server.metrics import service as metrics_service
+
+    monkeypatch.setattr(metrics_service, "OLDEST_NODES", 3)
+    api = make_api(metrics_cache_seconds=0)
+    hours = {"n-a": 0.5, "n-b": 3, "n-c": 12, "n-d": 30, "n-e": 60, "n-f": 200, "n-g": 900}
+    for name, ago in hours.items():
+        assert api.post_run(run_document(name, started_at=at(ago))).status_code == 201
+    found = scrape(api)
+    buckets = {dict(labels)["le"]: value for labels, value in
+               found.series("numparity_fleet_last_run_age_seconds_bucket").items()}
+    expected = {str(int(bucket)): sum(1 for ago in hours.values() if ago * 3600 <= bucket)
+                for bucket in metrics_service.AGE_BUCKETS}
+    assert buckets == {**expected, "+Inf": len(hours)}
+    assert list(expected.values()) == [1, 2, 3, 4, 5, 6]  # each bucket adds one node
+    ages = {dict(labels)["node"] for labels in
+            found.series("numparity_node_last_run_age_seconds")}
+    assert ages == {"n-e", "n-f", "n-g"}
+
+
 def test_fleet_figures_are_read_at_most_every_metrics_cache_seconds(make_api):
     cached, uncached = make_api(metrics_cache_seconds=3600), make_api(metrics_cache_seconds=0)
     assert cached.post_run(run_document("node-1")).status_code == 201
