@@ -10,6 +10,10 @@ counts in the transaction that moves the latest rows (``runs.counts``).
 of ``latest`` alone (a device's description can change after its latest results were
 stored). Both are filled from what is there.
 
+``latest``'s index on ``outcome_id`` (0013) takes ``environment_id`` too: the audit asks
+who holds an answer in one environment, and an answer (a CPU's, say) is often shared by
+environments of tens of thousands of nodes.
+
 On PostgreSQL ``nodes.name`` takes the "C" collation (code point order, as Python and
 SQLite compare): "the first nodes by name" then walks the unique index.
 
@@ -81,6 +85,11 @@ def upgrade() -> None:
     )
     op.create_index("ix_latest_counts_key", "latest_counts", ["suite", "workload", "variant"],
                     unique=False)
+    # "Who holds this answer in that environment": an outcome (a CPU answer, say) is
+    # shared by environments, and the audit asks for its holders in one of them.
+    op.drop_index("ix_latest_outcome_id", table_name="latest")
+    op.create_index("ix_latest_outcome_id_environment_id", "latest",
+                    ["outcome_id", "environment_id"], unique=False)
     if postgresql:
         # Names in code point order, as Python and SQLite compare them: the unique index
         # then walks nodes in the order the analysis names them.
@@ -94,6 +103,8 @@ def downgrade() -> None:
         op.alter_column("nodes", "name", type_=sa.String(length=255),
                         existing_type=sa.String(length=255, collation="C"),
                         existing_nullable=False)
+    op.drop_index("ix_latest_outcome_id_environment_id", table_name="latest")
+    op.create_index("ix_latest_outcome_id", "latest", ["outcome_id"], unique=False)
     op.drop_index("ix_latest_counts_key", table_name="latest_counts")
     op.drop_table("latest_counts")
     with op.batch_alter_table("latest") as batch:

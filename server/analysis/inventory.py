@@ -20,7 +20,12 @@ def inventory(node_env: Mapping[str, int], columns: Mapping[int, Mapping[str, st
               ) -> dict[str, list[InventoryCount]]:
     """``node_env`` (node → its current environment) and each environment's columns →
     per column, the nodes per value, the most common first (ties by the value's text)."""
-    per_env = Counter(node_env.values())
+    return inventory_of(Counter(node_env.values()), columns)
+
+
+def inventory_of(per_env: Mapping[int, int], columns: Mapping[int, Mapping[str, str | None]]
+                 ) -> dict[str, list[InventoryCount]]:
+    """``inventory`` from the nodes per environment."""
     found: dict[str, list[InventoryCount]] = {}
     for column in INVENTORY_COLUMNS:
         counts: Counter[str | None] = Counter()

@@ -50,3 +50,16 @@ def status_counts(statuses: Mapping[str, Collection[str]]) -> dict[str, int]:
     """Nodes per status (a node can count under several)."""
     return {status: sum(1 for found in statuses.values() if status in found)
             for status in STATUSES}
+
+
+def flagged_counts(nodes: int, *, suspects: Mapping[str, str],
+                   nondeterministic: Iterable[str], stale: Iterable[str]) -> dict[str, int]:
+    """``status_counts`` of a fleet of ``nodes`` nodes from its flagged ones alone: a node
+    none of these name is ``ok`` (the audit of 100,000 nodes lists the few hundred it
+    flags, not the fleet)."""
+    flagged = node_statuses(set(suspects) | set(nondeterministic) | set(stale),
+                            suspects=suspects, nondeterministic=nondeterministic,
+                            stale=stale)
+    counts = status_counts(flagged)
+    counts["ok"] = nodes - len(flagged)
+    return counts

@@ -9,7 +9,7 @@ from fastapi.responses import PlainTextResponse
 
 from numparity_server.audit import export, service
 from numparity_server.audit.schemas import AuditOut
-from numparity_server.deps import DbSession, KeptReads, PolicyDep, ReaderAuth
+from numparity_server.deps import DbSession, KeptReads, Pagination, PolicyDep, ReaderAuth
 
 router = APIRouter(prefix="/api/v1", tags=["analysis"])
 
@@ -28,6 +28,7 @@ def get_audit(
     policy: PolicyDep,
     _principal: ReaderAuth,
     kept: KeptReads,
+    page: Pagination,
     format: Literal["json", "csv"] = "json",  # noqa: A002 - the query parameter's name
     table: Annotated[str, Query(description="CSV table (format=csv)",
                                 json_schema_extra={"enum": list(export.TABLES)})]
@@ -37,11 +38,16 @@ def get_audit(
     stale nodes; policy violations; suspect hardware (strict answers that differ from
     same-environment peers; drills marked); nondeterministic nodes; results whose input or
     parameter bytes differ from the fleet's; environment changes and the results that
-    changed with them (drift); the cost of determinism per environment. Kept until the
-    fleet changes (`Age`: seconds since it was computed)."""
+    changed with them (drift); the cost of determinism per environment. The summary
+    counts every node; the lists of nodes (stale, policy, suspects, nondeterministic,
+    broken_inputs, drift) hold a page each (`limit` rows from `offset`), `totals` their
+    lengths; CSV has every row. Kept until the fleet changes (`Age`: seconds since it was
+    computed)."""
     export.check_table(table)  # whatever the format: the schema lists the tables
-    report = kept(("audit",), lambda: service.audit(session=session, policy=policy))
     if format == "csv":
+        report = kept(("audit", "all"), lambda: service.audit(session=session,
+                                                              policy=policy))
         return PlainTextResponse(export.to_csv(report, table), media_type="text/csv",
                                  headers=kept.headers)
-    return report
+    return kept(("audit", page.limit, page.offset), lambda: service.audit(
+        session=session, policy=policy, limit=page.limit, offset=page.offset))

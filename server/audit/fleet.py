@@ -33,11 +33,13 @@ class History:
 
 @dataclass(frozen=True)
 class Fleet:
-    """What both the audit and its summary read: the nodes, their latest results, the
-    usual strict answers and the history of the nodes that deviated from them."""
+    """What both the audit and its summary read: the nodes counted by environment, the
+    silent ones, their latest results, the usual strict answers and the history of the
+    nodes that deviated from them."""
 
-    nodes: Sequence[Any]
-    node_env: dict[str, int]  # node → its current environment
+    nodes: int
+    env_nodes: dict[int, int]  # environment → the nodes whose current one it is
+    silent: Sequence[Any]  # (id, name, last_seen) of the stale nodes
     held: list[Held]
     strict: list[Held]  # the latest ok strict results
     majority: dict[tuple[int, Key], Majority]  # the usual answers that judge
@@ -49,15 +51,15 @@ class Fleet:
 def judged_fleet(session: Session, policy: Policy, now: datetime) -> Fleet:
     """The fleet read for ``now`` (the history window ends there)."""
     since = now - timedelta(days=policy.window_days)
-    nodes = repository.nodes(session)
+    nodes, env_nodes = repository.nodes_per_environment(session)
     held = repository.held(session)
     strict = [h for h in held if h.outcome.variant == repository.STRICT
               and h.outcome.status == "ok" and h.outcome.manifest_hash]
     usual = usual_answers((h.environment, held_key(h), h.outcome.manifest_hash, h.support)
                           for h in strict)
-    return Fleet(nodes=nodes,
-                 node_env={node.name: node.environment_id for node in nodes
-                           if node.environment_id is not None},
+    return Fleet(nodes=nodes, env_nodes=env_nodes,
+                 silent=repository.silent_nodes(
+                     session, before=now - timedelta(hours=policy.stale_after_hours)),
                  held=held, strict=strict,
                  majority=majorities(usual, min_peers=policy.min_peers),
                  history=read_history(session, strict, usual, since), since=since,
@@ -86,9 +88,8 @@ def read_history(session: Session, strict: Sequence[Held],
     unusual_now = {(h.environment, h.outcome.id) for h in strict
                    if usual[(h.environment, held_key(h))].manifest_hash
                    != h.outcome.manifest_hash}
-    candidates = {device for device, env_id, outcome in repository.devices_holding(
-                      session, {outcome for _env, outcome in unusual_now})
-                  if (env_id, outcome) in unusual_now}
+    candidates = {device for device, _env, _outcome in repository.devices_holding(
+                      session, unusual_now)}
     candidates |= repository.devices_with_unusual_answers(
         session, usual_manifests=[found.manifest_hash for found in usual.values()],
         since=since)

@@ -3,12 +3,12 @@ the audit of 10,000 nodes must not pull their 360,000 latest results into Python
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Integer, cast, func, select, true
+from sqlalchemy import Integer, cast, func, select, true, tuple_
 from sqlalchemy.orm import Session, aliased
 
 from numparity_server.analysis.consensus import Support
@@ -30,11 +30,50 @@ _KEY = (Outcome.suite, Outcome.workload, Outcome.workload_version, Outcome.devic
 _STRICT_KEY = (Outcome.suite, Outcome.workload, Outcome.workload_version, Device.model)
 
 
-def nodes(session: Session) -> Sequence[Any]:
+def nodes_per_environment(session: Session) -> tuple[int, dict[int, int]]:
+    """How many nodes there are, and how many have each environment as their current one
+    (an aggregate: the audit of 100,000 nodes does not read them one by one)."""
+    per_env: dict[int, int] = {}
+    total = 0
+    for env_id, count in session.execute(
+            select(Node.environment_id, func.count()).group_by(Node.environment_id)):
+        total += int(count)
+        if env_id is not None:
+            per_env[int(env_id)] = int(count)
+    return total, per_env
+
+
+def silent_nodes(session: Session, *, before: datetime) -> Sequence[Any]:
+    """The nodes whose newest upload arrived before ``before``: (id, name, last_seen),
+    through the index on last_seen."""
     return session.execute(
-        select(Node.id, Node.name, Node.last_seen, Node.environment_id,
-               Node.environment_changed_at)
-    ).all()
+        select(Node.id, Node.name, Node.last_seen).where(Node.last_seen < before)).all()
+
+
+def changed_nodes(session: Session, *, since: datetime) -> list[int]:
+    """The nodes that changed environment since ``since`` (index on
+    environment_changed_at)."""
+    return [int(pk) for pk in session.scalars(
+        select(Node.id).where(Node.environment_changed_at >= since))]
+
+
+def nodes_on(session: Session, environments: Iterable[int], *, limit: int | None
+             ) -> list[tuple[str, int]]:
+    """(name, environment_id) of the nodes whose current environment is one of these, the
+    first ``limit`` by name (every one with None)."""
+    wanted = sorted(set(environments))
+    if not wanted:
+        return []
+    query = (select(Node.name, Node.environment_id).where(Node.environment_id.in_(wanted))
+             .order_by(Node.name))
+    if limit is not None:
+        query = query.limit(limit)
+    return [(name, int(env_id)) for name, env_id in session.execute(query)]
+
+
+def current_environments(session: Session, names: Iterable[str]) -> dict[str, int | None]:
+    """node name → its current environment."""
+    return lookup(session, Node.name, Node.environment_id, set(names))
 
 
 def env_keys(session: Session) -> dict[int, str]:
@@ -132,6 +171,16 @@ def nodes_holding(session: Session, outcome_ids: Iterable[int]
                         .join(Node, Node.id == Latest.node_id), outcome_ids)
 
 
+def _of_pairs(session: Session, query: Any, pairs: Iterable[tuple[int, int]]) -> list[Any]:
+    """``query``'s rows for the latest results of these (environment_id, outcome_id), a
+    chunk at a time (``latest`` is found through its index on the two)."""
+    found: list[Any] = []
+    for part in chunked(sorted(set(pairs))):
+        found.extend(session.execute(query.where(
+            tuple_(Latest.environment_id, Latest.outcome_id).in_(part))).all())
+    return found
+
+
 def _of_outcomes(session: Session, query: Any, outcome_ids: Iterable[int]) -> list[Any]:
     """``query``'s rows for the latest results of these outcomes, a chunk of ids at a time
     (``latest`` is found through its index on outcome_id)."""
@@ -173,43 +222,46 @@ def run_ids_of_results(session: Session, result_ids: Iterable[int]) -> dict[int,
     return runs
 
 
-def run_ids_holding(session: Session, pairs: Iterable[tuple[int, int]]
+def run_ids_holding(session: Session, firsts: Mapping[tuple[int, int], str]
                     ) -> dict[tuple[int, int], str]:
-    """(environment_id, outcome_id) → the run_id of one latest result holding it."""
-    wanted = set(pairs)
-    outcome_ids = sorted({outcome for _env, outcome in wanted})
-    firsts: dict[tuple[int, int], int] = {}
-    for part in chunked(outcome_ids):
-        for env_id, outcome_id, result_id in session.execute(
-            select(Latest.environment_id, Latest.outcome_id, func.min(Latest.result_id))
-            .where(Latest.outcome_id.in_(part))
-            .group_by(Latest.environment_id, Latest.outcome_id)
-        ):
-            if (env_id, outcome_id) in wanted:
-                firsts[(env_id, outcome_id)] = result_id
-    runs = run_ids_of_results(session, firsts.values())
-    return {pair: runs[result_id] for pair, result_id in firsts.items()}
+    """(environment_id, outcome_id) → the run_id of the latest result holding it on the
+    node given (its first node by name, which the counts know): the nodes' few latest
+    rows, not the thousands holding a usual answer."""
+    wanted: dict[str, set[tuple[int, int]]] = {}
+    for pair, node in firsts.items():
+        wanted.setdefault(node, set()).add(pair)
+    found: dict[tuple[int, int], int] = {}
+    for part in chunked(sorted(wanted)):
+        for name, env_id, outcome_id, result_id in session.execute(
+                select(Node.name, Latest.environment_id, Latest.outcome_id, Latest.result_id)
+                .join(Latest, Latest.node_id == Node.id).where(Node.name.in_(part))):
+            pair = (env_id, outcome_id)
+            if pair in wanted[name]:
+                found[pair] = min(found.get(pair, result_id), result_id)
+    runs = run_ids_of_results(session, found.values())
+    return {pair: runs[result_id] for pair, result_id in found.items()}
 
 
-def devices_holding(session: Session, outcome_ids: Iterable[int]) -> list[tuple[int, int, int]]:
-    """(device_id, environment_id, outcome_id) of each latest result of these outcomes:
-    ``latest`` alone, through its index on outcome_id, for callers that need no node
-    name or run."""
-    return _of_outcomes(session, select(Latest.device_id, Latest.environment_id,
-                                        Latest.outcome_id), outcome_ids)
+def devices_holding(session: Session, pairs: Iterable[tuple[int, int]]
+                    ) -> list[tuple[int, int, int]]:
+    """(device_id, environment_id, outcome_id) of each latest result of these
+    (environment_id, outcome_id): ``latest`` alone, for callers that need no node name
+    or run."""
+    return _of_pairs(session, select(Latest.device_id, Latest.environment_id,
+                                     Latest.outcome_id), pairs)
 
 
 class Holding(NamedTuple):
     name: str  # the node's
     environment_id: int
     outcome_id: int
-    run_id: str
+    result_id: int  # its run: ``run_ids_of_results``, for the rows a page shows
     device_id: int
 
 
 def latest_holding(session: Session, outcome_ids: Iterable[int]) -> list[Holding]:
     """The latest results holding one of these outcomes, by node name: ``latest`` through
-    its outcome_id index, then the nodes' names and the results' runs by key."""
+    its index on outcome_id, then the nodes' names by key."""
     rows: list[Any] = []
     for part in chunked(sorted(set(outcome_ids))):
         rows.extend(session.execute(
@@ -217,9 +269,8 @@ def latest_holding(session: Session, outcome_ids: Iterable[int]) -> list[Holding
                    Latest.result_id, Latest.device_id)
             .where(Latest.outcome_id.in_(part))).all())
     names = lookup(session, Node.id, Node.name, {row.node_id for row in rows})
-    runs = run_ids_of_results(session, [row.result_id for row in rows])
     return sorted((Holding(names[row.node_id], row.environment_id, row.outcome_id,
-                           runs[row.result_id], row.device_id) for row in rows),
+                           row.result_id, row.device_id) for row in rows),
                   key=lambda row: row.name)
 
 

@@ -13,6 +13,9 @@ EXAMPLE: dict[str, Any] = {
     "summary": {"nodes": 4, "environments": 2, "ok": 2, "suspect": 1, "watch": 0,
                 "nondeterministic": 1, "stale": 0, "policy_violations": 1,
                 "broken_inputs": 0},
+    "limit": 50, "offset": 0,
+    "totals": {"stale": 0, "policy": 1, "suspects": 1, "nondeterministic": 1,
+               "broken_inputs": 0, "drift": 0},
     "inventory": {"torch": [{"value": "2.13.0+cpu", "nodes": 4}],
                   "driver": [{"value": None, "nodes": 4}]},
     "stale": [],
@@ -93,6 +96,17 @@ class NodeStatusCounts(_Row):
 class AuditSummary(NodeStatusCounts):
     policy_violations: int  # nodes breaking a rule
     broken_inputs: int  # nodes with a result on other input or parameter bytes
+
+
+class AuditTotals(_Row):
+    """How many rows each paged table has in all (its page holds ``limit`` of them)."""
+
+    stale: int
+    policy: int
+    suspects: int
+    nondeterministic: int
+    broken_inputs: int
+    drift: int
 
 
 class InventoryRow(_Row):
@@ -299,6 +313,11 @@ class AuditOut(BaseModel):
     generated_at: str
     window_days: float
     summary: AuditSummary
+    limit: int | None = Field(description="Rows per table: stale, policy, suspects, "
+                                          "nondeterministic, broken_inputs and drift each "
+                                          "hold a page (None: every row, as CSV exports)")
+    offset: int = Field(description="Rows of each paged table skipped")
+    totals: AuditTotals = Field(description="Rows of each paged table in all")
     inventory: dict[str, list[InventoryRow]]  # promoted environment column → its values
     stale: list[StaleRow]
     policy: list[PolicyRow]

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
 from numparity_server.analysis.audit import (
@@ -33,15 +34,10 @@ from numparity_server.analysis.environment import flatten_environment
 from numparity_server.analysis.fleet_policy import (
     broken_requirements,
     check_violations,
-    fleet_violations,
+    environment_violations,
 )
-from numparity_server.analysis.inventory import INVENTORY_COLUMNS, inventory
-from numparity_server.analysis.node_status import (
-    StaleNode,
-    node_statuses,
-    stale_nodes,
-    status_counts,
-)
+from numparity_server.analysis.inventory import INVENTORY_COLUMNS, inventory_of
+from numparity_server.analysis.node_status import StaleNode, flagged_counts, stale_nodes
 from numparity_server.analysis.numerics import Reported, numerics
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit import repository
@@ -50,6 +46,7 @@ from numparity_server.audit.repository import Held
 from numparity_server.audit.schemas import (
     AuditOut,
     AuditSummary,
+    AuditTotals,
     BrokenInputsRow,
     DeterminismCostRow,
     DriftRow,
@@ -66,44 +63,51 @@ from numparity_server.audit.schemas import (
 from numparity_server.reads.results import results_of_runs
 
 
-def audit(*, session: Session, policy: Policy, now: datetime | None = None) -> AuditOut:
-    """The whole audit as of ``now``: the summary and every table."""
+def audit(*, session: Session, policy: Policy, now: datetime | None = None,
+          limit: int | None = None, offset: int = 0) -> AuditOut:
+    """The audit as of ``now``: the summary (of every node), and a page of each table
+    (``limit`` rows from ``offset``; every row with None), with ``totals``.
+
+    The runs the rows name are looked up for the page's rows only: a lab of 100,000 nodes
+    has thousands of stale or nondeterministic nodes, which the summary counts."""
     now = now or datetime.now(timezone.utc)
+    page = slice(offset, None if limit is None else offset + limit)
     fleet = judged_fleet(session, policy, now)
     environments = {row.id: row for row in repository.environments(session)}
     env_keys = {env_id: row.env_key for env_id, row in environments.items()}
     suspects = _suspects(session, fleet, env_keys)
-    nondeterministic = _nondeterministic(session, fleet, env_keys)
-    stale = _stale(session, fleet, _stale_nodes(fleet, now, policy))
-    policy_rows = sorted([
-        PolicyRow(node=node, env_key=environments[env_id].env_key, **violation.to_dict())
-        for node, env_id, violation in [
-            *fleet_violations(policy, fleet.node_env,
-                              {env_id: environments[env_id].document
-                               for env_id in set(fleet.node_env.values())}),
-            *_check_violations(session, fleet, policy)]
-    ], key=lambda row: row.node)
-    broken = _broken_inputs(session, fleet.held)
+    held_nondeterministic = _nondeterministic(session, fleet, env_keys)
+    nondeterministic = _with_run_ids(session, held_nondeterministic[page])
+    stale_entries = _stale_nodes(fleet, now, policy)
+    stale = _stale(session, fleet, stale_entries[page])
+    violations = _policy(session, fleet, policy, environments, page)
+    held_broken = _broken_inputs(session, fleet.held)
+    broken = _with_run_ids(session, held_broken[page])
+    drift = _drift(session, fleet, environments)
     counts = _counts(fleet, suspects=node_suspect_statuses(suspects),
                      devices=[suspect.status for suspect in suspects],
-                     nondeterministic={row.node for row in nondeterministic},
-                     stale={row.node for row in stale})
+                     nondeterministic={row.node for row, _result in held_nondeterministic},
+                     stale={entry.node for entry in stale_entries})
     columns = {env_id: {column: getattr(row, column) for column in INVENTORY_COLUMNS}
                for env_id, row in environments.items()}
     return AuditOut(
         generated_at=now.isoformat(),
         window_days=policy.window_days,
         summary=AuditSummary(**counts.model_dump(),
-                             policy_violations=len({row.node for row in policy_rows}),
-                             broken_inputs=len({row.node for row in broken})),
+                             policy_violations=violations.nodes,
+                             broken_inputs=len({row.node for row, _result in held_broken})),
+        limit=limit, offset=offset,
+        totals=AuditTotals(stale=len(stale_entries), policy=violations.rows,
+                           suspects=len(suspects), nondeterministic=len(held_nondeterministic),
+                           broken_inputs=len(held_broken), drift=len(drift)),
         inventory={column: [InventoryRow.model_validate(count) for count in values]
-                   for column, values in inventory(fleet.node_env, columns).items()},
+                   for column, values in inventory_of(fleet.env_nodes, columns).items()},
         stale=stale,
-        policy=policy_rows,
-        suspects=[SuspectRow.model_validate(suspect) for suspect in suspects],
+        policy=violations.page,
+        suspects=[SuspectRow.model_validate(suspect) for suspect in suspects[page]],
         nondeterministic=nondeterministic,
         broken_inputs=broken,
-        drift=_drift(session, fleet, environments),
+        drift=drift[page],
         determinism_cost=[DeterminismCostRow.model_validate(cost) for cost in
                           determinism_cost(_wall_times(fleet.held), env_keys)],
         numerics=_numerics(fleet.held, env_keys),
@@ -122,7 +126,7 @@ def audit_summary(*, session: Session, policy: Policy, now: datetime | None = No
     return _counts(
         fleet, suspects=suspect_statuses(found, fleet.majority),
         devices=[status for _node, status in device_statuses(found, fleet.majority).values()],
-        nondeterministic={row.node for row in nondeterministic},
+        nondeterministic={row.node for row, _result in nondeterministic},
         stale={entry.node for entry in _stale_nodes(fleet, now, policy)})
 
 
@@ -130,11 +134,10 @@ def _counts(fleet: Fleet, *, suspects: Mapping[str, str], devices: Sequence[str]
             nondeterministic: set[str], stale: set[str]) -> NodeStatusCounts:
     """``suspects``: node → its worst device's status; ``devices``: each suspect or
     watched device's status."""
-    statuses = node_statuses([node.name for node in fleet.nodes], suspects=suspects,
-                             nondeterministic=nondeterministic, stale=stale)
-    return NodeStatusCounts(nodes=len(fleet.nodes),
-                            environments=len(set(fleet.node_env.values())),
-                            **status_counts(statuses), devices=fleet.devices,
+    return NodeStatusCounts(nodes=fleet.nodes, environments=len(fleet.env_nodes),
+                            **flagged_counts(fleet.nodes, suspects=suspects,
+                                             nondeterministic=nondeterministic, stale=stale),
+                            devices=fleet.devices,
                             suspect_devices=devices.count("suspect"),
                             watched_devices=devices.count("watch"))
 
@@ -143,20 +146,26 @@ def _suspects(session: Session, fleet: Fleet, env_keys: Mapping[int, str]) -> li
     majority = fleet.majority
     if not majority:
         return []
-    # A run holding the majority answer of each (environment, key), to compare with.
+    # A run holding the majority answer of each (environment, key), to compare with: its
+    # first node's.
     holding = {(h.environment, held_key(h)): (h.environment, h.outcome.id)
                for h in fleet.strict
                if (found := majority.get((h.environment, held_key(h))))
                and found.manifest_hash == h.outcome.manifest_hash}
+    firsts: dict[tuple[int, int], str] = {}
+    for h in fleet.strict:
+        pair = (h.environment, h.outcome.id)
+        firsts[pair] = min(firsts.get(pair, h.first_node), h.first_node)
     slots = {h.outcome.id: h.outcome.device for h in fleet.strict}
-    run_ids = repository.run_ids_holding(session, holding.values())
+    run_ids = repository.run_ids_holding(
+        session, {pair: firsts[pair] for pair in holding.values()})
     peer_runs = {key: (run_ids[pair], slots[pair[1]]) for key, pair in holding.items()
                  if pair in run_ids}
 
     judged = [row for row in fleet.history.deviating
               if (row.environment_id, strict_key(row)) in majority]
     answers = {(row.environment_id, row.manifest_hash) for row in judged}
-    deviant = [h.outcome.id for h in fleet.strict
+    deviant = [(h.environment, h.outcome.id) for h in fleet.strict
                if (h.environment, h.outcome.manifest_hash) in answers]
     manifest_of = {h.outcome.id: h.outcome.manifest_hash for h in fleet.strict}
     current = {(device, env_id, manifest_of[outcome])
@@ -168,16 +177,16 @@ def _suspects(session: Session, fleet: Fleet, env_keys: Mapping[int, str]) -> li
 
 
 def _nondeterministic(session: Session, fleet: Fleet, env_keys: Mapping[int, str]
-                      ) -> list[NondeterministicRow]:
+                      ) -> list[tuple[NondeterministicRow, int | None]]:
+    """The rows, each with the result whose run it names when that run is still to be
+    looked up (``_with_run_ids``, for a page's rows)."""
     disagreeing = {h.outcome.id: h.outcome for h in fleet.held
                    if h.outcome.repeats_agree is False}
+    holding = repository.latest_holding(session, disagreeing)
     repeats = repeat_disagreements(
-        RepeatsDisagree(name, o.suite, o.workload, o.workload_version, o.variant, o.device,
-                        o.repeats, run_id)
-        for name, _env, outcome_id, run_id, _device in repository.latest_holding(
-            session, disagreeing)
-        if (o := disagreeing[outcome_id])
-    )
+        RepeatsDisagree(held.name, o.suite, o.workload, o.workload_version, o.variant,
+                        o.device, o.repeats, str(index))
+        for index, held in enumerate(holding) if (o := disagreeing[held.outcome_id]))
     # A strict answer that changed within one environment, drill runs left out: a device
     # that changed answered unusually at least once, so its history has been read.
     answers: dict[tuple[int, int, Key], set[str]] = defaultdict(set)
@@ -193,20 +202,34 @@ def _nondeterministic(session: Session, fleet: Fleet, env_keys: Mapping[int, str
          len(manifests), newest[(device, env_id, key)])
         for (device, env_id, key), manifests in answers.items() if len(manifests) > 1
     )
-    rows: list[NondeterministicRow] = [
-        *(RepeatsDisagreeRow.model_validate(entry) for entry in repeats),
-        *(StrictChangedRow.model_validate(entry) for entry in changes)]
-    return sorted(rows, key=lambda row: (row.node, row.reason, row.workload, row.variant))
+    # A repeat's run is its holding's result's (the index stands in for the run_id).
+    rows: list[tuple[NondeterministicRow, int | None]] = [
+        *((RepeatsDisagreeRow.model_validate(entry), holding[int(entry.run_id)].result_id)
+          for entry in repeats),
+        *((StrictChangedRow.model_validate(entry), None) for entry in changes)]
+    return sorted(rows, key=lambda item: (item[0].node, item[0].reason, item[0].workload,
+                                          item[0].variant))
+
+
+Row = TypeVar("Row", bound=BaseModel)
+
+
+def _with_run_ids(session: Session, rows: Sequence[tuple[Row, int | None]]) -> list[Row]:
+    """The rows, each naming the run of its result where it has one."""
+    runs = repository.run_ids_of_results(
+        session, [result for _row, result in rows if result is not None])
+    return [row if result is None else row.model_copy(update={"run_id": runs[result]})
+            for row, result in rows]
 
 
 def _stale_nodes(fleet: Fleet, now: datetime, policy: Policy) -> list[StaleNode]:
-    return stale_nodes({node.name: node.last_seen for node in fleet.nodes}, now=now,
+    return stale_nodes({node.name: node.last_seen for node in fleet.silent}, now=now,
                        stale_after_hours=policy.stale_after_hours)
 
 
 def _stale(session: Session, fleet: Fleet, stale: Sequence[StaleNode]) -> list[StaleRow]:
     """The stale nodes' rows, each with its newest run."""
-    by_name = {node.name: node for node in fleet.nodes}
+    by_name = {node.name: node for node in fleet.silent}
     run_ids = repository.newest_run_ids(session, [by_name[entry.node].id for entry in stale])
     return [StaleRow(node=entry.node, last_seen=entry.last_seen.isoformat(),
                      hours_since=entry.hours_since,
@@ -214,18 +237,19 @@ def _stale(session: Session, fleet: Fleet, stale: Sequence[StaleNode]) -> list[S
             for entry in stale]
 
 
-def _broken_inputs(session: Session, held: Sequence[Held]) -> list[BrokenInputsRow]:
-    """Latest results whose input or parameter bytes differ from the fleet's."""
+def _broken_inputs(session: Session, held: Sequence[Held]
+                   ) -> list[tuple[BrokenInputsRow, int | None]]:
+    """Latest results whose input or parameter bytes differ from the fleet's, each with
+    the result whose run it names (``_with_run_ids``)."""
     broken = broken_results(
         (h.outcome.id, (h.outcome.suite, h.outcome.workload, h.outcome.workload_version,
                         h.outcome.variant),
          (h.outcome.input_hash, h.outcome.param_hash), h.support)
         for h in held if h.outcome.status == "ok")
-    rows = [BrokenInputsRow(node=name, run_id=run_id,
-                            **asdict(broken[outcome_id]))
-            for name, _env, outcome_id, run_id, _device in repository.latest_holding(
-                session, broken)]
-    return sorted(rows, key=lambda row: (row.node, row.workload, row.variant))
+    rows = [(BrokenInputsRow(node=held.name, run_id="", **asdict(broken[held.outcome_id])),
+             held.result_id)
+            for held in repository.latest_holding(session, broken)]
+    return sorted(rows, key=lambda item: (item[0].node, item[0].workload, item[0].variant))
 
 
 def _drift(session: Session, fleet: Fleet, environments: Mapping[int, Any]) -> list[DriftRow]:
@@ -234,8 +258,7 @@ def _drift(session: Session, fleet: Fleet, environments: Mapping[int, Any]) -> l
     that changed and the results whose answer changed with them. Only the runs of nodes
     that changed environment and of devices that moved within the window are read
     (``nodes.environment_changed_at``, ``devices.moved_at``)."""
-    changed = [node.id for node in fleet.nodes if node.environment_changed_at is not None
-               and node.environment_changed_at >= fleet.since]
+    changed = repository.changed_nodes(session, since=fleet.since)
     changes = repository.environment_changes(session, node_ids=changed, since=fleet.since)
     moves = repository.device_moves(
         session, device_ids=repository.moved_devices(session, since=fleet.since),
@@ -309,6 +332,44 @@ def _numerics(held: Sequence[Held], env_keys: Mapping[int, str]) -> list[Numeric
         **{f"{field}_op": (verdict.op if verdict else None) for field, verdict
            in row.columns.items()},
         breaks=[asdict(found) for found in row.breaks]) for row in rows]
+
+
+@dataclass(frozen=True)
+class _Violations:
+    page: list[PolicyRow]
+    rows: int  # in all
+    nodes: int  # with at least one
+
+
+def _policy(session: Session, fleet: Fleet, policy: Policy, environments: Mapping[int, Any],
+            page: slice) -> _Violations:
+    """The policy table's page, by node: each node on an environment that breaks a rule
+    (a row per rule it breaks), and each node whose latest results break a check
+    requirement. Only the first nodes of the breaking environments by name are read,
+    as many as the page could show (each gives a row at least)."""
+    per_env = environment_violations(policy, {env_id: environments[env_id].document
+                                              for env_id in fleet.env_nodes})
+    checks = _check_violations(session, fleet, policy)
+    wanted = None if page.stop is None else page.stop
+    on_env = repository.nodes_on(session, per_env, limit=wanted)
+    if wanted is not None and len(on_env) == wanted:
+        # Rows of later nodes than the last read come after the page.
+        last = on_env[-1][0]
+        checks_shown = [row for row in checks if row[0] <= last]
+    else:
+        checks_shown = checks
+    rows = sorted([*((node, env_id, violation) for node, env_id in on_env
+                     for violation in per_env[env_id]), *checks_shown],
+                  key=lambda row: row[0])
+    checked = {node for node, _env, _violation in checks}
+    current = repository.current_environments(session, checked)
+    outside = {node for node in checked if current.get(node) not in per_env}
+    return _Violations(
+        page=[PolicyRow(node=node, env_key=environments[env_id].env_key,
+                        **violation.to_dict()) for node, env_id, violation in rows[page]],
+        rows=sum(fleet.env_nodes[env_id] * len(found) for env_id, found in per_env.items())
+        + len(checks),
+        nodes=sum(fleet.env_nodes[env_id] for env_id in per_env) + len(outside))
 
 
 def _check_violations(session: Session, fleet: Fleet, policy: Policy

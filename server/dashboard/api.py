@@ -45,6 +45,9 @@ COOKIE = "numparity_token"
 COOKIE_MAX_AGE_S = 30 * 24 * 3600
 # Node names listed per group on a workload page (a 10,000-node group is a long page).
 MAX_GROUP_NODES = 50
+# Rows of each list the audit page shows (the summary counts every node; the CSV links
+# give every row).
+AUDIT_PAGE_ROWS = 100
 templates = Jinja2Templates(directory=HERE / "templates")
 router = APIRouter(include_in_schema=False)
 # Paths that are not pages: their errors stay JSON (the API's contract).
@@ -229,8 +232,9 @@ async def compare_page(request: Request, session: DbSession, policy: PolicyDep,
 @router.get("/audit", response_class=HTMLResponse)
 async def audit_page(request: Request, session: DbSession, policy: PolicyDep,
                      _reader: PageReader, kept: KeptReads) -> HTMLResponse:
-    report = await run_in_threadpool(kept, ("audit",), lambda: audit_service.audit(
-        session=session, policy=policy))
+    report = await run_in_threadpool(
+        kept, ("audit", AUDIT_PAGE_ROWS, 0), lambda: audit_service.audit(
+            session=session, policy=policy, limit=AUDIT_PAGE_ROWS))
     return _aged(render(request, "audit.html", report=report, title="Audit"), kept)
 
 
@@ -239,7 +243,7 @@ async def audit_csv(session: DbSession, policy: PolicyDep, _reader: PageReader,
                     kept: KeptReads, table: str = "findings") -> Response:
     """The audit's CSV for a browser that holds the cookie (the API wants a bearer)."""
     audit_export.check_table(table)
-    report = await run_in_threadpool(kept, ("audit",), lambda: audit_service.audit(
+    report = await run_in_threadpool(kept, ("audit", "all"), lambda: audit_service.audit(
         session=session, policy=policy))
     body = audit_export.to_csv(report, table)
     return Response(body, media_type="text/csv", headers={

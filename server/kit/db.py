@@ -53,13 +53,18 @@ def create_engine_for(settings: Settings, *, pooled: bool = True) -> Engine:
     parsed = normalize_url(settings.database_url)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(parsed, settings, pooled=pooled)
+    # No JIT: the server's queries are short, and PostgreSQL's JIT, triggered by a cost
+    # estimate, compiled a look-up of 500 (environment, outcome) pairs for 13 s at
+    # 100,000 nodes before running it in milliseconds.
+    connect_args = {"options": "-c jit=off"}
     if not pooled:
-        return create_engine(parsed, poolclass=NullPool)
+        return create_engine(parsed, poolclass=NullPool, connect_args=connect_args)
     return create_engine(
         parsed,
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
         pool_pre_ping=True,
+        connect_args=connect_args,
     )
 
 

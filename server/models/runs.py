@@ -99,17 +99,18 @@ class Latest(Base):
     only with ``result_id``; an outcome cannot go while its result refers to it, and the
     row goes with the result, so ``outcome_id`` needs no foreign key.
 
-    ``outcome_id`` is indexed all the same, for /audit's "who holds these outcomes"
-    (migration 0013). That keeps uploads' updates HOT: PostgreSQL compares an indexed
-    column's old and new values, and ``outcome_id`` changes only when the node's answer
-    for the key does, which a node that keeps its answers never does.
+    ``outcome_id`` is indexed all the same, with ``environment_id``, for /audit's "who
+    holds this answer in that environment" and /divergence's members (migrations 0013,
+    0014). That keeps uploads' updates HOT: PostgreSQL compares an indexed column's old
+    and new values, and the two change only when the node's answer for the key or its
+    environment does, which a node that keeps both never does.
     """
 
     __tablename__ = "latest"
     __table_args__ = (
         UniqueConstraint("node_id", "device_id", "suite", "workload", "variant"),
         Index("ix_latest_key", "suite", "workload", "variant"),
-        Index("ix_latest_outcome_id", "outcome_id"),
+        Index("ix_latest_outcome_id_environment_id", "outcome_id", "environment_id"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
