@@ -14,7 +14,8 @@ stored). Both are filled from what is there.
 who holds an answer in one environment, and an answer (a CPU's, say) is often shared by
 environments of tens of thousands of nodes.
 
-On PostgreSQL ``nodes.name`` takes the "C" collation (code point order, as Python and
+On PostgreSQL ``results.outcome_id`` keeps statistics of a thousand values, and
+``nodes.name`` takes the "C" collation (code point order, as Python and
 SQLite compare): "the first nodes by name" then walks the unique index.
 
 Revision ID: 0014
@@ -91,6 +92,11 @@ def upgrade() -> None:
     op.create_index("ix_latest_outcome_id_environment_id", "latest",
                     ["outcome_id", "environment_id"], unique=False)
     if postgresql:
+        # Statistics of a thousand outcomes: the audit looks up the results of a few
+        # hundred rare (unusual) outcomes, which the default hundred estimated at the
+        # average outcome's thousands of results each, and scanned every result
+        # (220 ms at 100,000 nodes; 33 ms through the index).
+        op.execute("ALTER TABLE results ALTER COLUMN outcome_id SET STATISTICS 1000")
         # Names in code point order, as Python and SQLite compare them: the unique index
         # then walks nodes in the order the analysis names them.
         op.alter_column("nodes", "name", type_=sa.String(length=255, collation="C"),
@@ -100,6 +106,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
+        op.execute("ALTER TABLE results ALTER COLUMN outcome_id SET STATISTICS -1")
         op.alter_column("nodes", "name", type_=sa.String(length=255),
                         existing_type=sa.String(length=255, collation="C"),
                         existing_nullable=False)

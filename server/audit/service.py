@@ -83,7 +83,7 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None,
     violations = _policy(session, fleet, policy, environments, page)
     held_broken = _broken_inputs(session, fleet.held)
     broken = _with_run_ids(session, held_broken[page])
-    drift = _drift(session, fleet, environments)
+    drift, drift_total = _drift(session, fleet, environments, page)
     counts = _counts(fleet, suspects=node_suspect_statuses(suspects),
                      devices=[suspect.status for suspect in suspects],
                      nondeterministic={row.node for row, _result in held_nondeterministic},
@@ -99,7 +99,7 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None,
         limit=limit, offset=offset,
         totals=AuditTotals(stale=len(stale_entries), policy=violations.rows,
                            suspects=len(suspects), nondeterministic=len(held_nondeterministic),
-                           broken_inputs=len(held_broken), drift=len(drift)),
+                           broken_inputs=len(held_broken), drift=drift_total),
         inventory={column: [InventoryRow.model_validate(count) for count in values]
                    for column, values in inventory_of(fleet.env_nodes, columns).items()},
         stale=stale,
@@ -107,7 +107,7 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None,
         suspects=[SuspectRow.model_validate(suspect) for suspect in suspects[page]],
         nondeterministic=nondeterministic,
         broken_inputs=broken,
-        drift=drift[page],
+        drift=drift,
         determinism_cost=[DeterminismCostRow.model_validate(cost) for cost in
                           determinism_cost(_wall_times(fleet.held), env_keys)],
         numerics=_numerics(fleet.held, env_keys),
@@ -252,19 +252,27 @@ def _broken_inputs(session: Session, held: Sequence[Held]
     return sorted(rows, key=lambda item: (item[0].node, item[0].workload, item[0].variant))
 
 
-def _drift(session: Session, fleet: Fleet, environments: Mapping[int, Any]) -> list[DriftRow]:
+def _drift(session: Session, fleet: Fleet, environments: Mapping[int, Any], page: slice
+           ) -> tuple[list[DriftRow], int]:
     """Environment changes of a node between consecutive runs, and moves of a device (a
     GPU that showed up on another node) between its consecutive runs: the attributes
     that changed and the results whose answer changed with them. Only the runs of nodes
     that changed environment and of devices that moved within the window are read
-    (``nodes.environment_changed_at``, ``devices.moved_at``)."""
+    (``nodes.environment_changed_at``, ``devices.moved_at``), and the results of the
+    page's runs alone. The page and how many rows there are in all."""
     changed = repository.changed_nodes(session, since=fleet.since)
     changes = repository.environment_changes(session, node_ids=changed, since=fleet.since)
     moves = repository.device_moves(
         session, device_ids=repository.moved_devices(session, since=fleet.since),
         since=fleet.since)
+    total = len(changes) + len(moves)
+    # Newest first (then by node, backwards), as the rows are listed.
+    shown = sorted([*((row, True) for row in changes), *((row, False) for row in moves)],
+                   key=lambda item: (item[0].started_at, item[0].name), reverse=True)[page]
+    changes = [row for row, of_node in shown if of_node]
+    moves = [row for row, of_node in shown if not of_node]
     if not changes and not moves:
-        return []
+        return [], total
     run_ids = {row.id for row in [*changes, *moves]} | {row.prev_id for row in [*changes, *moves]}
     results: dict[int, dict[tuple[str, str, str, str], str | None]] = defaultdict(dict)
     # A device's answers by key (its slot may differ between two nodes).
@@ -302,7 +310,7 @@ def _drift(session: Session, fleet: Fleet, environments: Mapping[int, Any]) -> l
             on_device[(move.prev_id, move.device_id)], on_device[(move.id, move.device_id)])],
     }) for move in moves]
     return sorted([*node_rows, *device_rows], key=lambda row: (row.started_at, row.node),
-                  reverse=True)
+                  reverse=True), total
 
 
 def _wall_times(held: Sequence[Held]) -> list[WallTime]:
