@@ -45,9 +45,6 @@ COOKIE = "numparity_token"
 COOKIE_MAX_AGE_S = 30 * 24 * 3600
 # Node names listed per group on a workload page (a 10,000-node group is a long page).
 MAX_GROUP_NODES = 50
-# Rows of each list the audit page shows (the summary counts every node; the CSV links
-# give every row).
-AUDIT_PAGE_ROWS = 100
 templates = Jinja2Templates(directory=HERE / "templates")
 router = APIRouter(include_in_schema=False)
 # Paths that are not pages: their errors stay JSON (the API's contract).
@@ -231,10 +228,13 @@ async def compare_page(request: Request, session: DbSession, policy: PolicyDep,
 
 @router.get("/audit", response_class=HTMLResponse)
 async def audit_page(request: Request, session: DbSession, policy: PolicyDep,
-                     _reader: PageReader, kept: KeptReads) -> HTMLResponse:
+                     settings: SettingsDep, _reader: PageReader, kept: KeptReads
+                     ) -> HTMLResponse:
+    # The API's first page (GET /api/v1/audit without limit): one computation for both.
+    rows = min(settings.page_default, settings.page_max)
     report = await run_in_threadpool(
-        kept, ("audit", AUDIT_PAGE_ROWS, 0), lambda: audit_service.audit(
-            session=session, policy=policy, limit=AUDIT_PAGE_ROWS))
+        kept, ("audit", rows, 0), lambda: audit_service.audit(
+            session=session, policy=policy, limit=rows))
     return _aged(render(request, "audit.html", report=report, title="Audit"), kept)
 
 

@@ -244,3 +244,29 @@ def test_csv_cells_that_a_spreadsheet_would_run_as_formulas_start_with_a_quote(f
                         for row in cost)
     # A lone node's one timed run: its ratio is not shown, and the note says why.
     assert any(row["ratio"] == "" and "one timed run" in row["note"] for row in cost)
+
+
+PAGED = ("stale", "policy", "suspects", "nondeterministic", "broken_inputs", "drift")
+
+
+def test_each_list_is_a_page_with_its_total(fleet):
+    """Pages of one row, in turn, are the whole list (every row, as the CSV has them),
+    each row naming the same runs; the summary counts every node whatever the page."""
+    from numparity_server.kit.policy_file import load_policy
+
+    with session_factory(get_engine(fleet.settings))() as session:
+        whole = service.audit(session=session, policy=load_policy(
+            fleet.settings.policy_file)).model_dump(mode="json")
+    assert any(len(whole[table]) > 1 for table in PAGED)
+    first = get_audit(fleet).json()
+    assert first["limit"] == fleet.settings.page_default and first["offset"] == 0
+    longest = max(len(whole[table]) for table in PAGED)
+    pages = [get_audit(fleet, limit=1, offset=offset).json() for offset in range(longest + 1)]
+    for table in PAGED:
+        assert [row for page in pages for row in page[table]] == whole[table], table
+        assert {page["totals"][table] for page in pages} == {len(whole[table])}
+        assert all(len(page[table]) <= 1 for page in pages)
+    assert all(page["summary"] == whole["summary"] for page in pages)
+    too_many = fleet.client.get("/api/v1/audit", headers=fleet.reader,
+                                params={"limit": fleet.settings.page_max + 1})
+    assert too_many.status_code == 422 and "limit" in too_many.text

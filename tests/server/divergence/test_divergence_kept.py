@@ -158,6 +158,27 @@ def test_members_are_capped_with_their_totals(api):
     assert get(api)["members_limit"] == api.settings.page_default
 
 
+@pytest.mark.parametrize("limit", [1, 2, 5])
+def test_walking_names_and_ranking_rows_list_the_same_members(api, monkeypatch, limit):
+    """A group's first members by name, found by walking the nodes in name order or by
+    ranking the answer's rows (the cheaper is chosen by size), are the same; names are
+    in code point order on either database (upper case before lower, digits first)."""
+    names = ["Zeta", "alpha", "beta-2", "beta-10", "gamma", "Alpha", "9-node", "delta",
+             "é-node", "eta"]
+    post(api, *(run_document(name, shift=1e-3 if index % 3 == 0 else 0.0)
+                for index, name in enumerate(names)))
+    answers = {}
+    for cost in (0.0, 1e9):  # always walk, always rank
+        monkeypatch.setattr(repository, "WALK_COST", cost)
+        report = get(api, members_limit=limit)
+        answers[cost] = [(g["size"], g["nodes"], g["representative"]) for g in report["groups"]]
+    assert answers[0.0] == answers[1e9]
+    shifted = sorted(name for index, name in enumerate(names) if index % 3 == 0)
+    usual = sorted(name for index, name in enumerate(names) if index % 3)
+    assert [nodes for _size, nodes, _rep in answers[0.0]] == [usual[:limit], shifted[:limit]]
+    assert [rep["node"] for _size, _nodes, rep in answers[0.0]] == [usual[0], shifted[0]]
+
+
 def test_a_kept_verdict_is_what_compare_finds(api):
     """The verdict read back from the table equals /compare's for the representatives'
     runs (another path through the code), and a fresh computation once the row is gone."""
