@@ -1,8 +1,9 @@
 """``latest_counts``: ``latest`` counted by (environment, outcome, device model), moved by
 ingest in the transaction that moves the node's latest rows (design §3.1).
 
-An upload reads the node's latest rows before and after it writes them and moves the
-counts by the difference: a node that keeps its answers moves only the wall time sums of
+An upload reads the node's latest rows before it writes them, works out what they are
+after (``after_upload``: the rule ``upsert_latest`` applies) and moves the counts by the
+difference: a node that keeps its answers moves only the wall time sums of
 its rows' counts, one that changed an answer moves a device from one count to another.
 Only the node's own rows are read, and the node's row is locked by then (its upsert), so
 two uploads of one node never interleave; counts of many nodes are written in key order,
@@ -17,9 +18,10 @@ about ln(n) times while n nodes leave a count in any order.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 
 from sqlalchemy import and_, case, delete, func, insert, literal, select, update
 from sqlalchemy.orm import Session
@@ -60,13 +62,46 @@ class Tally:
         return any(getattr(self, name) for name in _SUMS)
 
 
-def node_rows(session: Session, node_id: int) -> Sequence[Any]:
-    """The node's latest rows as the counts see them (its unique key leads with node_id)."""
-    return session.execute(
-        select(Latest.environment_id, Latest.outcome_id, Latest.model, Latest.suite,
-               Latest.workload, Latest.variant, Latest.wall_s, Latest.wall_s_spread)
-        .where(Latest.node_id == node_id)
-    ).all()
+class Held(NamedTuple):
+    """One of a node's latest rows, as the counts see it."""
+
+    device_id: int
+    suite: str
+    workload: str
+    variant: str
+    started_at: datetime
+    environment_id: int
+    outcome_id: int
+    model: str
+    wall_s: float | None
+    wall_s_spread: float | None
+
+    @property
+    def slot(self) -> tuple[int, str, str, str]:
+        return (self.device_id, self.suite, self.workload, self.variant)
+
+
+def node_rows(session: Session, node_id: int) -> list[Held]:
+    """The node's latest rows (its unique key leads with node_id)."""
+    return [Held(**row._mapping) for row in session.execute(
+        select(Latest.device_id, Latest.suite, Latest.workload, Latest.variant,
+               Latest.started_at, Latest.environment_id, Latest.outcome_id, Latest.model,
+               Latest.wall_s, Latest.wall_s_spread)
+        .where(Latest.node_id == node_id))]
+
+
+def after_upload(before: Sequence[Held], *, gone: Collection[int],
+                 rows: Iterable[Mapping[str, Any]]) -> list[Held]:
+    """The node's latest rows once an upload wrote ``rows`` (``upsert_latest``'s: a row
+    takes a key unless the key holds a newer one) after the devices ``gone`` left it
+    (``detach_devices`` deleted their rows): what reading them again would give."""
+    held = {row.slot: row for row in before if row.device_id not in gone}
+    for row in rows:
+        new = Held(**{name: row[name] for name in Held._fields})
+        old = held.get(new.slot)
+        if old is None or old.started_at <= new.started_at:
+            held[new.slot] = new
+    return list(held.values())
 
 
 def difference(before: Iterable[Any], after: Iterable[Any]) -> dict[CountKey, Tally]:

@@ -149,14 +149,14 @@ def _device_ids(session: Session, identities: Iterable[str]) -> dict[str, int]:
 
 
 def detach_devices(session: Session, *, node_id: int, started_at: datetime,
-                   visible_uuids: set[str]) -> None:
+                   visible_uuids: set[str]) -> list[int]:
     """The node's newest run saw only ``visible_uuids``: a GPU of this node known by a
     UUID it did not see has left it (replaced, or moved to another node). It no longer
     sits here, and the node's latest results of it go, so the node is judged by the
     devices it has; the device's history stays with the device.
 
     Only the node's own newest run moves its devices away, so no other node's runs can
-    hide this node's devices from the audit."""
+    hide this node's devices from the audit. Returns the devices whose rows went."""
     # The GPUs the node holds latest results of (one may sit elsewhere already: it moved
     # and its new node reported first).
     gone = session.scalars(
@@ -172,6 +172,7 @@ def detach_devices(session: Session, *, node_id: int, started_at: datetime,
                                              Latest.device_id.in_(gone)))
         session.execute(update(Device).where(Device.id.in_(gone), Device.node_id == node_id)
                         .values(node_id=None))
+    return [int(pk) for pk in gone]
 
 
 def find_environment(session: Session, env_key: str) -> int | None:

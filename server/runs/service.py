@@ -225,8 +225,8 @@ def _store(session: Session, run: RunDocument, sha256: str,
         "agent_version": run.agent_version, "document_sha256": sha256, "drill": run.drill,
         "received_at": now,
     })
-    device_ids, models = _devices(session, run, node_id=node_id, started_at=ordered_at,
-                                  now=now)
+    device_ids, models, gone = _devices(session, run, node_id=node_id,
+                                        started_at=ordered_at, now=now)
     _store_fingerprints(session, run, now=now)
     result_manifest = _manifests(session, run, digests, now=now)
     traces.store_traces(session, run, bodies, now=now)
@@ -255,15 +255,15 @@ def _store(session: Session, run: RunDocument, sha256: str,
     repository.upsert_latest(session, list(latest.values()))
     # Last: the counts are the rows concurrent uploads share, locked until the commit.
     counts.move(session, node=run.node.name, before=held_before,
-                after=counts.node_rows(session, node_id))
+                after=counts.after_upload(held_before, gone=gone, rows=latest.values()))
     return RunCreated(id=run_pk, run_id=run.run_id, results=len(result_ids))
 
 
 def _devices(session: Session, run: RunDocument, *, node_id: int, started_at: datetime,
-             now: datetime) -> tuple[dict[str, int], dict[str, str]]:
+             now: datetime) -> tuple[dict[str, int], dict[str, str], list[int]]:
     """slot → devices.id, and slot → model, of every slot the run's results name
     (runs.devices); a GPU of this node that the node's newest run no longer sees leaves
-    the node."""
+    the node (the third: those devices, whose latest rows went)."""
     seen = seen_devices(run)
     unique = serials_unique(seen)
     ids = repository.resolve_devices(session, node_id=node_id, started_at=started_at,
@@ -274,10 +274,9 @@ def _devices(session: Session, run: RunDocument, *, node_id: int, started_at: da
         "compute_capability": device.compute_capability, "mig": device.mig, "slot": slot,
     } for slot, device in seen.items()])
     visible = visible_uuids(run)
-    if visible is not None:
-        repository.detach_devices(session, node_id=node_id, started_at=started_at,
-                                  visible_uuids=visible)
-    return ids, {slot: device.model for slot, device in seen.items()}
+    gone = [] if visible is None else repository.detach_devices(
+        session, node_id=node_id, started_at=started_at, visible_uuids=visible)
+    return ids, {slot: device.model for slot, device in seen.items()}, gone
 
 
 def _manifests(session: Session, run: RunDocument, digests: Sequence[str | None], *,
