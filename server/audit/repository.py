@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Integer, cast, func, select, true, tuple_
+from sqlalchemy import Integer, cast, func, select, true
 from sqlalchemy.orm import Session, aliased
 
 from numparity_server.analysis.consensus import Support
@@ -173,11 +173,16 @@ def nodes_holding(session: Session, outcome_ids: Iterable[int]
 
 def _of_pairs(session: Session, query: Any, pairs: Iterable[tuple[int, int]]) -> list[Any]:
     """``query``'s rows for the latest results of these (environment_id, outcome_id), a
-    chunk at a time (``latest`` is found through its index on the two)."""
+    chunk at a time (``latest`` is found through its index on the two): the outcomes of
+    each environment as one list, a condition per environment rather than per pair."""
+    by_env: dict[int, list[int]] = {}
+    for env_id, outcome_id in sorted(set(pairs)):
+        by_env.setdefault(env_id, []).append(outcome_id)
     found: list[Any] = []
-    for part in chunked(sorted(set(pairs))):
-        found.extend(session.execute(query.where(
-            tuple_(Latest.environment_id, Latest.outcome_id).in_(part))).all())
+    for env_id, outcome_ids in by_env.items():
+        for part in chunked(outcome_ids):
+            found.extend(session.execute(query.where(
+                Latest.environment_id == env_id, Latest.outcome_id.in_(part))).all())
     return found
 
 

@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
@@ -86,7 +86,7 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None,
     drift, drift_total = _drift(session, fleet, environments, page)
     counts = _counts(fleet, suspects=node_suspect_statuses(suspects),
                      devices=[suspect.status for suspect in suspects],
-                     nondeterministic={row.node for row, _result in held_nondeterministic},
+                     nondeterministic={row.node for row in held_nondeterministic},
                      stale={entry.node for entry in stale_entries})
     columns = {env_id: {column: getattr(row, column) for column in INVENTORY_COLUMNS}
                for env_id, row in environments.items()}
@@ -95,7 +95,7 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None,
         window_days=policy.window_days,
         summary=AuditSummary(**counts.model_dump(),
                              policy_violations=violations.nodes,
-                             broken_inputs=len({row.node for row, _result in held_broken})),
+                             broken_inputs=len({row.node for row in held_broken})),
         limit=limit, offset=offset,
         totals=AuditTotals(stale=len(stale_entries), policy=violations.rows,
                            suspects=len(suspects), nondeterministic=len(held_nondeterministic),
@@ -126,7 +126,7 @@ def audit_summary(*, session: Session, policy: Policy, now: datetime | None = No
     return _counts(
         fleet, suspects=suspect_statuses(found, fleet.majority),
         devices=[status for _node, status in device_statuses(found, fleet.majority).values()],
-        nondeterministic={row.node for row, _result in nondeterministic},
+        nondeterministic={row.node for row in nondeterministic},
         stale={entry.node for entry in _stale_nodes(fleet, now, policy)})
 
 
@@ -177,9 +177,9 @@ def _suspects(session: Session, fleet: Fleet, env_keys: Mapping[int, str]) -> li
 
 
 def _nondeterministic(session: Session, fleet: Fleet, env_keys: Mapping[int, str]
-                      ) -> list[tuple[NondeterministicRow, int | None]]:
-    """The rows, each with the result whose run it names when that run is still to be
-    looked up (``_with_run_ids``, for a page's rows)."""
+                      ) -> list[_Pending[NondeterministicRow]]:
+    """The rows in order, made (``_with_run_ids``) only for a page: thousands at 100,000
+    nodes, which the summary only counts by node."""
     disagreeing = {h.outcome.id: h.outcome for h in fleet.held
                    if h.outcome.repeats_agree is False}
     holding = repository.latest_holding(session, disagreeing)
@@ -203,23 +203,36 @@ def _nondeterministic(session: Session, fleet: Fleet, env_keys: Mapping[int, str
         for (device, env_id, key), manifests in answers.items() if len(manifests) > 1
     )
     # A repeat's run is its holding's result's (the index stands in for the run_id).
-    rows: list[tuple[NondeterministicRow, int | None]] = [
-        *((RepeatsDisagreeRow.model_validate(entry), holding[int(entry.run_id)].result_id)
-          for entry in repeats),
-        *((StrictChangedRow.model_validate(entry), None) for entry in changes)]
-    return sorted(rows, key=lambda item: (item[0].node, item[0].reason, item[0].workload,
-                                          item[0].variant))
+    rows: list[tuple[tuple[str, str, str, str], _Pending[NondeterministicRow]]] = [
+        *(((e.node, "repeats_disagree", e.workload, e.variant),
+           _Pending(e.node, RepeatsDisagreeRow, e, holding[int(e.run_id)].result_id))
+          for e in repeats),
+        *(((e.node, "strict_changed", e.workload, e.variant),
+           _Pending(e.node, StrictChangedRow, e, None)) for e in changes)]
+    return [pending for _key, pending in sorted(rows, key=lambda item: item[0])]
 
 
 Row = TypeVar("Row", bound=BaseModel)
 
 
-def _with_run_ids(session: Session, rows: Sequence[tuple[Row, int | None]]) -> list[Row]:
-    """The rows, each naming the run of its result where it has one."""
+@dataclass(frozen=True)
+class _Pending(Generic[Row]):
+    """A row still to be made: its node, its schema and what fills it (an analysis
+    dataclass, or a dict), and the result whose run it names (None: it names its own)."""
+
+    node: str
+    schema: type[Row]
+    entry: Any
+    result: int | None
+
+
+def _with_run_ids(session: Session, rows: Sequence[_Pending[Row]]) -> list[Row]:
+    """The rows made, each naming the run of its result where it has one."""
     runs = repository.run_ids_of_results(
-        session, [result for _row, result in rows if result is not None])
-    return [row if result is None else row.model_copy(update={"run_id": runs[result]})
-            for row, result in rows]
+        session, [row.result for row in rows if row.result is not None])
+    made = [row.schema.model_validate(row.entry) for row in rows]
+    return [found if row.result is None else found.model_copy(update={"run_id": runs[row.result]})
+            for found, row in zip(made, rows, strict=True)]
 
 
 def _stale_nodes(fleet: Fleet, now: datetime, policy: Policy) -> list[StaleNode]:
@@ -238,7 +251,7 @@ def _stale(session: Session, fleet: Fleet, stale: Sequence[StaleNode]) -> list[S
 
 
 def _broken_inputs(session: Session, held: Sequence[Held]
-                   ) -> list[tuple[BrokenInputsRow, int | None]]:
+                   ) -> list[_Pending[BrokenInputsRow]]:
     """Latest results whose input or parameter bytes differ from the fleet's, each with
     the result whose run it names (``_with_run_ids``)."""
     broken = broken_results(
@@ -246,10 +259,11 @@ def _broken_inputs(session: Session, held: Sequence[Held]
                         h.outcome.variant),
          (h.outcome.input_hash, h.outcome.param_hash), h.support)
         for h in held if h.outcome.status == "ok")
-    rows = [(BrokenInputsRow(node=held.name, run_id="", **asdict(broken[held.outcome_id])),
-             held.result_id)
+    rows = [_Pending(held.name, BrokenInputsRow,
+                     {"node": held.name, "run_id": "", **asdict(broken[held.outcome_id])},
+                     held.result_id)
             for held in repository.latest_holding(session, broken)]
-    return sorted(rows, key=lambda item: (item[0].node, item[0].workload, item[0].variant))
+    return sorted(rows, key=lambda row: (row.node, row.entry["workload"], row.entry["variant"]))
 
 
 def _drift(session: Session, fleet: Fleet, environments: Mapping[int, Any], page: slice
