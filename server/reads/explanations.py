@@ -1,6 +1,7 @@
 """What `explain` found (design §2.11), as every reader shows it: the list of
-``GET /explanations`` and the findings beside a split (``explanations_between``, for
-``/compare``, ``/divergence`` and the pages).
+``GET /explanations`` and the findings beside a split (``explanations_among`` for
+``/compare``, ``explanations_of_key`` for ``/divergence`` and the workload page,
+``explanations_between`` for two named sides).
 
 Here rather than in the ``explain`` domain because several domains read it: a service of
 one domain never imports another's (design §7), and ``explain`` itself reads through
@@ -143,14 +144,7 @@ def explanations_between(
     side_a, side_b = set(nodes_a), set(nodes_b)
     if not side_a or not side_b or limit < 1:
         return []
-    ranked = (
-        select(Explanation.id.label("id"), func.row_number().over(
-            partition_by=(Explanation.node_id, Explanation.against_node_id),
-            order_by=(Explanation.created_at.desc(), Explanation.id.desc()),
-        ).label("rank"))
-        .where(Explanation.suite == suite, Explanation.workload == workload,
-               Explanation.variant == variant)
-    )
+    ranked = _ranked_of_key(suite, workload, variant)
     found: list[ExplanationOut] = []
     for names in chunked(sorted(side_a | side_b)):
         newest = (ranked.join(Node, Node.id == Explanation.node_id)
@@ -168,18 +162,24 @@ def explanations_of_key(*, session: Session, suite: str, workload: str, variant:
     """Every finding of (suite, workload, variant), the newest per (node, against_node),
     newest first: /divergence matches them to its groups by the nodes' answers, so a
     group of 100,000 nodes is not sent to the database as names."""
-    newest = (
+    newest = _ranked_of_key(suite, workload, variant).subquery()
+    rows = session.execute(_newest_first(
+        _select().join(newest, newest.c.id == Explanation.id).where(newest.c.rank == 1)
+    )).all()
+    return [_out(row) for row in rows]
+
+
+def _ranked_of_key(suite: str, workload: str, variant: str) -> Any:
+    """The key's findings (its index finds them), ranked newest first per (node,
+    against_node): rank 1 is the newest of each pair."""
+    return (
         select(Explanation.id.label("id"), func.row_number().over(
             partition_by=(Explanation.node_id, Explanation.against_node_id),
             order_by=(Explanation.created_at.desc(), Explanation.id.desc()),
         ).label("rank"))
         .where(Explanation.suite == suite, Explanation.workload == workload,
                Explanation.variant == variant)
-    ).subquery()
-    rows = session.execute(_newest_first(
-        _select().join(newest, newest.c.id == Explanation.id).where(newest.c.rank == 1)
-    )).all()
-    return [_out(row) for row in rows]
+    )
 
 
 def _across(out: ExplanationOut, side_a: set[str], side_b: set[str]) -> bool:
@@ -195,8 +195,8 @@ def explanations_among(
 ) -> dict[Key, list[ExplanationOut]]:
     """Per (suite, workload, variant), the newest finding of each (node, against_node)
     with both among ``nodes``, newest first; only ``keys`` when given. What `/compare`
-    (two runs' nodes, every key at once) and `/divergence` (every member of the groups,
-    one key) show beside a split: one query per 500 nodes, whatever the keys."""
+    (two runs' nodes, every key at once) shows beside a split: one query per 500 nodes,
+    whatever the keys."""
     names = set(nodes)
     if not names:
         return {}
