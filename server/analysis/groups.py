@@ -159,7 +159,9 @@ def group_members(members: Sequence[Member], tensor: str | None
 @dataclass(frozen=True)
 class Answer:
     """Latest results of one outcome in one environment on one device model, counted
-    (a ``latest_counts`` row): what a fleet's /divergence groups without its members."""
+    (a ``latest_counts`` row): what a fleet's /divergence groups without its members.
+    ``environment`` is the document, or empty where the caller passes the environments
+    flattened (``DivergencePlan.report``'s ``flattened``)."""
 
     outcome: int
     tensors: tuple[tuple[str, str, str], ...]

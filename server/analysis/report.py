@@ -23,7 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._json import json_safe
-from .attribution import flatten_members, rank_attributes, separating_environments
+from .attribution import (
+    Flattened,
+    flatten_members,
+    rank_attributes,
+    separating_environments,
+)
 from .fingerprint import Fingerprint
 from .groups import Group, Member, group_members
 from .origin import no_trace_note
@@ -130,16 +135,20 @@ class DivergencePlan:
         return found
 
     def report(self, comparisons: Mapping[str, Mapping[str, Any]], *,
-               members_limit: int | None = None) -> dict[str, Any]:
+               members_limit: int | None = None, flattened: Flattened | None = None
+               ) -> dict[str, Any]:
         """The answer, from the comparisons by key (every key of ``keys`` that could be
-        computed). Groups list their first ``members_limit`` members (all: None)."""
+        computed). Groups list their first ``members_limit`` members (all: None).
+        ``flattened``: every environment of the groups, flattened, by env_key (the
+        server keeps them; by default they are flattened from the groups' documents)."""
         group_rows = []
         for group in self.groups:
             row = group.to_dict(members_limit)
             if self.tensor is not None and self.reference is not None:
                 row["fp64"] = comparisons.get(self.fp64.get(group.id, ""))
             group_rows.append(row)
-        flattened = flatten_members(self.groups)
+        if flattened is None:
+            flattened = flatten_members(self.groups)
         # Attribution reads the members' environments: made per request (a few dozen
         # environments, not the nodes), never kept with the comparison.
         envs = {group.id: set(group.env_counts) for group in self.groups}

@@ -29,7 +29,9 @@ from numparity_server.models import (
 def counted_answers(session: Session, *, suite: str, workload: str, variant: str
                     ) -> list[Answer]:
     """The key's latest ok results as ingest counts them (``latest_counts``): one answer
-    per (outcome, environment, device model), a few hundred rows however many nodes."""
+    per (outcome, environment, device model), a few hundred rows however many nodes.
+    Without the environments' documents (``environment_documents``, for those whose
+    flattened attributes the service does not keep yet)."""
     rows = session.execute(
         select(LatestCount.outcome_id, LatestCount.environment_id, LatestCount.devices,
                LatestCount.first_node, Outcome.device, Outcome.workload_version,
@@ -40,9 +42,8 @@ def counted_answers(session: Session, *, suite: str, workload: str, variant: str
                LatestCount.variant == variant, LatestCount.devices > 0,
                Outcome.status == "ok", Outcome.manifest_hash.is_not(None))
     ).all()
-    environments = {row.id: row for row in session.execute(
-        select(Environment.id, Environment.env_key, Environment.document)
-        .where(Environment.id.in_(sorted({row.environment_id for row in rows}))))}
+    env_keys = lookup(session, Environment.id, Environment.env_key,
+                      {row.environment_id for row in rows})
     entries = lookup(session, Manifest.hash, Manifest.entries,
                      {row.manifest_hash for row in rows})
     manifests: dict[str, tuple[tuple[str, str, str], ...]] = {
@@ -51,13 +52,22 @@ def counted_answers(session: Session, *, suite: str, workload: str, variant: str
     return [
         Answer(outcome=int(row.outcome_id), tensors=manifests[row.manifest_hash],
                manifest=row.manifest_hash,
-               env_key=environments[row.environment_id].env_key,
-               environment=environments[row.environment_id].document,
+               env_key=env_keys[row.environment_id], environment={},
                environment_id=int(row.environment_id), devices=int(row.devices),
                first_node=row.first_node, slot=row.device,
                trace=row.trace_hash, workload_version=row.workload_version,
                input_hash=row.input_hash, param_hash=row.param_hash)
         for row in rows]
+
+
+def environment_documents(session: Session, ids: Collection[int]) -> dict[str, Any]:
+    """env_key → the document of each of these environments."""
+    found: dict[str, Any] = {}
+    for part in chunked(sorted(set(ids))):
+        found.update((env_key, document) for env_key, document in session.execute(
+            select(Environment.env_key, Environment.document)
+            .where(Environment.id.in_(part))))
+    return found
 
 
 @dataclass(frozen=True)

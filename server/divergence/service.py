@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -79,7 +81,8 @@ def divergence(
         baseline=baseline_hash, without_total=sum(answer.devices for answer in lacking))
     kept = comparisons(session, plan,
                                lambda dtype: policy.tolerance(workload, dtype))
-    report = plan.report(kept, members_limit=members_limit)
+    report = plan.report(kept, members_limit=members_limit,
+                         flattened=_flattened(session, answers))
     _with_explanations(session, report, ranked, (suite, workload, variant))
     key = DivergenceKey(suite=suite, workload=workload, workload_version=version,
                         variant=variant, tensor=tensor)
@@ -124,6 +127,34 @@ def comparisons(session: Session, plan: analysis.DivergencePlan,
             # read-only replica) costs the next request a computation, not this answer.
             log.warning("divergence: %d comparisons not kept: %s", len(complete), exc)
     return found_values
+
+
+# Flattened environments kept by env_key (an environment's document never changes): a
+# lab of thousands of environments is not flattened again on every request. Bounded; the
+# least recently used go first.
+FLATTENED_KEPT = 4096
+_flattened_kept: OrderedDict[str, dict[str, str]] = OrderedDict()
+_flattened_lock = threading.Lock()
+
+
+def _flattened(session: Session, answers: Sequence[analysis.Answer]) -> dict[str, dict[str, str]]:
+    """Every environment of ``answers``, flattened, by env_key: the kept ones, and the
+    others read and flattened (and kept)."""
+    wanted = {answer.env_key: answer.environment_id for answer in answers}
+    with _flattened_lock:
+        found = {key: _flattened_kept[key] for key in wanted if key in _flattened_kept}
+        for key in found:
+            _flattened_kept.move_to_end(key)
+    missing = [env_id for key, env_id in wanted.items() if key not in found]
+    if missing:
+        fresh = {key: analysis.flatten_environment(document) for key, document in
+                 repository.environment_documents(session, missing).items()}
+        found.update(fresh)
+        with _flattened_lock:
+            _flattened_kept.update(fresh)
+            while len(_flattened_kept) > FLATTENED_KEPT:
+                _flattened_kept.popitem(last=False)
+    return found
 
 
 # Findings beside one pair of groups: the newest per direction and pair of nodes.
