@@ -16,20 +16,19 @@ def fleet_violations(policy: Policy, node_env: Mapping[str, int],
                      ) -> list[tuple[str, int, Violation]]:
     """``(node, environment, violation)``, by node, for ``node_env`` (node → its current
     environment) and each environment's document. Each environment is judged once."""
-    per_env = environment_violations(policy, {env_id: documents[env_id]
-                                              for env_id in set(node_env.values())})
+    per_env = environment_violations(policy, {
+        env_id: flatten_environment(documents[env_id]) for env_id in set(node_env.values())})
     return [(node, env_id, violation) for node, env_id in sorted(node_env.items())
             for violation in per_env.get(env_id, [])]
 
 
-def environment_violations(policy: Policy, documents: Mapping[int, Mapping[str, Any]]
+def environment_violations(policy: Policy, flattened: Mapping[int, Mapping[str, str]]
                            ) -> dict[int, list[Violation]]:
-    """The violations of each environment (by id) that has some: every node on it has
-    them."""
+    """The violations of each environment (by id, flattened) that has some: every node
+    on it has them."""
     if not policy.allowed and not policy.required:
         return {}
-    found = {env_id: policy.violations(flatten_environment(document))
-             for env_id, document in documents.items()}
+    found = {env_id: policy.violations(flat) for env_id, flat in flattened.items()}
     return {env_id: violations for env_id, violations in found.items() if violations}
 
 

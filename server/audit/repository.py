@@ -86,8 +86,7 @@ def environments(session: Session) -> Sequence[Any]:
     return session.execute(
         select(Environment.id, Environment.env_key, Environment.gpu_name,
                Environment.compute_capability, Environment.driver, Environment.cuda,
-               Environment.cudnn, Environment.torch, Environment.cpu_capability,
-               Environment.document)
+               Environment.cudnn, Environment.torch, Environment.cpu_capability)
     ).all()
 
 

@@ -30,7 +30,6 @@ from numparity_server.analysis.audit import (
 from numparity_server.analysis.broken import broken_results
 from numparity_server.analysis.determinism_cost import WallTime, determinism_cost
 from numparity_server.analysis.drift import attribute_changes, outputs_changed
-from numparity_server.analysis.environment import flatten_environment
 from numparity_server.analysis.fleet_policy import (
     broken_requirements,
     check_violations,
@@ -60,6 +59,7 @@ from numparity_server.audit.schemas import (
     StrictChangedRow,
     SuspectRow,
 )
+from numparity_server.reads import environments as reads_environments
 from numparity_server.reads.results import results_of_runs
 
 
@@ -298,12 +298,12 @@ def _drift(session: Session, fleet: Fleet, environments: Mapping[int, Any], page
                 row.manifest_hash
             on_device[(row.run_pk, row.device_id)][(row.suite, row.workload, row.variant,
                                                     "")] = row.manifest_hash
-    flattened: dict[int, dict[str, str]] = {}
+    flattened = reads_environments.flattened(session, {
+        environments[env_id].env_key: env_id
+        for row in [*changes, *moves] for env_id in (row.environment_id, row.prev_env)})
 
     def flat(env_id: int) -> dict[str, str]:
-        if env_id not in flattened:
-            flattened[env_id] = flatten_environment(environments[env_id].document)
-        return flattened[env_id]
+        return flattened[environments[env_id].env_key]
 
     node_rows = [DriftRow.model_validate({
         "node": change.name, "run_id": change.run_id, "previous_run_id": change.prev_run,
@@ -369,8 +369,10 @@ def _policy(session: Session, fleet: Fleet, policy: Policy, environments: Mappin
     (a row per rule it breaks), and each node whose latest results break a check
     requirement. Only the first nodes of the breaking environments by name are read,
     as many as the page could show (each gives a row at least)."""
-    per_env = environment_violations(policy, {env_id: environments[env_id].document
-                                              for env_id in fleet.env_nodes})
+    flattened = reads_environments.flattened(
+        session, {environments[env_id].env_key: env_id for env_id in fleet.env_nodes})
+    per_env = environment_violations(policy, {
+        env_id: flattened[environments[env_id].env_key] for env_id in fleet.env_nodes})
     checks = _check_violations(session, fleet, policy)
     wanted = None if page.stop is None else page.stop
     on_env = repository.nodes_on(session, per_env, limit=wanted)

@@ -30,8 +30,8 @@ def counted_answers(session: Session, *, suite: str, workload: str, variant: str
                     ) -> list[Answer]:
     """The key's latest ok results as ingest counts them (``latest_counts``): one answer
     per (outcome, environment, device model), a few hundred rows however many nodes.
-    Without the environments' documents (``environment_documents``, for those whose
-    flattened attributes the service does not keep yet)."""
+    Without the environments' documents (``reads.environments`` keeps them
+    flattened)."""
     rows = session.execute(
         select(LatestCount.outcome_id, LatestCount.environment_id, LatestCount.devices,
                LatestCount.first_node, Outcome.device, Outcome.workload_version,
@@ -58,16 +58,6 @@ def counted_answers(session: Session, *, suite: str, workload: str, variant: str
                trace=row.trace_hash, workload_version=row.workload_version,
                input_hash=row.input_hash, param_hash=row.param_hash)
         for row in rows]
-
-
-def environment_documents(session: Session, ids: Collection[int]) -> dict[str, Any]:
-    """env_key → the document of each of these environments."""
-    found: dict[str, Any] = {}
-    for part in chunked(sorted(set(ids))):
-        found.update((env_key, document) for env_key, document in session.execute(
-            select(Environment.env_key, Environment.document)
-            .where(Environment.id.in_(part))))
-    return found
 
 
 @dataclass(frozen=True)

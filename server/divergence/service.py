@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +16,7 @@ from numparity_server.divergence import repository
 from numparity_server.divergence.schemas import DivergenceKey, DivergenceOut, Excluded
 from numparity_server.kit.db import writing
 from numparity_server.kit.errors import NotFound
+from numparity_server.reads import environments as reads_environments
 from numparity_server.reads.explanations import explanations_of_key
 from numparity_server.reads.fingerprints import load_fingerprints, with_values
 from numparity_server.reads.traces import load_traces
@@ -82,7 +81,8 @@ def divergence(
     kept = comparisons(session, plan,
                                lambda dtype: policy.tolerance(workload, dtype))
     report = plan.report(kept, members_limit=members_limit,
-                         flattened=_flattened(session, answers))
+                         flattened=reads_environments.flattened(
+                             session, {a.env_key: a.environment_id for a in answers}))
     _with_explanations(session, report, ranked, (suite, workload, variant))
     key = DivergenceKey(suite=suite, workload=workload, workload_version=version,
                         variant=variant, tensor=tensor)
@@ -127,34 +127,6 @@ def comparisons(session: Session, plan: analysis.DivergencePlan,
             # read-only replica) costs the next request a computation, not this answer.
             log.warning("divergence: %d comparisons not kept: %s", len(complete), exc)
     return found_values
-
-
-# Flattened environments kept by env_key (an environment's document never changes): a
-# lab of thousands of environments is not flattened again on every request. Bounded; the
-# least recently used go first.
-FLATTENED_KEPT = 4096
-_flattened_kept: OrderedDict[str, dict[str, str]] = OrderedDict()
-_flattened_lock = threading.Lock()
-
-
-def _flattened(session: Session, answers: Sequence[analysis.Answer]) -> dict[str, dict[str, str]]:
-    """Every environment of ``answers``, flattened, by env_key: the kept ones, and the
-    others read and flattened (and kept)."""
-    wanted = {answer.env_key: answer.environment_id for answer in answers}
-    with _flattened_lock:
-        found = {key: _flattened_kept[key] for key in wanted if key in _flattened_kept}
-        for key in found:
-            _flattened_kept.move_to_end(key)
-    missing = [env_id for key, env_id in wanted.items() if key not in found]
-    if missing:
-        fresh = {key: analysis.flatten_environment(document) for key, document in
-                 repository.environment_documents(session, missing).items()}
-        found.update(fresh)
-        with _flattened_lock:
-            _flattened_kept.update(fresh)
-            while len(_flattened_kept) > FLATTENED_KEPT:
-                _flattened_kept.popitem(last=False)
-    return found
 
 
 # Findings beside one pair of groups: the newest per direction and pair of nodes.
