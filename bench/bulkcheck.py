@@ -108,7 +108,7 @@ def answers(client: TestClient, reader: str) -> dict[str, Any]:
 
 def differences(a: Any, b: Any, where: str = "") -> Iterator[str]:
     if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b) - {"generated_at"}):  # when each was asked
+        for key in sorted((set(a) | set(b)) - {"generated_at"}):  # when each was asked
             if key not in a or key not in b:
                 yield f"{where}.{key}: only in {'bulk' if key in a else 'http'}"
             else:
