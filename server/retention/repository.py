@@ -13,6 +13,7 @@ from numparity_server.models import (
     Fingerprint,
     KeptComparison,
     Latest,
+    LatestCount,
     Manifest,
     Outcome,
     Result,
@@ -70,6 +71,11 @@ def orphan_outcomes(session: Session, *, limit: int) -> list[int]:
 def delete_outcomes(session: Session, ids: Sequence[int]) -> int:
     # Checked again in the statement: a result stored since the batch was chosen keeps it.
     deleted = session.execute(delete(Outcome).where(Outcome.id.in_(ids), _unreferenced_outcome()))
+    # Their counts went to 0 with their last latest row: they go with the outcome (an id
+    # SQLite gives again must not find an old count).
+    session.execute(delete(LatestCount).where(
+        LatestCount.outcome_id.in_(ids),
+        ~exists(select(Outcome.id).where(Outcome.id == LatestCount.outcome_id))))
     return int(getattr(deleted, "rowcount", 0) or 0)
 
 

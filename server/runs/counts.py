@@ -145,7 +145,9 @@ def _add_statement(dialect: str) -> Any:
     def order(column: Any) -> Any:
         return column.collate("C") if dialect == "postgresql" else column
 
-    updated = {name: table.c[name] + new[name] for name in _SUMS}
+    updated: dict[str, Any] = {name: table.c[name] + new[name] for name in _SUMS}
+    # An outcome's key never changes; set all the same, so a count is never another's.
+    updated.update({name: new[name] for name in ("suite", "workload", "variant")})
     # Sums of floats go back to exactly 0 with their count, not to a rounding residue.
     for total, count in (("wall_sum", "walls"), ("wall_sq_sum", "walls"),
                          ("spread_sum", "spreads")):

@@ -240,3 +240,22 @@ def test_what_divergence_kept_goes_with_the_answers_it_compared(aged, capsys):
     assert retention(aged, "--days", "30") == 0
     assert "1 kept comparisons" in capsys.readouterr().out
     assert kept_comparisons(aged) == {}
+
+
+def test_an_outcome_retention_drops_takes_its_empty_counts(aged, capsys):
+    """node-a's old answer (shift 0.5) is held by no latest row: its count is 0 and goes
+    with the outcome; every other count still equals latest counted again."""
+    from numparity_server.models import LatestCount
+
+    def held() -> dict[int, int]:
+        with session_factory(get_engine(aged.settings))() as session:
+            return dict(session.execute(select(LatestCount.outcome_id, LatestCount.devices)).all())
+
+    before = held()
+    assert sorted(before.values()).count(0) == 1  # the old answer, left by node-a
+    assert retention(aged, "--days", "30") == 0
+    with session_factory(get_engine(aged.settings))() as session:
+        outcomes = set(session.scalars(select(Outcome.id)))
+    after = held()
+    assert set(after) <= outcomes and 0 not in after.values()
+    assert after == {outcome: n for outcome, n in before.items() if n}
