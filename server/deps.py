@@ -142,6 +142,7 @@ class DivergencePages:
     pairs_offset: int
     pairs_origin: bool
     members_limit: int
+    members_offset: int
 
 
 def divergence_pages(
@@ -161,6 +162,9 @@ def divergence_pages(
         ge=0, description="members listed per group (nodes, devices, env_keys), and of "
                           "members_without_tensor and excluded; the counts are complete "
                           "(default page_default)")] = None,
+    members_offset: Annotated[int, Query(
+        ge=0, le=MAX_OFFSET, description="members each of those lists skips (by node "
+                                         "name): a page deeper into the groups")] = 0,
 ) -> DivergencePages:
     """/divergence's pages: the pairs shown and the members each group lists, each bounded
     by ``page_max`` (422 naming the parameter beyond it), so the answer's size follows
@@ -173,7 +177,8 @@ def divergence_pages(
         pairs_limit = default
     return DivergencePages(pairs=pairs, pairs_limit=pairs_limit, pairs_offset=pairs_offset,
                            pairs_origin=pairs_origin,
-                           members_limit=default if members_limit is None else members_limit)
+                           members_limit=default if members_limit is None else members_limit,
+                           members_offset=members_offset)
 
 
 DivergencePagesDep = Annotated[DivergencePages, Depends(divergence_pages)]

@@ -18,7 +18,16 @@ from .environment import (
     short_difference,
 )
 from .fingerprint import Fingerprint, fingerprint_from_wire
-from .groups import Answer, Counted, Group, Member, counted, group_answers, group_members
+from .groups import (
+    Answer,
+    Counted,
+    Group,
+    Member,
+    counted,
+    group_answers,
+    group_members,
+    members_page,
+)
 from .judge import Judgement, judge
 from .layers import compare_manifests, first_divergent_layer, first_nonfinite, largest_jump
 from .origin import Origins, no_trace_note, origin_ops
@@ -69,6 +78,7 @@ __all__ = [
     "flatten_environment",
     "group_answers",
     "group_members",
+    "members_page",
     "json_safe",
     "judge",
     "largest_jump",

@@ -94,18 +94,19 @@ class Group:
         return min(self.members,
                    key=lambda member: (member.node, member.run_id, member.device))
 
-    def to_dict(self, members_limit: int | None = None) -> dict[str, Any]:
+    def to_dict(self, members_limit: int | None = None, members_offset: int = 0
+                ) -> dict[str, Any]:
         """``size`` counts devices; ``nodes`` names each member's node (a node twice when
         two of its GPUs are in the group); ``devices`` names the members that are not a
         node's CPU, by node and slot (empty on a CPU fleet). With ``members_limit`` the
-        lists keep their first that many (the answer's size then depends on the page, not
-        on the fleet), each with its ``*_total``."""
+        lists keep that many from ``members_offset`` (the answer's size then depends on
+        the page, not on the fleet), each with its ``*_total``."""
         representative = self.representative
         ordered = sorted(self.members, key=lambda m: (m.node, m.device))
         devices = [{"node": member.node, "device": member.device}
                    for member in ordered if member.device != "cpu"]
         env_keys = sorted(self.env_counts)
-        cut = slice(None if members_limit is None else max(members_limit, 0))
+        cut = members_page(members_limit, members_offset)
         return {
             "id": self.id,
             "hash": self.hash,
@@ -119,6 +120,12 @@ class Group:
             "representative": {"node": representative.node, "run_id": representative.run_id,
                                "device": representative.device},
         }
+
+
+def members_page(limit: int | None, offset: int = 0) -> slice:
+    """The members a list shows: ``limit`` from ``offset`` (every one from it: None)."""
+    offset = max(offset, 0)
+    return slice(offset, None if limit is None else offset + max(limit, 0))
 
 
 def manifest_digest(tensors: Sequence[tuple[str, str, str]]) -> str:

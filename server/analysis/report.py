@@ -30,7 +30,7 @@ from .attribution import (
     separating_environments,
 )
 from .fingerprint import Fingerprint
-from .groups import Group, Member, group_members
+from .groups import Group, Member, group_members, members_page
 from .origin import no_trace_note
 from .pairs import (
     ComparisonRecord,
@@ -135,15 +135,16 @@ class DivergencePlan:
         return found
 
     def report(self, comparisons: Mapping[str, Mapping[str, Any]], *,
-               members_limit: int | None = None, flattened: Flattened | None = None
-               ) -> dict[str, Any]:
+               members_limit: int | None = None, members_offset: int = 0,
+               flattened: Flattened | None = None) -> dict[str, Any]:
         """The answer, from the comparisons by key (every key of ``keys`` that could be
-        computed). Groups list their first ``members_limit`` members (all: None).
+        computed). Groups list ``members_limit`` members (all: None) from
+        ``members_offset``.
         ``flattened``: every environment of the groups, flattened, by env_key (the
         server keeps them; by default they are flattened from the groups' documents)."""
         group_rows = []
         for group in self.groups:
-            row = group.to_dict(members_limit)
+            row = group.to_dict(members_limit, members_offset)
             if self.tensor is not None and self.reference is not None:
                 row["fp64"] = comparisons.get(self.fp64.get(group.id, ""))
             group_rows.append(row)
@@ -169,7 +170,7 @@ class DivergencePlan:
                 "origin": origin,
                 "origin_note": note,
             })
-        cut = slice(None if members_limit is None else max(members_limit, 0))
+        cut = members_page(members_limit, members_offset)
         return json_safe({
             "tensor": self.tensor,
             "baseline": self.groups[0].id if self.groups else None,

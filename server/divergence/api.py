@@ -47,4 +47,5 @@ def get_divergence(
             session=session, suite=suite, workload=workload, variant=variant, tensor=tensor,
             workload_version=workload_version, policy=policy, pairs=pages.pairs,
             pairs_limit=pages.pairs_limit, pairs_offset=pages.pairs_offset,
-            pairs_origin=pages.pairs_origin, members_limit=pages.members_limit))
+            pairs_origin=pages.pairs_origin, members_limit=pages.members_limit,
+            members_offset=pages.members_offset))

@@ -156,6 +156,7 @@ EXAMPLE: dict[str, Any] = {
     "pairs_limit": None,
     "pairs_offset": 0,
     "members_limit": 50,
+    "members_offset": 0,
     "pairs": [{
         "a": 1, "b": 2, "verdict": "equivalent", "basis": "values", "metrics": _METRICS,
         "evidence": "", "decided_by": None,
@@ -215,6 +216,8 @@ class DivergenceOut(BaseModel):
     members_limit: int | None = Field(description="How many members each list of a group "
                                                   "(and `members_without_tensor`, "
                                                   "`excluded`) shows")
+    members_offset: int = Field(0, description="Members each of those lists skips (by "
+                                               "node name): the lists' page")
     pairs: list[GroupPair]
     attribution: list[RankedAttribute] = Field(
         description="Every attribute that varies over the key's members, the best "

@@ -34,6 +34,7 @@ def divergence(
     workload_version: int | None = None, policy: Policy | None = None,
     pairs: PairsMode = "baseline", pairs_limit: int | None = None, pairs_offset: int = 0,
     pairs_origin: bool = False, members_limit: int | None = MEMBERS_LIMIT,
+    members_offset: int = 0,
 ) -> DivergenceOut:
     """Groups by ``tensor``, or by the whole result when None (never a default tensor a
     workload may lack); NotFound naming the tensors there are when none has ``tensor``.
@@ -41,7 +42,8 @@ def divergence(
     ``pairs="baseline"``: each group against the baseline (group 1); ``"all"``: a page
     of the full matrix, ``pairs_limit`` pairs from ``pairs_offset``, with origin ops for
     every pair of the page only with ``pairs_origin``. Each group lists its first
-    ``members_limit`` members (None: all; the API always bounds it). Comparisons come
+    ``members_limit`` members from ``members_offset`` (None: all; the API always bounds
+    it), and the counts of all. Comparisons come
     from the kept ones, or are computed once and kept (design §3.3.7)."""
     answers = repository.counted_answers(session, suite=suite, workload=workload,
                                          variant=variant)
@@ -63,7 +65,8 @@ def divergence(
         raise NotFound(f"no result of {workload!r} under {variant!r} has a tensor {tensor!r}; "
                        f"its tensors: {', '.join(names) or 'none'}")
     # Each group lists its first members by name; the counts say how many there are.
-    members = _Members(session, (suite, workload, variant), answers, members_limit)
+    members = _Members(session, (suite, workload, variant), answers,
+                       None if members_limit is None else members_offset + members_limit)
     groups = [analysis.Group(id=number, hash=digest, members=tuple(members(held)),
                              counted=analysis.counted(held))
               for number, (digest, held) in enumerate(ranked, start=1)]
@@ -80,7 +83,7 @@ def divergence(
         baseline=baseline_hash, without_total=sum(answer.devices for answer in lacking))
     kept = comparisons(session, plan,
                                lambda dtype: policy.tolerance(workload, dtype))
-    report = plan.report(kept, members_limit=members_limit,
+    report = plan.report(kept, members_limit=members_limit, members_offset=members_offset,
                          flattened=reads_environments.flattened(
                              session, {a.env_key: a.environment_id for a in answers}))
     _with_explanations(session, report, ranked, (suite, workload, variant))
@@ -92,7 +95,8 @@ def divergence(
     return DivergenceOut.model_validate({
         "key": key, **report, "pairs_limit": pairs_limit,
         "pairs_offset": pairs_offset, "members_limit": members_limit,
-        "excluded": excluded[:members_limit] if members_limit is not None else excluded,
+        "members_offset": members_offset,
+        "excluded": excluded[analysis.members_page(members_limit, members_offset)],
         "excluded_total": sum(answer.devices for answer, _ in left_out)})
 
 

@@ -287,3 +287,22 @@ def test_two_requests_keeping_the_same_comparison_both_succeed(api):
         again = divergence_service(session=session, suite="standard", workload="cnn",
                                    variant="default")
     assert again == report
+
+
+def test_members_are_paged_with_members_offset(api):
+    """Pages of two members, in turn, are each group's whole list (and the excluded
+    results'), whichever look-up lists them; the representative stays the first."""
+    post(api, *(run_document(f"stock-{i:02d}") for i in range(9)),
+         *(run_document(f"odd-{i}", shift=1e-3) for i in range(5)),
+         *(run_document(f"broken-{i}", input_hash="in-" + "1" * 61) for i in range(3)))
+    whole = get(api, members_limit=100)
+    pages = [get(api, members_limit=2, members_offset=offset) for offset in range(0, 12, 2)]
+    for number, group in enumerate(whole["groups"]):
+        assert [n for page in pages for n in page["groups"][number]["nodes"]] == group["nodes"]
+        assert {page["groups"][number]["representative"]["node"] for page in pages} == {
+            group["nodes"][0]}
+        assert {page["groups"][number]["nodes_total"] for page in pages} == {group["size"]}
+    assert [e["node"] for page in pages for e in page["excluded"]] == [
+        e["node"] for e in whole["excluded"]]
+    assert pages[1]["members_offset"] == 2 and pages[1]["groups"][0]["nodes"] == [
+        "stock-02", "stock-03"]
