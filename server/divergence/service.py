@@ -81,8 +81,7 @@ def divergence(
         workload=workload, policy_version=policy.version, pairs=pairs, limit=pairs_limit,
         offset=pairs_offset, origins=pairs_origin, reference=reference_hash,
         baseline=baseline_hash, without_total=sum(answer.devices for answer in lacking))
-    kept = comparisons(session, plan,
-                               lambda dtype: policy.tolerance(workload, dtype))
+    kept = comparisons(session, plan, lambda dtype: policy.tolerance(workload, dtype))
     report = plan.report(kept, members_limit=members_limit, members_offset=members_offset,
                          flattened=reads_environments.flattened(
                              session, {a.env_key: a.environment_id for a in answers}))

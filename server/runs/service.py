@@ -216,8 +216,6 @@ def _store(session: Session, run: RunDocument, sha256: str,
     node_id = repository.upsert_node(session, name=run.node.name, labels=run.node.labels,
                                      seen_at=now, environment_id=environment_id,
                                      started_at=ordered_at)
-    # The node's row is locked now (its upsert): its latest rows move only here.
-    held_before = counts.node_rows(session, node_id)
     # First, so a run_id already stored fails here (IntegrityError) before any other work.
     run_pk = repository.insert_run(session, {
         "run_id": run.run_id, "node_id": node_id, "environment_id": environment_id,
@@ -225,6 +223,8 @@ def _store(session: Session, run: RunDocument, sha256: str,
         "agent_version": run.agent_version, "document_sha256": sha256, "drill": run.drill,
         "received_at": now,
     })
+    # The node's row is locked now (its upsert): its latest rows move only here.
+    held_before = counts.node_rows(session, node_id)
     device_ids, models, gone = _devices(session, run, node_id=node_id,
                                         started_at=ordered_at, now=now)
     _store_fingerprints(session, run, now=now)
