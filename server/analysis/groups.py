@@ -37,10 +37,7 @@ class Member:
         return self.manifest if self.manifest is not None else manifest_digest(self.tensors)
 
     def tensor_hash(self, name: str) -> str | None:
-        for tensor_name, _kind, digest in self.tensors:
-            if tensor_name == name:
-                return digest
-        return None
+        return hash_of(self.tensors, name)
 
 
 @dataclass(frozen=True)
@@ -122,6 +119,14 @@ class Group:
         }
 
 
+def hash_of(tensors: Sequence[tuple[str, str, str]], name: str) -> str | None:
+    """The hash of tensor ``name`` in a manifest's (name, kind, hash), None without it."""
+    for tensor_name, _kind, digest in tensors:
+        if tensor_name == name:
+            return digest
+    return None
+
+
 def members_page(limit: int | None, offset: int = 0) -> slice:
     """The members a list shows: ``limit`` from ``offset`` (every one from it: None)."""
     offset = max(offset, 0)
@@ -189,10 +194,7 @@ class Answer:
         return consensus.Support(self.devices, self.first_node)
 
     def tensor_hash(self, name: str) -> str | None:
-        for tensor_name, _kind, digest in self.tensors:
-            if tensor_name == name:
-                return digest
-        return None
+        return hash_of(self.tensors, name)
 
 
 def group_answers(answers: Sequence[Answer], tensor: str | None

@@ -23,6 +23,7 @@ from numparity_server.models import (
     Result,
     Run,
 )
+from numparity_server.reads.results import run_ids_of_results
 
 STRICT = "strict"
 _KEY = (Outcome.suite, Outcome.workload, Outcome.workload_version, Outcome.device)
@@ -212,20 +213,6 @@ def newest_run_ids(session: Session, node_ids: Sequence[int]) -> dict[int, str]:
     return {node_id: max(runs[pk] for pk in found) for node_id, (_at, found) in newest.items()}
 
 
-def run_ids_of_results(session: Session, result_ids: Iterable[int]) -> dict[int, str]:
-    """result id → the run_id of its run.
-
-    Looked up by result id, apart from the query that found the results: joined to it,
-    PostgreSQL, estimating 20 times the latest rows that a few outcomes or nodes hold,
-    scanned the whole of results (6 million rows at 100,000 nodes: 1 s a query)."""
-    runs: dict[int, str] = {}
-    for part in chunked(sorted(set(result_ids))):
-        runs.update((result_id, run_id) for result_id, run_id in session.execute(
-            select(Result.id, Run.run_id).join(Run, Run.id == Result.run_pk)
-            .where(Result.id.in_(part))))
-    return runs
-
-
 def run_ids_holding(session: Session, firsts: Mapping[tuple[int, int], str]
                     ) -> dict[tuple[int, int], str]:
     """(environment_id, outcome_id) → the run_id of the latest result holding it on the
@@ -266,12 +253,9 @@ class Holding(NamedTuple):
 def latest_holding(session: Session, outcome_ids: Iterable[int]) -> list[Holding]:
     """The latest results holding one of these outcomes, by node name: ``latest`` through
     its index on outcome_id, then the nodes' names by key."""
-    rows: list[Any] = []
-    for part in chunked(sorted(set(outcome_ids))):
-        rows.extend(session.execute(
-            select(Latest.node_id, Latest.environment_id, Latest.outcome_id,
-                   Latest.result_id, Latest.device_id)
-            .where(Latest.outcome_id.in_(part))).all())
+    rows = _of_outcomes(session, select(Latest.node_id, Latest.environment_id,
+                                        Latest.outcome_id, Latest.result_id,
+                                        Latest.device_id), outcome_ids)
     names = lookup(session, Node.id, Node.name, {row.node_id for row in rows})
     return sorted((Holding(names[row.node_id], row.environment_id, row.outcome_id,
                            row.result_id, row.device_id) for row in rows),

@@ -60,7 +60,7 @@ from numparity_server.audit.schemas import (
     SuspectRow,
 )
 from numparity_server.reads import environments as reads_environments
-from numparity_server.reads.results import results_of_runs
+from numparity_server.reads.results import results_of_runs, run_ids_of_results
 
 
 def audit(*, session: Session, policy: Policy, now: datetime | None = None,
@@ -228,7 +228,7 @@ class _Pending(Generic[Row]):
 
 def _with_run_ids(session: Session, rows: Sequence[_Pending[Row]]) -> list[Row]:
     """The rows made, each naming the run of its result where it has one."""
-    runs = repository.run_ids_of_results(
+    runs = run_ids_of_results(
         session, [row.result for row in rows if row.result is not None])
     made = [row.schema.model_validate(row.entry) for row in rows]
     return [found if row.result is None else found.model_copy(update={"run_id": runs[row.result]})

@@ -10,7 +10,6 @@ from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from numparity_server.analysis import Answer, ComparisonRecord
-from numparity_server.analysis.consensus import Support
 from numparity_server.kit.db import chunked, codepoint_order, insert_ignoring_conflicts, lookup
 from numparity_server.models import (
     Environment,
@@ -20,10 +19,9 @@ from numparity_server.models import (
     Manifest,
     Node,
     Outcome,
-    Result,
-    Run,
     utcnow,
 )
+from numparity_server.reads.results import run_ids_of_results
 
 
 def counted_answers(session: Session, *, suite: str, workload: str, variant: str
@@ -109,11 +107,7 @@ def first_members(session: Session, *, suite: str, workload: str, variant: str,
             .join(Latest, Latest.node_id == Node.id)
             .where(Latest.outcome_id == outcome)
             .order_by(*order).limit(limit)))
-    run_ids: dict[int, str] = {}
-    for part in chunked(sorted({row.result_id for row in rows})):
-        run_ids.update((int(pk), run_id) for pk, run_id in session.execute(
-            select(Result.id, Run.run_id).join(Run, Run.id == Result.run_pk)
-            .where(Result.id.in_(part))))
+    run_ids = run_ids_of_results(session, [row.result_id for row in rows])
     return [Listed(int(row.outcome_id), int(row.environment_id), row.name,
                    run_ids[row.result_id]) for row in rows]
 
@@ -129,26 +123,6 @@ def outcomes_of_nodes(session: Session, *, suite: str, workload: str, variant: s
                        Latest.variant == variant, Node.name.in_(part))):
             found.setdefault(name, set()).add(int(outcome_id))
     return found
-
-
-def outcome_counts(session: Session, *, suite: str, workload: str, variant: str
-                   ) -> list[tuple[Any, Support, list[dict[str, Any]]]]:
-    """The key's latest ok results by outcome: (outcome, its support, manifest entries)."""
-    rows = session.execute(
-        select(Outcome.workload_version, Outcome.device, Outcome.manifest_hash,
-               func.sum(LatestCount.devices),
-               func.min(codepoint_order(session, LatestCount.first_node)))
-        .select_from(LatestCount)
-        .join(Outcome, Outcome.id == LatestCount.outcome_id)
-        .where(LatestCount.suite == suite, LatestCount.workload == workload,
-               LatestCount.variant == variant, LatestCount.devices > 0,
-               Outcome.status == "ok", Outcome.manifest_hash.is_not(None))
-        .group_by(Outcome.workload_version, Outcome.device, Outcome.manifest_hash)
-    ).all()
-    entries = lookup(session, Manifest.hash, Manifest.entries,
-                      {row.manifest_hash for row in rows})
-    return [(row, Support(int(row[3]), row[4]), entries[row.manifest_hash]) for row in rows]
-
 
 
 @dataclass(frozen=True)

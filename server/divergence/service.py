@@ -212,14 +212,14 @@ def _consensus_hash(session: Session, suite: str, workload: str, variant: str, t
     """The usual hash of ``tensor`` (``consensus.usual``) among the latest ok results of
     another variant."""
     holders = []
-    for outcome, support, entries in repository.outcome_counts(
-            session, suite=suite, workload=workload, variant=variant):
-        if version is not None and outcome.workload_version != version:
+    for answer in repository.counted_answers(session, suite=suite, workload=workload,
+                                             variant=variant):
+        if version is not None and answer.workload_version != version:
             continue
-        if device is not None and outcome.device != device:
+        if device is not None and answer.slot != device:
             continue
-        digest = next((e["hash"] for e in entries if e["name"] == tensor), None)
+        digest = answer.tensor_hash(tensor)
         if digest is not None:
-            holders.append((digest, support))
+            holders.append((digest, answer.support))
     return consensus.usual(consensus.tally(holders))
 
