@@ -138,10 +138,11 @@ def bit_copy(tensor: torch.Tensor) -> torch.Tensor:
     t = tensor.detach()
     if t.device.type != "cpu":
         return t.clone()
-    t = t.resolve_conj().resolve_neg()
-    copy = torch.empty(t.shape, dtype=t.dtype)
-    np.copyto(_numpy_elements(copy)[1], _numpy_elements(t)[1])
-    return copy
+    t, elements = _numpy_elements(t)
+    # numpy allocates: torch.empty under deterministic algorithms (`strict`) would first
+    # fill the memory with NaN (torch.utils.deterministic.fill_uninitialized_memory).
+    copy = torch.from_numpy(np.array(elements, copy=True, order="C"))
+    return copy.view(t.dtype) if t.dtype in _RAW_VIEWS else copy
 
 
 def _words(raw: np.ndarray) -> np.ndarray:

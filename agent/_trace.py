@@ -265,7 +265,8 @@ class DeferredHashes:
 
     def add(self, tensor: torch.Tensor) -> int:
         on_gpu = tensor.device.type == "cuda"
-        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=on_gpu)
+        with _unfilled():
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=on_gpu)
         host.copy_(tensor, non_blocking=on_gpu)
         self._gpu = self._gpu or on_gpu
         index = len(self._done)
@@ -294,6 +295,22 @@ class DeferredHashes:
 
 
 nn_Module = Any  # torch.nn.Module; a name for the annotation above without importing nn
+
+
+@contextlib.contextmanager
+def _unfilled() -> Iterator[None]:
+    """torch.empty as it is without deterministic algorithms: under them (`strict`) it
+    fills new memory with NaN first, a wasted pass over a buffer about to be copied to."""
+    deterministic = getattr(torch.utils, "deterministic", None)
+    fill = getattr(deterministic, "fill_uninitialized_memory", None)
+    if fill is None:
+        yield
+        return
+    deterministic.fill_uninitialized_memory = False  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        deterministic.fill_uninitialized_memory = fill  # type: ignore[union-attr]
 
 
 def _current_autograd_node() -> Any:
