@@ -95,6 +95,9 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("environment", True):
         with clock.phase("environment"):
             environment = capture_environment(env_vars=spec.get("node_env_vars"))
+        # At once: a variant that hangs or crashes the child loses no environment.
+        _write_part(spec.get("out"), "environment", {"environment": environment,
+                                                     "results": []})
     node_knobs = read_knobs()
     # The node's configured thread count, read before any variant changes it.
     threads = torch.get_num_threads()
@@ -155,8 +158,9 @@ def _cuda_devices(device: Any) -> list[Any]:
     return [device] if device.type == "cuda" else []
 
 
-def _write_part(out: str | None, position: int, part: dict[str, Any]) -> None:
-    """`OUT.<position>`: one variant's results, written atomically as it finishes."""
+def _write_part(out: str | None, position: int | str, part: dict[str, Any]) -> None:
+    """`OUT.<position>`: one variant's results, written atomically as it finishes
+    (`OUT.environment`: the environment, as soon as it is captured)."""
     if not out:
         return
     path = f"{out}.{position}"

@@ -235,7 +235,9 @@ def _run_child(
             stderr = None
         # What the child finished before it died, and the variant it died in.
         parts = _parts(out_path, len(variants))
-    found_env = next((p.get("environment") for p in parts if p.get("environment")), None)
+        early = _read_part(f"{out_path}.environment")  # written before any variant ran
+    found_env = next((p.get("environment") for p in [early, *parts] if p.get("environment")),
+                     None)
     results = [r for p in parts for r in p["results"]]
     hit = variants[len(parts)] if len(parts) < len(variants) else None
     if hit is not None:
@@ -270,12 +272,21 @@ def _parts(out_path: str, count: int) -> list[dict[str, Any]]:
     """The per-variant answers (`OUT.<i>`) a child wrote before it stopped, in order."""
     parts = []
     for position in range(count):
-        try:
-            with open(f"{out_path}.{position}", encoding="utf-8") as f:
-                parts.append(json.load(f))
-        except (OSError, ValueError):
+        part = _read_part(f"{out_path}.{position}")
+        if not part:
             break
+        parts.append(part)
     return parts
+
+
+def _read_part(path: str) -> dict[str, Any]:
+    """A part a child wrote (`OUT.<i>`, `OUT.environment`); {} when there is none."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            part: dict[str, Any] = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return part
 
 
 def _run_watched(
