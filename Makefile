@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.numparity-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint venv clean gpu-check wheels
 
 demo: $(STAMP)
 	$(VENV)/bin/numparity-server demo
@@ -38,5 +38,26 @@ $(STAMP): pyproject.toml setup.py
 	touch $(STAMP)
 	@echo "==> $(VENV) is ready"
 
+# numparity's CUDA paths on this machine's GPU, in one table (README "GPU check";
+# tools/gpu_check.py). GPU_PYTHON: the Python whose torch has CUDA (default .venv's once
+# it is made, else python3). No network: where the server's packages are missing, they
+# are installed from wheels/ (`make wheels`, where there is network) into .gpu-check/.
+# NUMPARITY_GPU_CHECK_FAKE=1: the dry run, with a fake GPU (tests/helpers/fake_cuda).
+GPU_PYTHON ?= $(if $(wildcard $(STAMP)),$(PY),python3)
+GPU_CHECK_ARGS ?=
+gpu-check:
+	$(GPU_PYTHON) tools/gpu_check.py $(GPU_CHECK_ARGS)
+
+# The wheels `make gpu-check` installs on a machine without network, for that machine's
+# Python (WHEELS_PYTHON, default 3.12) on x86-64 Linux; setuptools builds the checkout.
+WHEELS_PYTHON ?= 3.12
+WHEELS_PLATFORMS := $(foreach p,manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014,--platform $(p)_x86_64)
+wheels:
+	mkdir -p wheels
+	$(PYTHON) tools/gpu_check.py --requirements > wheels/requirements.txt
+	$(PYTHON) -m pip download --quiet --only-binary=:all: --python-version $(WHEELS_PYTHON) \
+		--implementation cp $(WHEELS_PLATFORMS) -d wheels -r wheels/requirements.txt \
+		'setuptools>=77'
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .gpu-check

@@ -29,9 +29,19 @@ def build_document(
     drill_device: str | None = None,
     devices: list[dict[str, Any]] | None = None,
     run_id: str | None = None,
+    results_order: list[str] | None = None,
+    timeline: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The document; `drill_device` (the slot a drill corrupted) only with `drill`,
-    `devices` (the entries of §2.7, with `wall_s` and `status`) when given."""
+    `devices` (the entries of §2.7, with `wall_s` and `status`) and `timeline` (one
+    entry per child process, `_timeline`) when given. `results_order`: the variants in
+    the order the run asked for them, each device's results sorted so (variants that
+    share a child run in its order)."""
+    if results_order is not None:
+        rank = {name: i for i, name in enumerate(results_order)}
+        slots = list(dict.fromkeys(r.get("device") for r in results))
+        results = sorted(results, key=lambda r: (slots.index(r.get("device")),
+                                                 rank.get(str(r.get("variant")), len(rank))))
     document: dict[str, Any] = {
         "schema": SCHEMA,
         "run_id": run_id or str(uuid.uuid4()),
@@ -45,6 +55,8 @@ def build_document(
         document["drill_device"] = drill_device
     if devices is not None:
         document["devices"] = devices
+    if timeline:
+        document["timeline"] = timeline
     document["environment"] = environment
     document["results"], traces = hoist_traces(results)
     if traces:

@@ -13,7 +13,6 @@ cheaper is left to find.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 
@@ -80,4 +79,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from numparity_agent._child import exit_now
+
+    exit_now(main())

@@ -116,6 +116,49 @@ def tensor_hashes(tensors: Sequence[torch.Tensor]) -> list[str]:
     return [h if isinstance(h, str) else h.result() for h in hashes]
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `a` and `b` have the same `tensor_hash` (dtype, shape and bytes), decided
+    where they are: on a GPU without copying either to the host, on the CPU by numpy at
+    memory speed (torch's parallel reductions stall when the node's cores are busy).
+    How a later repeat is checked against the first."""
+    if a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
+        return False
+    if a.numel() == 0:
+        return True
+    if a.device.type == "cpu":
+        return bool(np.array_equal(_words(_le_array(a)), _words(_le_array(b))))
+    # The bytes as integers: torch.equal on floats would call -0.0 and 0.0 equal and a
+    # NaN unequal to itself.
+    return torch.equal(_device_bytes(a), _device_bytes(b))
+
+
+def bit_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of `tensor`'s elements (for `same_bits` later): on the CPU
+    copied by numpy, for the reason `same_bits` gives."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        return t.clone()
+    t, elements = _numpy_elements(t)
+    # numpy allocates: torch.empty under deterministic algorithms (`strict`) would first
+    # fill the memory with NaN (torch.utils.deterministic.fill_uninitialized_memory).
+    copy = torch.from_numpy(np.array(elements, copy=True, order="C"))
+    return copy.view(t.dtype) if t.dtype in _RAW_VIEWS else copy
+
+
+def _words(raw: np.ndarray) -> np.ndarray:
+    """The bytes of a flat array as the widest unsigned integers that tile them."""
+    data = raw.view(np.uint8)
+    for width in (np.uint64, np.uint32, np.uint16):
+        if data.size % np.dtype(width).itemsize == 0:
+            return data.view(width)
+    return data
+
+
+def _device_bytes(t: torch.Tensor) -> torch.Tensor:
+    flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    return flat.view(torch.uint8) if flat.dtype != torch.bool else flat
+
+
 def combined_hash(named_tensors: list[tuple[str, torch.Tensor]]) -> str:
     """sha256 of the canonical bytes of several named tensors (input_hash, param_hash)."""
     h = hashlib.sha256()
@@ -295,12 +338,20 @@ def _stats(dtype: torch.dtype, x: np.ndarray) -> tuple[dict[str, Any], np.ndarra
     numpy's std recipe (mean; the sum of squared deviations over n; sqrt).
     """
     n = int(x.size)
-    finite_mask = np.isfinite(x)
-    n_finite = int(np.count_nonzero(finite_mask))
     mask: np.ndarray | None = None
-    if n_finite == n:
-        finite, nan, inf, pos_inf = x, 0, 0, 0
+    lo: Any = None
+    hi: Any = None
+    if n:
+        # min and max propagate NaN and show an Inf: both finite means every value is,
+        # and the pass of isfinite is saved (the common case).
+        with np.errstate(invalid="ignore"):
+            lo, hi = x.min(), x.max()
+    if not n or (np.isfinite(lo) and np.isfinite(hi)):
+        finite, n_finite, nan, inf, pos_inf = x, n, 0, 0, 0
     else:
+        lo = hi = None
+        finite_mask = np.isfinite(x)
+        n_finite = int(np.count_nonzero(finite_mask))
         mask = finite_mask
         finite = x[mask]
         nan = int(np.count_nonzero(np.isnan(x)))
@@ -315,7 +366,8 @@ def _stats(dtype: torch.dtype, x: np.ndarray) -> tuple[dict[str, Any], np.ndarra
         stats.update(min=None, max=None, mean=None, std=None, abs_max=None, l2=None)
         return stats, mask
     # min and max of the whole array (which of +-0.0 numpy returns is its own affair).
-    lo, hi = finite.min(), finite.max()
+    if lo is None:
+        lo, hi = finite.min(), finite.max()
     abs_max = max(abs(lo), abs(hi))  # abs(), not -lo: the largest |x| of zeros is +0.0
     tiny = float(torch.finfo(dtype).tiny) if dtype.is_floating_point else None
     block = _block_size()
@@ -390,6 +442,45 @@ def tensor_stats(tensor: torch.Tensor) -> dict[str, Any]:
     return _ordered(_stats(t.dtype, _float64(t, _flat_le(arr)))[0])
 
 
+# Fingerprints of one repeat are computed side by side: numpy and sha256 release the GIL
+# for the element passes, and the node's cores are idle between two timed runs.
+_FINGERPRINT_THREADS = max(1, min(4, os.cpu_count() or 1))
+_fingerprint_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _fingerprinter() -> ThreadPoolExecutor:
+    global _fingerprint_pool
+    with _pool_lock:
+        if _fingerprint_pool is None or _fingerprint_pool[0] != os.getpid():
+            _fingerprint_pool = (os.getpid(), ThreadPoolExecutor(
+                _FINGERPRINT_THREADS, thread_name_prefix="numparity-fingerprint"))
+        return _fingerprint_pool[1]
+
+
+def fingerprints(tensors: Sequence[torch.Tensor],
+                 keep_values: Callable[[str, np.ndarray], None] | None = None
+                 ) -> list[dict[str, Any]]:
+    """`fingerprint` of each tensor, in order, computed on a few threads (each tensor's
+    fingerprint is its own: the same bytes whichever thread computes it).
+    `keep_values` is called from one thread at a time."""
+    if len(tensors) < 2 or _FINGERPRINT_THREADS < 2:
+        return [fingerprint(t, keep_values) for t in tensors]
+    # Copied to the host first, in order, on this thread: a GPU's copies are not
+    # interleaved from several threads, and the workers only touch host memory.
+    hosted = [_numpy_elements(t) for t in tensors]
+    lock = threading.Lock()
+
+    def keep(digest: str, raw: np.ndarray) -> None:
+        assert keep_values is not None
+        with lock:
+            keep_values(digest, raw)
+
+    def one(item: tuple[torch.Tensor, np.ndarray]) -> dict[str, Any]:
+        return _fingerprint_elements(item[0], item[1], keep if keep_values else None)
+
+    return list(_fingerprinter().map(one, hosted))
+
+
 def fingerprint(tensor: torch.Tensor,
                 keep_values: Callable[[str, np.ndarray], None] | None = None) -> dict[str, Any]:
     """The full §2.4 fingerprint of one tensor (without name, kind and order).
@@ -400,6 +491,12 @@ def fingerprint(tensor: torch.Tensor,
     `keep_values(hash, elements)` when given (kept until the server asks, `_values`).
     """
     t, arr = _numpy_elements(tensor)
+    return _fingerprint_elements(t, arr, keep_values)
+
+
+def _fingerprint_elements(t: torch.Tensor, arr: np.ndarray,
+                          keep_values: Callable[[str, np.ndarray], None] | None
+                          ) -> dict[str, Any]:
     name = dtype_name(t.dtype)
     raw = _flat_le(arr)
     numel = int(raw.size)

@@ -8,13 +8,21 @@ import statistics
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from numparity_agent._fingerprint import combined_hash, fingerprint, tensor_hashes
+from numparity_agent._fingerprint import (
+    bit_copy,
+    combined_hash,
+    fingerprints,
+    same_bits,
+    tensor_hashes,
+)
 from numparity_agent._knobs import read_knobs
+from numparity_agent._timeline import PhaseClock
 from numparity_agent._variants import Variant
 from numparity_agent._workloads import SUITE
 from numparity_agent._workloads._base import (
@@ -63,6 +71,7 @@ def run_workload(
     fault_drill: bool = False,
     keep_values: Callable[[str, np.ndarray], None] | None = None,
     trace: bool = False,
+    trace_jobs: list[TraceJob] | None = None,
 ) -> dict[str, Any]:
     """Build and run `workload` `repeats` times on `device`; fingerprint every tensor of
     the first (handing large tensors' values to `keep_values`, see
@@ -80,29 +89,45 @@ def run_workload(
 
     With `trace` (design §2.10) one more run records every op (`trace_ops`): the result's
     "trace" is the trace body, or "trace_error" says why it has none. A trace that
-    cannot be made never fails the result.
+    cannot be made never fails the result. With `trace_jobs` that run is not made here
+    but appended to the list, for `run_traces` to make later with the others (the
+    child: one kernel session for a variant's traced passes, after its timed runs).
+
+    The result's `timeline` (`_timeline`) says where its time went: `build`, `run`,
+    `fingerprint` (the first repeat's input, parameter and tensor hashes and
+    fingerprints; each later repeat checked against it bit for bit, `same_bits`),
+    `trace`.
     """
     head = result_head(workload.name, workload.version, variant.name, slot or str(device),
                        workload.suite)
     dtype = variant.dtype()
     tensors: list[dict[str, Any]] = []
-    signatures: list[list[tuple[str, str]]] = []
     times: list[float] = []
     input_hash = param_hash = None
     fields: dict[str, Any] = {}
     drill_target: int | None = None
     drill_field: dict[str, Any] | None = None
-    traced: dict[str, Any] | None = None
-    trace_error: str | None = None
+    job: TraceJob | None = None
+    clock = PhaseClock()
+    # The first repeat's built inputs and parameters and recorded tensors, kept on the
+    # device: each later repeat is checked against them bit for bit (`same_bits`), and
+    # only the first is hashed (the hash of equal bits is equal).
+    first_built: list[tuple[str, torch.Tensor]] = []
+    first_recorded: list[tuple[str, torch.Tensor]] = []
+    differing: set[str] = set()
     try:
         if fault_drill:
             drill_target = _drill_target(workload, variant=variant, dtype=dtype, device=device)
         for repeat in range(repeats):
-            built = workload.build(dtype=dtype, device=device)
-            built_inputs, built_params = built_hashes(built)
-            hashes = [("<inputs>", built_inputs), ("<params>", built_params)]
-            if repeat == 0:
-                input_hash, param_hash = built_inputs, built_params
+            with clock.phase("build"):
+                built = workload.build(dtype=dtype, device=device)
+                _sync(device)
+            with clock.phase("fingerprint"):
+                if repeat == 0:
+                    input_hash, param_hash = built_hashes(built)
+                    first_built = _built_tensors(built, copy=True)
+                else:
+                    differing.update(_differing(first_built, _built_tensors(built)))
             drill = FaultDrill(drill_target) if drill_target is not None else None
             recorder = Recorder(layer_fault=drill)
             _sync(device)
@@ -111,26 +136,24 @@ def run_workload(
                 workload.run(built, recorder)
             _sync(device)
             times.append(time.perf_counter() - start)
-            if repeat == 0:
-                fields = recorder.fields
-                drill_field = drill.flipped if drill is not None else None
-            if repeat == 0:
-                for order, (name, kind, value) in enumerate(recorder.tensors):
-                    entry = {"name": name, "kind": kind, "order": order,
-                             **fingerprint(value, keep_values)}
-                    tensors.append(entry)
-                    hashes.append((name, entry["hash"]))
-            else:  # later repeats only need the hashes
-                names = [name for name, _, _ in recorder.tensors]
-                values = [value for _, _, value in recorder.tensors]
-                hashes.extend(zip(names, tensor_hashes(values), strict=True))
-            signatures.append(hashes)
-            del built, recorder
+            clock.add("run", times[-1])
+            with clock.phase("fingerprint"):
+                recorded = [(name, value) for name, _, value in recorder.tensors]
+                if repeat == 0:
+                    fields = recorder.fields
+                    drill_field = drill.flipped if drill is not None else None
+                    prints = fingerprints([value for _, value in recorded], keep_values)
+                    for order, ((name, kind, _value), entry) in enumerate(
+                            zip(recorder.tensors, prints, strict=True)):
+                        tensors.append({"name": name, "kind": kind, "order": order, **entry})
+                    first_recorded = recorded
+                else:
+                    differing.update(_differing(first_recorded, recorded, "<tensor list>"))
+            del built, recorder, recorded
+        first_built = first_recorded = []
         if trace and workload.traceable:
-            first = [(name, digest) for name, digest in signatures[0][2:]]
-            traced, trace_error = trace_ops(workload, variant=variant, dtype=dtype,
-                                            device=device, expected=first,
-                                            drill_target=drill_target)
+            job = TraceJob(workload, variant, dtype, device,
+                           [(t["name"], t["hash"]) for t in tensors], drill_target, {})
     except Exception as exc:  # noqa: BLE001 - one workload's failure must not stop others
         # oneDNN without a half-precision kernel here: the variant cannot run it (§2.3).
         reason = unsupported_half_reason(
@@ -138,8 +161,8 @@ def run_workload(
         )
         if reason is not None:
             return {**head, "status": "skipped", "reason": reason}
-        return {**head, "status": "failed", "error": _error_text(exc)}
-    differing = _repeat_differences(signatures)
+        return {**head, "status": "failed", "error": _error_text(exc),
+                "timeline": clock.seconds()}
     result: dict[str, Any] = {
         **head,
         "status": "ok",
@@ -152,38 +175,89 @@ def run_workload(
         "wall_s_repeats": [round(t, 6) for t in times],
         "knobs": {**read_knobs(), **variant.knobs(device)},
         "tensors": tensors,
+        "timeline": clock.seconds(),
     }
     # Workload-specific fields ("train", "probes"); they never replace a contract field.
     result.update({k: v for k, v in fields.items() if k not in result})
     if differing:
-        result["repeats_differ"] = differing
+        result["repeats_differ"] = sorted(differing)
     if drill_field is not None:
         result["drill"] = drill_field
-    if traced is not None:
-        result["trace"] = traced
-    elif trace_error is not None:
-        result["trace_error"] = trace_error
+    if job is not None:
+        job.result = result
+        if trace_jobs is not None:
+            trace_jobs.append(job)
+        else:
+            run_traces([job])
     return result
+
+
+@dataclass
+class TraceJob:
+    """A traced pass still to run for a result (`run_workload` with `trace_jobs`): the
+    workload as it was fingerprinted, and the result its trace or `trace_error` goes
+    into."""
+
+    workload: Workload
+    variant: Variant
+    dtype: torch.dtype
+    device: torch.device
+    expected: list[tuple[str, str]]
+    drill_target: int | None
+    result: dict[str, Any]
+
+
+def run_traces(jobs: list[TraceJob]) -> None:
+    """Each job's traced pass (`trace_ops`), all inside one kernel session (`_trace.
+    KernelSession`: on CUDA one profiler session for all of them, opened after the
+    variant's timed runs), then each result's `trace` or `trace_error`."""
+    from numparity_agent._trace import KernelSession
+
+    if not jobs:
+        return
+    session = KernelSession()
+    done = []
+    with session.record(jobs[0].device):
+        for index, job in enumerate(jobs):
+            start = time.perf_counter()
+            tracer, error = trace_ops(job.workload, variant=job.variant, dtype=job.dtype,
+                                      device=job.device, expected=job.expected,
+                                      drill_target=job.drill_target, kernels=session,
+                                      name=str(index))
+            done.append((job, tracer, error, time.perf_counter() - start))
+    for index, (job, tracer, error, seconds) in enumerate(done):
+        start = time.perf_counter()
+        if tracer is not None:
+            session.annotate(str(index), tracer.ops)
+            job.result["trace"] = tracer.body()
+        else:
+            job.result["trace_error"] = error
+        timeline = job.result.setdefault("timeline", {})
+        timeline["trace_s"] = round(seconds + time.perf_counter() - start, 6)
 
 
 def trace_ops(
     workload: Workload, *, variant: Variant, dtype: torch.dtype, device: torch.device,
     expected: list[tuple[str, str]], drill_target: int | None = None,
-) -> tuple[dict[str, Any] | None, str | None]:
-    """(trace body, None), or (None, why there is none): one more run of `workload`
-    with every op recorded (`_trace`), kept only when it recorded the `expected`
-    (name, hash) list, the fingerprinted run's, bit for bit (with the same fault drill
-    when there is one)."""
+    kernels: Any = None, name: str = "",
+) -> tuple[Any, str | None]:
+    """(the pass's `_trace.OpTracer`, None), or (None, why there is none): one more run
+    of `workload` with every op recorded (`_trace`), kept only when it recorded the
+    `expected` (name, hash) list, the fingerprinted run's, bit for bit (with the same
+    fault drill when there is one). `kernels`: the session whose annotations name the
+    ops' CUDA kernels (under the trace name `name`); the tracer's `body()` is the trace
+    once that session has annotated it."""
     from numparity_agent._trace import tracing
 
     try:
         built = workload.build(dtype=dtype, device=device)
         drill = FaultDrill(drill_target) if drill_target is not None else None
         recorder = Recorder(layer_fault=drill)
-        with tracing(built.model, device) as tracer, variant.run_context(device):
+        with tracing(built.model, kernels, name) as tracer, variant.run_context(device):
             recorder.tracer = tracer
             workload.run(built, recorder)
         _sync(device)
+        tracer.resolve()
         got = list(zip([name for name, _, _ in recorder.tensors],
                        tensor_hashes([value for _, _, value in recorder.tensors]),
                        strict=True))
@@ -195,7 +269,7 @@ def trace_ops(
         return None, ("the traced run computed other bits than the fingerprinted one ("
                       f"{', '.join(differing[:5])}): no trace, rather than one of "
                       "another computation")
-    return tracer.body(), None
+    return tracer, None
 
 
 class FaultDrill:
@@ -321,16 +395,28 @@ def built_hashes(built: Built) -> tuple[str, str]:
     )
 
 
-def _repeat_differences(signatures: list[list[tuple[str, str]]]) -> list[str]:
-    """Names whose hash differs from the first repeat (a changed tensor list counts)."""
-    first = dict(signatures[0])
-    names = [name for name, _ in signatures[0]]
-    differing = set()
-    for signature in signatures[1:]:
-        if [name for name, _ in signature] != names:
-            differing.add("<tensor list>")
-        differing.update(name for name, h in signature if first.get(name) != h)
-    return sorted(differing)
+def _built_tensors(built: Built, *, copy: bool = False) -> list[tuple[str, torch.Tensor]]:
+    """The inputs and parameters of a built workload, named as their hashes are
+    (`<inputs>`, `<params>`); `copy` keeps them as they are before the run changes them
+    (a training workload steps its parameters in place)."""
+    found = [("<inputs>", t) for t in built.inputs.values()]
+    found += [("<params>", t) for t in built.model.state_dict().values()]
+    return [(name, bit_copy(t) if copy else t) for name, t in found]
+
+
+def _differing(first: list[tuple[str, torch.Tensor]], later: list[tuple[str, torch.Tensor]],
+               changed_list: str | None = None) -> set[str]:
+    """The names of `later` whose bits are not those of `first`'s tensor of that name,
+    position by position; with `changed_list`, a list of other names adds that name and
+    the tensors are matched by name (recorded names are unique)."""
+    if [name for name, _ in first] == [name for name, _ in later]:
+        return {name for (name, a), (_n, b) in zip(first, later, strict=True)
+                if not same_bits(a, b)}
+    if changed_list is None:
+        return {name for name, _ in first} | {name for name, _ in later}
+    by_name = dict(first)
+    return {changed_list} | {name for name, t in later
+                             if name not in by_name or not same_bits(by_name[name], t)}
 
 
 def half_dtype(variant: Variant, device: torch.device) -> str | None:

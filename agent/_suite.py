@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,17 @@ def _describe_exit(code: int) -> str:
     return f"child exited with code {code}"
 
 
+@dataclass
+class ChildRun:
+    """What the child processes of some variants on one device gave: the environment
+    (None when none captured one), the results in the order of the variants, and one
+    timeline entry per child process (design §2.7 `timeline`)."""
+
+    environment: dict[str, Any] | None
+    results: list[dict[str, Any]]
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+
+
 def run_variant(
     variant: str,
     *,
@@ -111,8 +123,79 @@ def run_variant(
     `trace_ops` it records each workload's ops (§2.10).
     `on_progress(finished)` is called while the child runs with how many of its
     workloads it has finished."""
+    run = run_variants([variant], workloads=workloads, device=device, repeats=repeats,
+                       timeout=timeout, node_env_vars=node_env_vars,
+                       fault_drill=fault_drill, on_progress=on_progress,
+                       values_dir=values_dir, trace_ops=trace_ops, suite=suite)
+    return run.environment, run.results
+
+
+def run_variants(
+    variants: Sequence[str],
+    *,
+    workloads: Sequence[str],
+    device: str,
+    repeats: int,
+    timeout: float,
+    node_env_vars: dict[str, str],
+    fault_drill: bool = False,
+    on_progress: Callable[[int], None] | None = None,
+    values_dir: Path | None = None,
+    trace_ops: bool = False,
+    suite: str = _workloads.SUITE,
+    environment: bool = True,
+) -> ChildRun:
+    """`variants` (one `_variants.process_groups` group) in one child process, each
+    with `timeout` seconds (from when it starts): the variants a crash or a timeout
+    leaves unstarted run in a fresh child; the one it hit fails with the reason.
+    `environment`: the child captures the environment document (the first child of a
+    run does; the others need not). `on_progress(finished)` counts workloads over all
+    of `variants`."""
+    pending = list(variants)
+    run = ChildRun(None, [])
+    done = 0
+    while pending:
+        def progress(finished: int, done: int = done) -> None:
+            if on_progress is not None:
+                on_progress(done + finished)
+
+        part = _run_child(pending, workloads=workloads, device=device, repeats=repeats,
+                          timeout=timeout, node_env_vars=node_env_vars,
+                          fault_drill=fault_drill, on_progress=progress,
+                          values_dir=values_dir, trace_ops=trace_ops, suite=suite,
+                          environment=environment and run.environment is None)
+        run.environment = run.environment or part.environment
+        run.results.extend(part.results)
+        run.timeline.extend(part.timeline)
+        finished = {r["variant"] for r in part.results}
+        done += len(finished) * len(workloads)
+        left = [v for v in pending if v not in finished]
+        if left == pending:  # nothing came back: never loop on a child that cannot start
+            break
+        pending = left
+    return run
+
+
+def _run_child(
+    variants: list[str],
+    *,
+    workloads: Sequence[str],
+    device: str,
+    repeats: int,
+    timeout: float,
+    node_env_vars: dict[str, str],
+    fault_drill: bool,
+    on_progress: Callable[[int], None],
+    values_dir: Path | None,
+    trace_ops: bool,
+    suite: str,
+    environment: bool,
+) -> ChildRun:
+    """One child for `variants`: its results for the variants it finished, failed
+    results for the one a crash or a timeout hit, nothing for those it left (the
+    caller starts another child for them)."""
     spec = {
-        "variant": variant,
+        "variants": variants,
         "suite": suite,
         "workloads": list(workloads),
         "device": device,
@@ -121,65 +204,119 @@ def run_variant(
         "fault_drill": fault_drill,
         "trace_ops": trace_ops,
         "values_dir": str(values_dir) if values_dir is not None else None,
+        "environment": environment,
     }
-    env = _variants.get(variant).child_env(dict(os.environ))
+    # The group's variants have the same child environment (`process_groups`).
+    env = _variants.get(variants[0]).child_env(dict(os.environ))
+    per_variant = max(len(workloads), 1)
     with tempfile.TemporaryDirectory(prefix="numparity-") as tmp:
         spec_path = os.path.join(tmp, "spec.json")
         out_path = os.path.join(tmp, "out.json")
-        if on_progress is not None:
-            spec["progress"] = os.path.join(tmp, "progress")
+        spec["progress"] = os.path.join(tmp, "progress")
+        cmd = [sys.executable, "-m", "numparity_agent._child", spec_path, out_path]
+        spawned = time.time()
+        spec["spawned_at"] = spawned
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(spec, f)
-        cmd = [sys.executable, "-m", "numparity_agent._child", spec_path, out_path]
         proc = None
         try:
-            if on_progress is None:
-                proc = subprocess.run(
-                    cmd, env=env, timeout=timeout, capture_output=True, text=True, check=False
-                )
-            else:
-                proc = _run_watched(cmd, env, timeout, str(spec["progress"]), on_progress)
-        except subprocess.TimeoutExpired:
-            error = f"variant {variant} timed out after {timeout:g} s (child killed)"
+            proc = _run_watched(cmd, env, timeout, str(spec["progress"]), on_progress,
+                                per_variant)
+        except subprocess.TimeoutExpired as exc:
+            error = f"variant {{variant}} timed out after {timeout:g} s (child killed)"
+            stderr = exc.stderr
         else:
             if proc.returncode == 0 and os.path.exists(out_path):
                 with open(out_path, encoding="utf-8") as f:
                     output = json.load(f)
-                return output.get("environment"), output["results"]
+                return ChildRun(output.get("environment"), output["results"],
+                                [_timeline_entry(output, device, variants, spawned)])
             error = _child_failure(proc, _describe_exit(proc.returncode))
-    return None, [
-        {
-            "suite": suite,
-            "workload": w,
-            "workload_version": None,
-            "variant": variant,
-            "device": device,
-            "status": "failed",
-            "error": error,
-        }
-        for w in workloads
-    ]
+            stderr = None
+        # What the child finished before it died, and the variant it died in.
+        parts = _parts(out_path, len(variants))
+        early = _read_part(f"{out_path}.environment")  # written before any variant ran
+    found_env = next((p.get("environment") for p in [early, *parts] if p.get("environment")),
+                     None)
+    results = [r for p in parts for r in p["results"]]
+    hit = variants[len(parts)] if len(parts) < len(variants) else None
+    if hit is not None:
+        reason = error.replace("{variant}", hit)
+        if stderr:
+            reason += "\n" + str(stderr)[-2000:]
+        results += [{"suite": suite, "workload": w, "workload_version": None, "variant": hit,
+                     "device": device, "status": "failed", "error": reason}
+                    for w in workloads]
+    return ChildRun(found_env, results, [{
+        "device": device, "variants": variants[:len(parts) + 1],
+        "wall_s": round(time.time() - spawned, 3), "phases": {}}])
+
+
+def _timeline_entry(output: dict[str, Any], device: str, variants: list[str],
+                    spawned: float) -> dict[str, Any]:
+    """The document's `timeline` entry of a child that answered: its own phases, `write`
+    (from its answer to the parent having read it) and `other` (what no phase counts:
+    applying knobs, loading workloads, the parent's bookkeeping)."""
+    now = time.time()
+    phases = dict(output.get("timeline", {}))
+    finished = output.get("finished_at")
+    if isinstance(finished, int | float):
+        phases["write_s"] = round(max(now - finished, 0.0), 6)
+    wall = now - spawned
+    phases["other_s"] = round(max(wall - sum(float(v) for v in phases.values()), 0.0), 6)
+    ran = [v for v in variants if v not in output.get("not_run", [])]
+    return {"device": device, "variants": ran, "wall_s": round(wall, 3), "phases": phases}
+
+
+def _parts(out_path: str, count: int) -> list[dict[str, Any]]:
+    """The per-variant answers (`OUT.<i>`) a child wrote before it stopped, in order."""
+    parts = []
+    for position in range(count):
+        part = _read_part(f"{out_path}.{position}")
+        if not part:
+            break
+        parts.append(part)
+    return parts
+
+
+def _read_part(path: str) -> dict[str, Any]:
+    """A part a child wrote (`OUT.<i>`, `OUT.environment`); {} when there is none."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            part: dict[str, Any] = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return part
 
 
 def _run_watched(
     cmd: list[str], env: dict[str, str], timeout: float, progress_path: str,
-    on_progress: Callable[[int], None],
+    on_progress: Callable[[int], None], per_variant: int = 0,
 ) -> subprocess.CompletedProcess[str]:
-    """subprocess.run(cmd, timeout=...) that reports the child's progress file meanwhile."""
-    deadline = time.monotonic() + timeout
+    """subprocess.run(cmd, timeout=...) that reports the child's progress file meanwhile;
+    with `per_variant` (workloads per variant) the timeout counts from the start of the
+    variant the child is on."""
+    started = time.monotonic()
+    variant_started, finished_variants = started, 0
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as child:
         while True:
+            deadline = variant_started + timeout
             try:
                 stdout, stderr = child.communicate(
                     timeout=max(0.0, min(PROGRESS_POLL_S, deadline - time.monotonic())))
                 break
             except subprocess.TimeoutExpired:
+                finished = _lines(progress_path)
+                if per_variant and finished // per_variant > finished_variants:
+                    finished_variants = finished // per_variant
+                    variant_started = time.monotonic()
+                    continue
                 if time.monotonic() >= deadline:
                     child.kill()
-                    child.communicate()
-                    raise
-                on_progress(_lines(progress_path))
+                    _out, err = child.communicate()
+                    raise subprocess.TimeoutExpired(cmd, timeout, stderr=err) from None
+                on_progress(finished)
     return subprocess.CompletedProcess(cmd, child.returncode, stdout, stderr)
 
 
@@ -358,6 +495,7 @@ def run_suite(
     environment: dict[str, Any] | None = None
     results: list[dict[str, Any]] = []
     entries: list[dict[str, Any]] = []
+    timeline: list[dict[str, Any]] = []
     per_device = device_workloads(plan, workloads)
     total = sum(len(runs) * len(names) for (_, runs), names in zip(plan, per_device,
                                                                     strict=True))
@@ -366,38 +504,46 @@ def run_suite(
         prefix = f"{slot} " if several else ""
         device_started = time.monotonic()
         device_results: list[dict[str, Any]] = []
-        for variant in runs:
-            log_line(f"{prefix}variant {variant}: running {', '.join(on_device)}"
-                     + ("" if several else f" on {slot}"))
+        groups = _variants.process_groups(runs, dict(os.environ))
+        for group in groups:
+            names = ", ".join(group)
+            log_line(f"{prefix}variant{'s' if len(group) > 1 else ''} {names}: running "
+                     f"{', '.join(on_device)}" + ("" if several else f" on {slot}")
+                     + (" (one process)" if len(group) > 1 else ""))
             watch = None
             if on_progress is not None:
-                def watch(finished: int, variant: str = variant, done: int = len(results),
+                def watch(finished: int, group: list[str] = group, done: int = len(results),
                           prefix: str = prefix, on_device: list[str] = on_device) -> None:
-                    now = on_device[min(finished, len(on_device) - 1)]
+                    variant = group[min(finished // max(len(on_device), 1), len(group) - 1)]
+                    now = on_device[min(finished % max(len(on_device), 1),
+                                        len(on_device) - 1)]
                     on_progress(done + finished, total, f"{prefix}{now}/{variant}")
 
                 watch(0)
             started = time.monotonic()
-            child_env, child_results = run_variant(
-                variant,
+            child = run_variants(
+                group,
                 workloads=on_device,
                 device=slot,
                 repeats=repeats,
                 timeout=timeout,
                 node_env_vars=node_env_vars,
-                fault_drill=(drill_at == slot and variant == _variants.FAULT_DRILL_VARIANT),
+                fault_drill=(drill_at == slot and _variants.FAULT_DRILL_VARIANT in group),
                 on_progress=watch,
                 values_dir=values_dir,
                 trace_ops=trace_ops,
                 suite=suite,
+                environment=environment is None,
             )
-            environment = environment or child_env
-            _log_results(log_line, prefix, child_results)
-            results.extend(child_results)
-            device_results.extend(child_results)
-            log_line(f"{prefix}variant {variant}: done in {time.monotonic() - started:.1f} s")
+            environment = environment or child.environment
+            timeline.extend(child.timeline)
+            _log_results(log_line, prefix, child.results)
+            results.extend(child.results)
+            device_results.extend(child.results)
+            log_line(f"{prefix}variant{'s' if len(group) > 1 else ''} {names}: done in "
+                     f"{time.monotonic() - started:.1f} s")
             if on_progress is not None:
-                on_progress(len(results), total, f"{prefix}{variant} done")
+                on_progress(len(results), total, f"{prefix}{names} done")
         wall_s = time.monotonic() - device_started
         failed = all(r["status"] == "failed" for r in device_results)
         entries.append({**entry, "wall_s": round(wall_s, 3),
@@ -420,4 +566,6 @@ def run_suite(
         drill=drill,
         drill_device=drill_at,
         devices=entries,
+        results_order=variants,
+        timeline=timeline,
     )

@@ -18,25 +18,34 @@ The body holds no floats, and its hash is sha256 of its canonical JSON (sorted k
 compact): the server computes the same to store it once, however many nodes send it.
 
 The trace is recorded in a pass of its own after the fingerprinted repeats
-(`trace_workload`), and kept only when that pass recorded the same tensors, bit for bit,
-as the fingerprinted one: a trace always describes the computation whose fingerprints
-it travels with.
+(`_runner.trace_ops`), and kept only when that pass recorded the same tensors, bit for
+bit, as the fingerprinted one: a trace always describes the computation whose
+fingerprints it travels with.
+
+On CUDA (design §2.10, "Cost"): a tensor's bytes are copied to pinned host memory
+without waiting (`DeferredHashes`) and hashed once the pass is over, so the GPU never
+idles on a host synchronisation per op; the kernel names come from one profiler
+session per variant (`KernelSession`, around every traced pass of the variant, never
+around a timed run), only for the ops whose kernel the backend chooses
+(`KERNEL_CHOICE_OPS`), read from the profiler's raw events rather than its Python
+event tree.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import json
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from numparity_agent._fingerprint import tensor_hash
+from numparity_agent._fingerprint import tensor_hash, tensor_hashes
 
 FORMAT = "numparity.trace/v1"
 HASH_CHARS = 16
@@ -55,6 +64,26 @@ _SDPA_BACKENDS = {
     "_scaled_dot_product_attention_math_for_mps": "math",
 }
 _CONVOLUTIONS = ("convolution", "_convolution")
+# The ops whose kernel the backend chooses among several that round differently (cuBLAS
+# and cuBLASLt heuristics: split-K, TF32, reduced-precision reductions; cuDNN's
+# convolution and RNN algorithms; the fused attention backends), forward and backward:
+# the only ops whose CUDA kernel names a trace records. An elementwise or reduction
+# kernel is the op's own and names nothing the op does not.
+KERNEL_CHOICE_OPS = frozenset({
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "matmul",
+    "linear", "_addmm_activation", "_scaled_mm", "_int_mm",
+    *_CONVOLUTIONS, "cudnn_convolution", "cudnn_convolution_transpose",
+    "cudnn_convolution_relu", "cudnn_convolution_add_relu", "convolution_backward",
+    "_convolution_double_backward", "_cudnn_rnn", "_cudnn_rnn_backward",
+    *_SDPA_BACKENDS, "_flash_attention_forward", "_flash_attention_backward",
+    "_efficient_attention_forward", "_efficient_attention_backward",
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention_backward",
+    "_scaled_dot_product_fused_attention_overrideable_backward",
+})
+# Host bytes a pass keeps waiting to be hashed before it synchronises and hashes them.
+PENDING_BYTES = 1 << 30
 
 
 def trace_hash(body: dict[str, Any]) -> str:
@@ -76,6 +105,10 @@ class OpTracer(TorchDispatchMode):
     `modules` names the model's modules (`named_modules`); `profile_kernels` records, on
     CUDA, the kernels each op launched (`CudaKernels`)."""
 
+    # The devices whose tensors are hashed after the pass (`DeferredHashes`); a CPU
+    # tensor is hashed at once (its bytes are already in host memory).
+    DEFERRED = frozenset({"cuda"})
+
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         # torch >= 2.5 wraps a mode's __torch_dispatch__ in dynamo's `disable`, whose
@@ -83,7 +116,8 @@ class OpTracer(TorchDispatchMode):
         # ever compiled.
         return False
 
-    def __init__(self, modules: dict[nn_Module, str] | None = None) -> None:
+    def __init__(self, modules: dict[nn_Module, str] | None = None,
+                 kernels: KernelSession | None = None, name: str = "") -> None:
         super().__init__()
         self.ops: list[dict[str, Any]] = []
         self.tensors: dict[str, list[Any]] = {}
@@ -93,8 +127,10 @@ class OpTracer(TorchDispatchMode):
         self._paused = 0
         # id(tensor) -> (weak reference, version, reference): a tensor read again (a
         # weight, an activation) is hashed once per version, not once per read.
-        self._known: dict[int, tuple[weakref.ref[torch.Tensor], int, str]] = {}
-        self.on_op: Callable[[int], Any] | None = None  # CudaKernels' hook
+        self._known: dict[int, tuple[weakref.ref[torch.Tensor], int, str | int]] = {}
+        self._deferred = DeferredHashes()
+        self._kernels = kernels
+        self._name = name
 
     # ---- what the workload and the module hooks tell -------------------------------
 
@@ -130,7 +166,8 @@ class OpTracer(TorchDispatchMode):
 
     # ---- the dispatch ---------------------------------------------------------------
 
-    def _ref(self, tensor: torch.Tensor) -> str:
+    def _ref(self, tensor: torch.Tensor) -> str | int:
+        """The tensor's reference, or on a GPU the index of its pending hash."""
         try:
             version = tensor._version
         except RuntimeError:  # an inference tensor keeps no version: hash it every time
@@ -140,13 +177,20 @@ class OpTracer(TorchDispatchMode):
         if version is not None and known is not None and known[0]() is tensor \
                 and known[1] == version:
             return known[2]
-        ref = reference(tensor_hash(tensor.detach()))
-        if ref not in self.tensors:
-            self.tensors[ref] = [str(tensor.dtype).removeprefix("torch."),
-                                 [int(d) for d in tensor.shape]]
+        ref: str | int
+        if tensor.device.type in self.DEFERRED:
+            ref = self._deferred.add(tensor.detach())
+        else:
+            ref = reference(tensor_hash(tensor.detach()))
+            self._describe(ref, tensor)
         if version is not None:
             self._known[key] = (weakref.ref(tensor), version, ref)
         return ref
+
+    def _describe(self, ref: str, tensor: torch.Tensor) -> None:
+        if ref not in self.tensors:
+            self.tensors[ref] = [str(tensor.dtype).removeprefix("torch."),
+                                 [int(d) for d in tensor.shape]]
 
     def _phase_and_module(self) -> tuple[str, str]:
         node = _current_autograd_node()
@@ -168,8 +212,8 @@ class OpTracer(TorchDispatchMode):
         inputs = [self._ref(t) for t in flat if isinstance(t, torch.Tensor)]
         others = [_plain_arg(a) for a in flat if not isinstance(a, torch.Tensor)]
         seq = len(self.ops)
-        if self.on_op is not None:
-            with self.on_op(seq):
+        if self._kernels is not None and _packet_name(func) in KERNEL_CHOICE_OPS:
+            with self._kernels.around(self._name, seq):
                 out = func(*args, **kwargs)
         else:
             out = func(*args, **kwargs)
@@ -185,13 +229,88 @@ class OpTracer(TorchDispatchMode):
         self.ops.append(op)
         return out
 
+    def resolve(self) -> None:
+        """Hash what is pending (a GPU's tensors) and put the references in the ops."""
+        refs = self._deferred.resolve()
+        if not refs:
+            return
+        for digest, dtype, shape in refs:
+            if digest not in self.tensors:
+                self.tensors[digest] = [dtype, shape]
+        for op in self.ops:
+            op["in"] = [refs[r][0] if isinstance(r, int) else r for r in op["in"]]
+            op["out"] = [refs[r][0] if isinstance(r, int) else r for r in op["out"]]
+
     def body(self) -> dict[str, Any]:
+        """The trace (`resolve` first, and the kernel names in, on a GPU)."""
+        self.resolve()
         body = {"format": FORMAT, "hash_chars": HASH_CHARS, "tensors": self.tensors,
                 "ops": self.ops}
         return {"hash": trace_hash(body), **body}
 
 
+class DeferredHashes:
+    """A GPU pass's tensor references, hashed when the pass is over: each tensor is
+    copied, as the op reads or writes it, to pinned host memory without waiting
+    (`non_blocking`, on the current stream, so the copy sees the bytes the op saw and a
+    later in-place op does not change it), and the copies are hashed after one
+    synchronisation. Past PENDING_BYTES the pass synchronises and hashes what it has
+    (bounded host memory on a large workload)."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[int, torch.Tensor]] = []
+        self._done: list[tuple[str, str, list[int]] | None] = []
+        self._bytes = 0
+        self._gpu = False
+
+    def add(self, tensor: torch.Tensor) -> int:
+        on_gpu = tensor.device.type == "cuda"
+        with _unfilled():
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=on_gpu)
+        host.copy_(tensor, non_blocking=on_gpu)
+        self._gpu = self._gpu or on_gpu
+        index = len(self._done)
+        self._done.append(None)
+        self._pending.append((index, host))
+        self._bytes += host.numel() * host.element_size()
+        if self._bytes > PENDING_BYTES:
+            self._hash_pending()
+        return index
+
+    def _hash_pending(self) -> None:
+        if not self._pending:
+            return
+        if self._gpu:
+            torch.cuda.synchronize()
+        digests = tensor_hashes([host for _, host in self._pending])
+        for (index, host), digest in zip(self._pending, digests, strict=True):
+            self._done[index] = (reference(digest), str(host.dtype).removeprefix("torch."),
+                                 [int(d) for d in host.shape])
+        self._pending, self._bytes = [], 0
+
+    def resolve(self) -> list[tuple[str, str, list[int]]]:
+        """(reference, dtype, shape) of every tensor added, by index."""
+        self._hash_pending()
+        return [done for done in self._done if done is not None]  # every one, now
+
+
 nn_Module = Any  # torch.nn.Module; a name for the annotation above without importing nn
+
+
+@contextlib.contextmanager
+def _unfilled() -> Iterator[None]:
+    """torch.empty as it is without deterministic algorithms: under them (`strict`) it
+    fills new memory with NaN first, a wasted pass over a buffer about to be copied to."""
+    deterministic = getattr(torch.utils, "deterministic", None)
+    fill = getattr(deterministic, "fill_uninitialized_memory", None)
+    if fill is None:
+        yield
+        return
+    deterministic.fill_uninitialized_memory = False  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        deterministic.fill_uninitialized_memory = fill  # type: ignore[union-attr]
 
 
 def _current_autograd_node() -> Any:
@@ -226,11 +345,16 @@ def _plain_arg(value: Any) -> Any:
     return value
 
 
+def _packet_name(func: Any) -> str:
+    """`aten.addmm.default` -> `addmm`."""
+    return str(getattr(getattr(func, "_overloadpacket", None), "__name__", ""))
+
+
 def _kernel_choice(func: Any, args: Any) -> str | None:
     """What the backend chose for this op, where it chooses among kernels and torch
     says which: the SDPA backend (by the op the composite dispatched to), the
     convolution backend (torch's own selection, e.g. Mkldnn against Slow2d)."""
-    name = getattr(getattr(func, "_overloadpacket", None), "__name__", "")
+    name = _packet_name(func)
     if name in _SDPA_BACKENDS:
         return f"sdpa:{_SDPA_BACKENDS[name]}"
     if name in _CONVOLUTIONS:
@@ -252,42 +376,124 @@ def _conv_backend(args: Any) -> str | None:
     return "conv:" + str(getattr(backend, "name", backend)).removeprefix("_ConvBackend.")
 
 
-class CudaKernels:
-    """The CUDA kernels each traced op launched, from torch.profiler: each op runs
-    inside `record_function("numparity#<seq>")` and afterwards the kernels below that
-    range (correlated by the profiler) are joined into the op's `kernel`. A kernel name
-    such as `…_tf32_…` or a split-K GEMM is the explanation of a difference."""
+class KernelSession:
+    """The CUDA kernels the traced ops launched, from one torch.profiler session around
+    every traced pass of a variant (`record` opens it on CUDA; elsewhere it records
+    nothing). Each op of KERNEL_CHOICE_OPS runs inside `record_function("numparity#<trace>#
+    <seq>")`; once the session is closed, each kernel is joined to the annotation around
+    the op that launched it, and `annotate` adds the names to the op's `kernel`. A
+    kernel name such as `…_tf32_…` or a split-K GEMM is the explanation of a difference.
+
+    One session, not one per workload: each profiler session initialises CUPTI, which
+    instruments every loaded CUDA module (seconds on a large torch), and tears it down
+    on exit (kineto's TEARDOWN_CUPTI, the default from CUDA 12.6). The events are read
+    raw (`_ProfilerResult.events()`, joined by correlation id), without the Python
+    event tree that `profile.events()` builds (tens of microseconds an event); any
+    torch whose raw events do not read so falls back to that tree."""
 
     PREFIX = "numparity#"
 
-    def __init__(self, profiler: Any) -> None:
-        self._profiler = profiler
+    def __init__(self) -> None:
+        self._profiler: Any = None
+        self._kernels: dict[tuple[str, int], list[str]] | None = None
 
-    def around(self, seq: int) -> Any:
-        return torch.profiler.record_function(f"{self.PREFIX}{seq}")
+    @contextlib.contextmanager
+    def record(self, device: torch.device) -> Iterator[KernelSession]:
+        if device.type != "cuda":
+            yield self
+            return
+        from torch.profiler import ProfilerActivity, profile
 
-    def annotate(self, ops: list[dict[str, Any]]) -> None:
-        for seq, names in self.kernels_by_op().items():
-            if 0 <= seq < len(ops) and names:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+            self._profiler = profiler
+            yield self
+        self._kernels = None
+
+    def around(self, trace: str, seq: int) -> Any:
+        if self._profiler is None:
+            return contextlib.nullcontext()
+        return torch.profiler.record_function(f"{self.PREFIX}{trace}#{seq}")
+
+    def annotate(self, trace: str, ops: list[dict[str, Any]]) -> None:
+        """Add the kernels of trace `trace`'s ops to their `kernel` (after `record`)."""
+        if self._profiler is None:
+            return
+        if self._kernels is None:
+            self._kernels = self.kernels_by_op()
+        for (name, seq), names in self._kernels.items():
+            if name == trace and 0 <= seq < len(ops) and names:
                 choice = ops[seq].get("kernel")
                 ops[seq]["kernel"] = "; ".join(([choice] if choice else []) + names)
 
-    def kernels_by_op(self) -> dict[int, list[str]]:
-        found: dict[int, list[str]] = {}
+    def kernels_by_op(self) -> dict[tuple[str, int], list[str]]:
+        try:
+            raw = self._profiler.profiler.kineto_results.events()
+            return _join_raw(raw, self.PREFIX)
+        except Exception:  # noqa: BLE001 - this torch's raw events differ: the tree
+            return self._from_tree()
+
+    def _from_tree(self) -> dict[tuple[str, int], list[str]]:
+        found: dict[tuple[str, int], list[str]] = {}
         for event in self._profiler.events() or []:
-            name = getattr(event, "name", "")
-            if not name.startswith(self.PREFIX):
-                continue
-            try:
-                seq = int(name[len(self.PREFIX):])
-            except ValueError:
-                continue
-            found[seq] = list(dict.fromkeys(_kernel_names(event)))
+            key = _annotation(getattr(event, "name", ""), self.PREFIX)
+            if key is not None:
+                found[key] = list(dict.fromkeys(_kernel_names(event)))
         return found
 
 
+def _annotation(name: str, prefix: str) -> tuple[str, int] | None:
+    """("trace", seq) of an annotation named `<prefix><trace>#<seq>`, else None."""
+    if not name.startswith(prefix):
+        return None
+    trace, _, seq = name[len(prefix):].rpartition("#")
+    try:
+        return trace, int(seq)
+    except ValueError:
+        return None
+
+
+def _join_raw(events: Any, prefix: str) -> dict[tuple[str, int], list[str]]:
+    """Each device event's name under the annotation around the CPU event that launched
+    it (its `linked_correlation_id`), from the profiler's raw events: an op's kernels
+    link to the innermost recorded op, which runs inside one annotation on its thread
+    (annotations do not nest: the op inside one is the tracer's own)."""
+    cpu: dict[int, tuple[int, int]] = {}  # correlation id -> (thread, start)
+    spans: dict[int, list[tuple[int, int, tuple[str, int]]]] = {}  # thread -> spans
+    device: list[tuple[int, str]] = []
+    for event in events:
+        kind = str(event.device_type())
+        if kind.endswith("CPU"):
+            start, end = _span_ns(event)
+            thread = int(event.start_thread_id())
+            cpu[int(event.correlation_id())] = (thread, start)
+            key = _annotation(str(event.name()), prefix)
+            if key is not None:
+                spans.setdefault(thread, []).append((start, end, key))
+        elif kind.endswith("CUDA"):
+            device.append((int(event.linked_correlation_id()), str(event.name())))
+    for thread_spans in spans.values():
+        thread_spans.sort()
+    starts = {thread: [span[0] for span in found] for thread, found in spans.items()}
+    found: dict[tuple[str, int], list[str]] = {}
+    for linked, name in device:
+        launcher = cpu.get(linked)
+        if launcher is None:
+            continue
+        thread, start = launcher
+        i = bisect.bisect_right(starts.get(thread, []), start) - 1
+        if i < 0:
+            continue
+        span_start, span_end, key = spans[thread][i]
+        if span_start <= start <= span_end:
+            names = found.setdefault(key, [])
+            if name not in names:
+                names.append(name)
+    return found
+
+
 def _kernel_names(event: Any) -> Iterator[str]:
-    """The names of the device kernels an event and its CPU children launched."""
+    """The names of the device kernels an event of the profiler's tree and its CPU
+    children launched."""
     for kernel in getattr(event, "kernels", None) or []:
         name = getattr(kernel, "name", None)
         if name:
@@ -297,6 +503,17 @@ def _kernel_names(event: Any) -> Iterator[str]:
             yield str(child.name)
         else:
             yield from _kernel_names(child)
+
+
+def _span_ns(event: Any) -> tuple[int, int]:
+    """(start, end) of a raw profiler event in ns (torch < 2.2 has only microseconds)."""
+    if hasattr(event, "start_ns"):
+        start = int(event.start_ns())
+        end = int(event.end_ns()) if hasattr(event, "end_ns") else \
+            start + int(event.duration_ns())
+        return start, end
+    start = int(event.start_us()) * 1000
+    return start, start + int(event.duration_us()) * 1000
 
 
 @contextlib.contextmanager
@@ -320,21 +537,13 @@ def _module_hooks(tracer: OpTracer) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def tracing(model: Any, device: torch.device) -> Iterator[OpTracer]:
+def tracing(model: Any, kernels: KernelSession | None = None, name: str = ""
+            ) -> Iterator[OpTracer]:
     """An OpTracer active over the block, with the module path of `model`'s modules and,
-    on CUDA, each op's kernels. The tracer's `body()` is the trace once the block ends."""
-    tracer = OpTracer({module: name for name, module in model.named_modules() if name})
-    with contextlib.ExitStack() as stack:
-        kernels = None
-        if device.type == "cuda":
-            from torch.profiler import ProfilerActivity, profile
-
-            profiler = stack.enter_context(profile(activities=[ProfilerActivity.CPU,
-                                                               ProfilerActivity.CUDA]))
-            kernels = CudaKernels(profiler)
-            tracer.on_op = kernels.around
-        stack.enter_context(_module_hooks(tracer))
-        stack.enter_context(tracer)
+    inside `kernels`' session (on CUDA), its annotations under the trace name `name`.
+    The tracer's `body()` is the trace once the block ends (and, on CUDA, once the
+    session has closed and annotated it)."""
+    tracer = OpTracer({module: n for n, module in model.named_modules() if n},
+                      kernels=kernels, name=name)
+    with _module_hooks(tracer), tracer:
         yield tracer
-    if kernels is not None:
-        kernels.annotate(tracer.ops)

@@ -33,6 +33,11 @@ class Variant:
     dtype_name: str = "float32"
     # Runs on the CPU whatever device is asked for, and so once per run, not per device.
     cpu_only: bool = False
+    # Needs a child process of its own: it sets an environment variable before torch
+    # starts or a process-wide knob (`apply`). Variants that set neither share one child
+    # per device (design §2.3): a child's start, torch's import and CUDA's initialisation
+    # are most of a variant's cost on a GPU. True unless a variant says otherwise.
+    own_process: bool = True
 
     def child_env(self, environ: dict[str, str]) -> dict[str, str]:
         return dict(environ)
@@ -69,6 +74,7 @@ class Default(Variant):
     """The node's framework defaults, untouched."""
 
     name = "default"
+    own_process = False
 
 
 class Strict(Variant):
@@ -191,6 +197,7 @@ def cpu_bf16_matmul_skip_reason() -> str | None:
 
 class Autocast(Variant):
     autocast_dtype_name = "float16"
+    own_process = False  # a context around each run, nothing process-wide
 
     def skip_reason(self, device: Any) -> str | None:
         import torch
@@ -259,12 +266,32 @@ class FP64Reference(Variant):
     name = "fp64-reference"
     dtype_name = "float64"
     cpu_only = True
+    own_process = False
 
 
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (Default(), Strict(), TF32(), FP16Autocast(), BF16Autocast(), FP64Reference())
 }
+
+
+def process_groups(variants: list[str], environ: dict[str, str]) -> list[list[str]]:
+    """`variants` in the child processes that run them, in order of each group's first
+    member: every `own_process` variant alone, the others together when their child
+    environments are the same (they are: none of them sets one)."""
+    groups: list[list[str]] = []
+    shared: dict[str, list[str]] = {}
+    for name in variants:
+        variant = get(name)
+        if variant.own_process:
+            groups.append([name])
+            continue
+        key = repr(sorted(variant.child_env(dict(environ)).items()))
+        if key not in shared:
+            shared[key] = []
+            groups.append(shared[key])
+        shared[key].append(name)
+    return groups
 
 
 def names() -> list[str]:

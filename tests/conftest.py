@@ -7,6 +7,12 @@
 - ``migrated_database_url``: the same, migrated to head.
 - ``live_server``: ``numparity-server serve`` as a real uvicorn subprocess on a free
   loopback port, with an agent, a reader and an admin token made by the CLI.
+
+The server's packages (SQLAlchemy, psycopg, the server itself) are imported by the
+fixtures that need them, never at module level: ``tests/agent`` runs where only the
+agent is installed (``pip install '.[agent]'`` and pytest), and a test that needs a
+server or a database skips there, saying which package is missing
+(tests/agent/test_agent_tests_alone.py runs them so).
 """
 
 from __future__ import annotations
@@ -18,7 +24,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psycopg
 import pytest
 from helpers.processes import (
     server_command,
@@ -26,7 +31,6 @@ from helpers.processes import (
     stop_process,
     wait_ready,
 )
-from sqlalchemy import make_url
 
 TEST_DATABASE_ENV = "NUMPARITY_TEST_DATABASE_URL"
 TESTS = Path(__file__).resolve().parent
@@ -57,13 +61,27 @@ def pytest_runtest_makereport(
     return report
 
 
+# What a database or a live server needs beyond the agent ('.[server]').
+SERVER_PACKAGES = ("sqlalchemy", "numparity_server.kit.db")
+
+
+def require_server_packages() -> None:
+    """Skip the calling fixture's tests where the server is not installed."""
+    for name in SERVER_PACKAGES:
+        pytest.importorskip(name, reason=f"{name} is not importable: this test needs the "
+                            "server's packages (pip install '.[server]')")
+
+
 def _libpq_url(url: str) -> str:
     """A SQLAlchemy URL as psycopg's connection string."""
+    from sqlalchemy import make_url
+
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    require_server_packages()
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'numparity.db'}"
         from numparity_server.kit.db import dispose_engine
@@ -74,6 +92,10 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     base = os.environ.get(TEST_DATABASE_ENV)
     if not base:
         pytest.skip(POSTGRESQL_UNSET)
+    psycopg = pytest.importorskip("psycopg", reason="psycopg is not importable: the "
+                                  "PostgreSQL case needs the server's packages")
+    from sqlalchemy import make_url
+
     name = f"numparity_test_{uuid.uuid4().hex[:16]}"
     parsed = make_url(base)
     if parsed.drivername in ("postgres", "postgresql"):

@@ -281,6 +281,39 @@ class CheckDoc(_FreeForm):
     op: str | None = Field(default=None, max_length=255)
 
 
+# A phase longer than a week is not a measurement.
+MAX_PHASE_S = 604_800.0
+
+
+class PhaseSeconds(_Wire):
+    """Seconds per phase of a variant's child or of one workload (design §2.7
+    `timeline`): where a variant's time goes. Phases a result does not have are left
+    out; the server stores none of it (a run's record of its own cost)."""
+
+    start_s: float | None = Field(default=None, ge=0, le=MAX_PHASE_S)
+    import_s: float | None = Field(default=None, ge=0, le=MAX_PHASE_S)
+    device_init_s: float | None = Field(default=None, ge=0, le=MAX_PHASE_S)
+    environment_s: float | None = Field(default=None, ge=0, le=MAX_PHASE_S)
+    build_s: float | None = Field(default=None, ge=0, le=MAX_PHASE_S)
+    run_s: float | None = Field(default=None, ge=0, le=MAX_PHASE_S)
+    fingerprint_s: float | None = Field(default=None, ge=0, le=MAX_PHASE_S)
+    trace_s: float | None = Field(default=None, ge=0, le=MAX_PHASE_S)
+    write_s: float | None = Field(default=None, ge=0, le=MAX_PHASE_S)
+    other_s: float | None = Field(default=None, ge=0, le=MAX_PHASE_S)
+
+
+class ChildTimeline(_Wire):
+    """One variant child process of a run (design §2.7 `timeline`): the device, the
+    variants it ran (several when none sets anything process-wide), its wall time and
+    its phases."""
+
+    device: str = Field(min_length=1, max_length=64)
+    variants: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list, max_length=64)
+    wall_s: float | None = Field(default=None, ge=0, le=MAX_PHASE_S)
+    phases: PhaseSeconds = Field(default_factory=PhaseSeconds)
+
+
 class ResultDoc(_Wire):
     model_config = ConfigDict(json_schema_extra={"allOf": [
         {"if": {"properties": {"status": {"const": status}}},
@@ -313,6 +346,9 @@ class ResultDoc(_Wire):
     # The hash of the result's op trace (`run --trace-ops`): its body is in the document's
     # `traces`, or stored on the server already (design §2.7).
     trace: str | None = Field(default=None, pattern=SHA256_HEX)
+    # Where the workload's time went (build, run, fingerprint, trace): validated, not
+    # stored.
+    timeline: PhaseSeconds | None = None
 
     @field_validator("knobs")
     @classmethod
@@ -472,6 +508,10 @@ class RunDocument(_Wire):
     # The bodies of the results' op traces the server may lack; left out of the document
     # hash (a replay with or without them is the same run).
     traces: list[TraceBody] | None = Field(default=None, max_length=MAX_TRACES_PER_RUN)
+    # One entry per variant child process: where the run's time went. Validated, not
+    # stored; it counts for idempotence like every field.
+    timeline: list[ChildTimeline] | None = Field(default=None,
+                                                 max_length=MAX_RESULTS_PER_RUN)
 
     @field_validator("started_at", "finished_at")
     @classmethod

@@ -27,7 +27,7 @@ from numparity_agent.testing import (
 CPU = torch.device("cpu")
 ARGS = ("--workloads", "cnn", "mlp", "--variants", "strict", "default", "--repeats", "2")
 # Fields that are measurements of this run, not of the numbers.
-TIMINGS = {"wall_s", "wall_s_repeats"}
+TIMINGS = {"wall_s", "wall_s_repeats", "timeline"}
 
 
 def run_document(tmp_path_factory, *flags: str) -> dict:

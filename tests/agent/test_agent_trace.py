@@ -67,7 +67,7 @@ def test_a_trace_lists_the_ops_of_the_model_with_their_modules_and_tensors() -> 
 def test_references_are_the_fingerprint_hashes_of_the_tensors_an_op_read_and_wrote() -> None:
     built = load_workload("mlp").build(dtype=torch.float32, device=CPU)
     x = next(iter(built.inputs.values()))
-    with _trace.tracing(built.model, CPU) as tracer, torch.no_grad():
+    with _trace.tracing(built.model) as tracer, torch.no_grad():
         out = built.model(x)
     first_linear = next(op for op in tracer.ops if op["op"] == "aten.addmm.default")
     fc = next(m for m in built.model.modules() if isinstance(m, torch.nn.Linear))
@@ -165,38 +165,73 @@ def _event(name: str, *, children: list[Any] = (), kernels: list[str] = (),
                            kernels=[SimpleNamespace(name=k) for k in kernels])
 
 
-def test_kernel_names_are_gathered_below_each_ops_range() -> None:
+def _raw(name: str, corr: int, start: int, end: int, *, thread: int = 1, linked: int = 0,
+         device: str = "DeviceType.CPU") -> SimpleNamespace:
+    """A raw profiler event (`_KinetoEvent`): what `_join_raw` reads of one."""
+    return SimpleNamespace(
+        name=lambda: name, device_type=lambda: device, correlation_id=lambda: corr,
+        linked_correlation_id=lambda: linked, start_ns=lambda: start, end_ns=lambda: end,
+        start_thread_id=lambda: thread)
+
+
+def test_kernels_join_the_annotation_around_the_op_that_launched_them() -> None:
     events = [
-        _event("numparity#0", children=[_event("aten::addmm", kernels=[
+        _raw("numparity#0#3", 1, 100, 200),
+        _raw("aten::addmm", 2, 110, 190),
+        _raw("numparity#1#0", 3, 300, 400),
+        _raw("aten::mm", 4, 310, 390),
+        _raw("numparity#1#7", 5, 500, 600),  # a range that launched nothing
+        _raw("aten::add", 6, 700, 710),  # outside every range: not an op of ours
+        _raw("numparity#0#9", 7, 100, 200, thread=2),  # another thread, same times
+        _raw("ampere_sgemm_128x64_tn", 8, 5, 6, linked=2, device="DeviceType.CUDA"),
+        _raw("splitKreduce_kernel", 9, 7, 8, linked=2, device="DeviceType.CUDA"),
+        _raw("ampere_sgemm_128x64_tn", 10, 9, 9, linked=2, device="DeviceType.CUDA"),
+        _raw("sm90_xmma_gemm_tf32", 11, 9, 9, linked=4, device="DeviceType.CUDA"),
+        _raw("vectorized_elementwise_kernel", 12, 9, 9, linked=6, device="DeviceType.CUDA"),
+        # a kernel launched right inside the annotation (no op recorded below it)
+        _raw("flash_fwd_kernel", 13, 9, 9, linked=3, device="DeviceType.CUDA"),
+    ]
+    assert _trace._join_raw(events, "numparity#") == {
+        ("0", 3): ["ampere_sgemm_128x64_tn", "splitKreduce_kernel"],
+        ("1", 0): ["sm90_xmma_gemm_tf32", "flash_fwd_kernel"]}
+
+
+def test_without_raw_events_the_kernels_come_from_the_profilers_tree() -> None:
+    events = [
+        _event("numparity#0#0", children=[_event("aten::addmm", kernels=[
             "ampere_sgemm_128x64_tn", "splitKreduce_kernel"])]),
-        _event("numparity#1", children=[_event("aten::gelu", children=[
-            _event("vectorized_elementwise_kernel<gelu>", device="DeviceType.CUDA")])]),
-        _event("numparity#2"),
+        _event("numparity#0#1", children=[_event("aten::convolution", children=[
+            _event("implicit_convolve_sgemm", device="DeviceType.CUDA")])]),
+        _event("numparity#0#2"),
         _event("aten::other", kernels=["not_an_op_of_ours"]),
     ]
-    kernels = _trace.CudaKernels(SimpleNamespace(events=lambda: events))
-    assert kernels.kernels_by_op() == {
-        0: ["ampere_sgemm_128x64_tn", "splitKreduce_kernel"],
-        1: ["vectorized_elementwise_kernel<gelu>"], 2: []}
-    ops = [{"op": "aten.addmm.default"}, {"op": "aten.gelu.default", "kernel": "x"},
-           {"op": "aten.t.default"}]
-    kernels.annotate(ops)
+    session = _trace.KernelSession()
+    # kineto_results missing: the raw events cannot be read, the tree is.
+    session._profiler = SimpleNamespace(events=lambda: events, profiler=None)
+    ops = [{"op": "aten.addmm.default"}, {"op": "aten.convolution.default", "kernel": "x"},
+           {"op": "aten.mm.default"}]
+    session.annotate("0", ops)
     assert ops == [{"op": "aten.addmm.default",
                     "kernel": "ampere_sgemm_128x64_tn; splitKreduce_kernel"},
-                   {"op": "aten.gelu.default", "kernel": "x; vectorized_elementwise_kernel<gelu>"},
-                   {"op": "aten.t.default"}]
+                   {"op": "aten.convolution.default", "kernel": "x; implicit_convolve_sgemm"},
+                   {"op": "aten.mm.default"}]
 
 
 _REAL_PROFILE = torch.profiler.profile
+TF32_GEMM = "sm80_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x16"
 
 
 class _FakeCudaProfiler:
-    """torch.profiler.profile on the CPU, with a TF32 GEMM kernel below every addmm: what
-    a CUDA profile of the same ops shows."""
+    """torch.profiler.profile on the CPU whose raw events also have a TF32 GEMM kernel
+    launched by every addmm: what a CUDA profile of the same ops shows. Every other
+    event is the real profiler's (correlation ids, threads, times, annotations)."""
+
+    sessions = 0
 
     def __init__(self, activities: Any = None) -> None:
         self.activities = activities
         self._real = _REAL_PROFILE(activities=[torch.profiler.ProfilerActivity.CPU])
+        _FakeCudaProfiler.sessions += 1
 
     def __enter__(self) -> _FakeCudaProfiler:
         self._real.__enter__()
@@ -204,34 +239,78 @@ class _FakeCudaProfiler:
 
     def __exit__(self, *exc: Any) -> None:
         self._real.__exit__(*exc)
+        real_events = list(self._real.profiler.kineto_results.events())
+        kernels = [_raw(TF32_GEMM, 0, 0, 0, linked=e.correlation_id(), device="DeviceType.CUDA")
+                   for e in real_events if e.name() == "aten::addmm"]
+        self.profiler = SimpleNamespace(kineto_results=SimpleNamespace(
+            events=lambda: real_events + kernels))
 
     def events(self) -> list[Any]:
-        return [self._fake(event) for event in self._real.events()]
-
-    def _fake(self, event: Any) -> SimpleNamespace:
-        kernels = (["sm80_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x16"]
-                   if event.name == "aten::addmm" else [])
-        return SimpleNamespace(
-            name=event.name, device_type="DeviceType.CPU",
-            cpu_children=[self._fake(child) for child in event.cpu_children],
-            kernels=[SimpleNamespace(name=k) for k in kernels])
+        raise AssertionError("the raw events are read, not the profiler's tree")
 
 
 @contextlib.contextmanager
-def _cuda_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def _cuda_profiler(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setattr(torch.profiler, "profile", _FakeCudaProfiler)
+    _FakeCudaProfiler.sessions = 0
     yield SimpleNamespace(type="cuda")
 
 
-def test_on_cuda_each_op_carries_the_kernels_the_profiler_saw(monkeypatch) -> None:
+def test_on_cuda_the_ops_whose_kernel_is_chosen_carry_the_kernels_the_profiler_saw(
+        monkeypatch) -> None:
     built = load_workload("mlp").build(dtype=torch.float32, device=CPU)
     x = next(iter(built.inputs.values()))
-    with _cuda_device(monkeypatch) as cuda, _trace.tracing(built.model, cuda) as tracer, \
-            torch.no_grad():
-        built.model(x)
+    with _cuda_profiler(monkeypatch) as cuda:
+        session = _trace.KernelSession()
+        with session.record(cuda):
+            with _trace.tracing(built.model, session, "0") as tracer, torch.no_grad():
+                built.model(x)
+        session.annotate("0", tracer.ops)
     gemms = [op for op in tracer.ops if op["op"] == "aten.addmm.default"]
-    assert gemms and all("tf32" in op["kernel"] for op in gemms)
+    assert gemms and all(op["kernel"] == TF32_GEMM for op in gemms)
+    # An elementwise op's kernel is its own: not recorded (no annotation around it).
     assert all("kernel" not in op for op in tracer.ops if op["op"] != "aten.addmm.default")
+
+
+def test_a_variants_traced_passes_share_one_profiler_session(monkeypatch) -> None:
+    """One CUPTI initialisation per variant, not one per workload; and the traces are
+    those of passes without a profiler, kernel names aside."""
+    from numparity_agent import _runner
+
+    plain = {name: run_workload(load_workload(name), variant=variant("default"), device=CPU,
+                                repeats=1, trace=True)["trace"] for name in ("mlp", "cnn")}
+    with _cuda_profiler(monkeypatch) as cuda:
+        # The session opens as on CUDA; the passes compute on the CPU.
+        record = _trace.KernelSession.record
+        monkeypatch.setattr(_trace.KernelSession, "record",
+                            lambda self, device: record(self, cuda))
+        jobs: list[Any] = []
+        results = [run_workload(load_workload(name), variant=variant("default"), device=CPU,
+                                repeats=1, trace=True, trace_jobs=jobs)
+                   for name in ("mlp", "cnn")]
+        assert all("trace" not in result for result in results)  # not yet: one session
+        _runner.run_traces(jobs)
+    assert _FakeCudaProfiler.sessions == 1
+    for name, result in zip(("mlp", "cnn"), results, strict=True):
+        traced = result["trace"]
+        gemms = [op for op in traced["ops"] if op["op"] == "aten.addmm.default"]
+        assert gemms and all(TF32_GEMM in op["kernel"] for op in gemms)
+        assert [{k: v for k, v in op.items() if k != "kernel" or "conv:" in v}
+                for op in traced["ops"]] == [
+            {k: v for k, v in op.items() if k != "kernel" or "conv:" in v}
+            for op in plain[name]["ops"]]
+        assert result["timeline"]["trace_s"] > 0
+
+
+def test_deferred_hashes_give_the_trace_of_hashes_taken_at_once(monkeypatch) -> None:
+    """The GPU path (copy without waiting, hash after the pass, PENDING_BYTES at a time),
+    run on the CPU: the trace is the one of hashes taken as each op ran, in-place ops
+    (Adam's steps) included."""
+    at_once = _traced("train")["trace"]
+    monkeypatch.setattr(_trace.OpTracer, "DEFERRED", frozenset({"cpu"}))
+    monkeypatch.setattr(_trace, "PENDING_BYTES", 64 * 1024)  # several flushes a pass
+    deferred = _traced("train")["trace"]
+    assert deferred == at_once
 
 
 # ---- the command line and the config -----------------------------------------------------

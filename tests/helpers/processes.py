@@ -17,7 +17,13 @@ from pathlib import Path
 
 import httpx
 
-from numparity_server.kit.net import free_port
+
+def free_port() -> int:
+    """A free loopback port (the server's own helper, imported only when asked for: the
+    agent's tests import this module where the server is not installed)."""
+    from numparity_server.kit.net import free_port as server_free_port
+
+    return server_free_port()
 
 
 def server_command() -> list[str]:
