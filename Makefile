@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.numparity-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint venv clean docs docs-ref
 
 demo: $(STAMP)
 	$(VENV)/bin/numparity-server demo
@@ -19,10 +19,20 @@ test: lint
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy agent server
+	$(VENV)/bin/mypy agent server docs/_gen
 	$(VENV)/bin/lint-imports --no-cache
 
 venv: $(STAMP)
+
+# The manual (mkdocs.yml), strict: a broken link or anchor, or a page missing from the
+# navigation, fails. NO_MKDOCS_2_WARNING: Material's end-of-life banner on every build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# The manual's pages generated from the code (docs/_gen/reference.py): after a flag, a
+# setting, an exit code, a metric or a route changes. `make test` checks they are current.
+docs-ref: $(STAMP)
+	$(PY) docs/_gen/reference.py
 
 # A line per stage, and pip's own output (each package as it is collected, download
 # progress on a terminal) for the two long ones: a first run takes minutes.
@@ -39,4 +49,4 @@ $(STAMP): pyproject.toml setup.py
 	@echo "==> $(VENV) is ready"
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info site
