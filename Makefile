@@ -9,8 +9,15 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test lint venv clean docs docs-ref
 
-demo: $(STAMP)
-	$(VENV)/bin/numparity-server demo
+# The demo's dashboard links each page to the manual (its "?"): built first, again only
+# when its sources changed, and served from site/ (an editable install carries none).
+MANUAL := site/index.html
+
+demo: $(STAMP) $(MANUAL)
+	NUMPARITY_MANUAL_DIR=$(CURDIR)/site $(VENV)/bin/numparity-server demo
+
+$(MANUAL): $(STAMP) mkdocs.yml $(shell find docs -name '*.md')
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --quiet
 
 # ruff, mypy and the import contracts (pyproject.toml [tool.importlinter], docs/design.md
 # §7) are part of the tests: CI runs exactly this target.

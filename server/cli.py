@@ -23,8 +23,8 @@ EXIT_CODES = {
     EXIT_OK: "ok",
     EXIT_FAILED: "the command failed, the message on stderr says why: the database cannot "
                  "be reached or is not migrated (run numparity-server migrate), no such token",
-    EXIT_USAGE: "usage: a bad option or value, a policy file that cannot be used, "
-                "--workers over 1 on SQLite",
+    EXIT_USAGE: "usage: a bad option or value, a policy file or NUMPARITY_MANUAL_DIR that "
+                "cannot be used, --workers over 1 on SQLite",
 }
 
 
@@ -173,11 +173,13 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     if args.policy:
         settings = settings.model_copy(update={"policy_file": Path(args.policy)})
     from numparity_server.analysis.policy import PolicyError
+    from numparity_server.dashboard.manual import ManualError, manual_folder
     from numparity_server.kit.policy_file import load_policy
 
     try:
         load_policy(settings.policy_file)
-    except PolicyError as exc:
+        manual_folder(settings)
+    except (PolicyError, ManualError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.migrate:

@@ -7,7 +7,8 @@
   variable, type, default, constraints, description) and the agent's configuration keys
   (``_config.KINDS``, each with the ``run`` option that sets it);
 - ``reference/exit-codes.md``: both programs' exit codes, from their own definitions;
-- ``reference/metrics.md``: every metric ``GET /metrics`` answers, from its collectors.
+- ``reference/metrics.md``: every metric ``GET /metrics`` answers, from its collectors;
+- ``reference/api-operations.md``: every operation of the served OpenAPI schema.
 
 ``python docs/_gen/reference.py`` writes them; ``--check`` writes nothing and exits 1
 naming the pages that differ from the code (what ``tests/docs`` checks). Nothing here
@@ -462,13 +463,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write the manual's generated reference.")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 naming the pages that differ")
+    parser.add_argument("--docs", type=Path, default=DOCS, metavar="DIR",
+                        help="the manual's sources (default: this checkout's docs/)")
     args = parser.parse_args(argv)
     if args.check:
-        stale = stale_pages()
+        stale = stale_pages(args.docs)
         for path in stale:
-            print(f"docs/{path} differs from the code: run `make docs-ref`", file=sys.stderr)
+            print(f"{args.docs / path} differs from the code: run `make docs-ref`",
+                  file=sys.stderr)
         return 1 if stale else 0
-    written = write_all()
+    written = write_all(args.docs)
     print(f"docs-ref: {len(written)} of {len(PAGES)} reference pages rewritten"
           + (f" ({', '.join(written)})" if written else ""))
     return 0

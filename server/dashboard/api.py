@@ -26,7 +26,7 @@ from numparity_server.audit import export as audit_export
 from numparity_server.audit import service as audit_service
 from numparity_server.auth.service import authenticate
 from numparity_server.catalog import service as catalog
-from numparity_server.dashboard import service
+from numparity_server.dashboard import manual, service
 from numparity_server.dashboard.origin import same_origin, serialise
 from numparity_server.deps import (
     DbSession,
@@ -143,6 +143,8 @@ def _aged(response: HTMLResponse, kept: Kept) -> HTMLResponse:
 
 
 def render(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    """The page ``name``, its header linking the manual's section that explains it."""
+    context.setdefault("manual_help", manual.help_url(name))
     return templates.TemplateResponse(request, name, context, status_code=status_code)
 
 
@@ -308,6 +310,17 @@ def error_page(request: Request, status_code: int, detail: Any) -> HTMLResponse:
                   title=titles.get(status_code, "Error"))
 
 
+def no_manual(request: Request) -> HTMLResponse:
+    """/manual/ where this server has no built manual (an editable install)."""
+    return render(request, "error.html", status_code=404, title="No manual",
+                  heading="No manual on this server", messages=[
+                      "This server was installed without its manual: a wheel carries it, "
+                      "an editable install from a checkout does not.",
+                      "Build it in the checkout with `make docs` (it writes site/) and "
+                      "start the server with NUMPARITY_MANUAL_DIR naming that folder.",
+                  ])
+
+
 def _messages(detail: Any) -> list[str]:
     """Readable lines from an error's detail (a string, or validation errors)."""
     if isinstance(detail, list):
@@ -330,6 +343,12 @@ def install(app: FastAPI) -> None:
     """Mount the pages, their static files, and the token prompt for closed reads."""
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    folder = manual.manual_folder(app.state.settings)
+    if folder is not None:
+        app.mount(manual.PREFIX, manual.ManualFiles(folder), name="manual")
+    else:
+        for path in (manual.PREFIX, manual.PREFIX + "/{rest:path}"):
+            app.add_api_route(path, no_manual, methods=["GET"], include_in_schema=False)
 
     async def on_login_required(request: Request, exc: Exception) -> Response:
         # To the form (a page of its own, so the browser shows no failed request), and

@@ -96,7 +96,11 @@ class Settings(BaseSettings):
         "https://numparity.lab.example) when a proxy in front rewrites the Host header: "
         "the dashboard's sign-in and sign-out forms are accepted from this origin as well "
         "as from the Host the browser asked for.")
-
+    manual_dir: Path | None = Field(
+        default=None,
+        description="A built manual (`make docs` writes one to site/) to serve at /manual/ "
+        "instead of the one the installed package carries. The dashboard's help links "
+        "lead there.")
 
 
 def worker_environment(settings: Settings) -> dict[str, str]:
