@@ -10,8 +10,10 @@
 - ``reference/metrics.md``: every metric ``GET /metrics`` answers, from its collectors;
 - ``reference/api-operations.md``: every operation of the served OpenAPI schema.
 
-``python docs/_gen/reference.py`` writes them; ``--check`` writes nothing and exits 1
-naming the pages that differ from the code (what ``tests/docs`` checks). Nothing here
+Each page's generated part lies between two HTML comments (BEGIN, END below); what is
+written by hand above or below them is kept. ``python docs/_gen/reference.py`` writes
+them (``make docs-ref``); ``--check`` writes nothing and exits 1 naming the pages that
+differ from the code (what ``tests/docs`` checks). Nothing here
 depends on the terminal, the clock or the Python version (argparse's own help layout
 does, so the options are laid out here).
 """
@@ -29,8 +31,10 @@ from types import UnionType
 from typing import Any, get_args
 
 DOCS = Path(__file__).resolve().parents[1]
-GENERATED_BY = ("<!-- Generated from the code by docs/_gen/reference.py: do not edit. "
-                "Run `make docs-ref` after changing {source}. -->")
+# The generated part of a page lies between these lines; what is above or below them is
+# written by hand and kept when the part is generated again.
+BEGIN = "<!-- Generated from the code by docs/_gen/reference.py"
+END = "<!-- End of the generated part. -->"
 VARIABLE = re.compile(r"\bNUMPARITY_[A-Z0-9_]*[A-Z0-9]\b")
 _SPECIAL = re.compile(r"([\\`*_\[\]|])")
 MIB = 1024 * 1024
@@ -59,8 +63,8 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     return lines
 
 
-def page(title: str, source: str, body: list[str]) -> str:
-    return "\n".join([f"# {title}", "", GENERATED_BY.format(source=source), "", *body]) + "\n"
+def lines_text(body: list[str]) -> str:
+    return "\n".join(body).rstrip("\n") + "\n"
 
 
 # ---- command lines ----------------------------------------------------------------------
@@ -166,7 +170,7 @@ def anchor(prog: str) -> str:
     return re.sub(r"[^\w\- ]", "", prog.lower()).replace(" ", "-")
 
 
-def cli_page(title: str, source: str, command_list: list[Command], intro: str) -> str:
+def cli_page(command_list: list[Command], intro: str) -> str:
     top, *subcommands = command_list
     body = [text(intro), ""]
     leaves = [c for c in subcommands if not _has_subcommands(c.parser)]
@@ -191,7 +195,7 @@ def cli_page(title: str, source: str, command_list: list[Command], intro: str) -
                              ", ".join(code(v) for v in variables(described))))
             body += table(("option", "what it does", "default", "variables"), rows)
             body.append("")
-    return page(title, source, body)
+    return lines_text(body)
 
 
 def _has_subcommands(parser: argparse.ArgumentParser) -> bool:
@@ -213,14 +217,14 @@ def server_commands() -> list[Command]:
 
 def agent_cli_page() -> str:
     return cli_page(
-        "numparity-agent", "agent/_cli.py", agent_commands(),
+        agent_commands(),
         "The agent's commands, on every node. Settings come from the command line, then "
         "the NUMPARITY_* variables, then the config file (see Settings and variables).")
 
 
 def server_cli_page() -> str:
     return cli_page(
-        "numparity-server", "server/cli.py or server/demo.py", server_commands(),
+        server_commands(),
         "The server's commands: the database, the HTTP server, tokens, retention and the "
         "demo. Every command takes --database-url, else NUMPARITY_DATABASE_URL.")
 
@@ -303,7 +307,7 @@ def settings_page() -> str:
                      text(help_text(action, "numparity-agent run"))))
     body += table(("key", "option", "variable", "value", "what it sets"), rows)
     body.append("")
-    return page("Settings and variables", "server/kit/settings.py or agent/_config.py", body)
+    return lines_text(body)
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -343,7 +347,7 @@ def exit_codes_page() -> str:
     body += table(("code", "meaning"),
                   [(code(c), text(m)) for c, m in sorted(cli.EXIT_CODES.items())])
     body.append("")
-    return page("Exit codes", "agent/_cli.py or server/cli.py", body)
+    return lines_text(body)
 
 
 # ---- metrics ----------------------------------------------------------------------------
@@ -385,7 +389,7 @@ def metrics_page() -> str:
                  "_bucket, _count and _sum; a counter's also its _created time."), ""]
     body += table(("metric", "type", "labels", "what it counts"), rows)
     body.append("")
-    return page("Metrics", "server/kit/ingest_meter.py or server/metrics/service.py", body)
+    return lines_text(body)
 
 
 # ---- the API ----------------------------------------------------------------------------
@@ -418,43 +422,80 @@ def api_operations_page() -> str:
                   [(code(method), code(path), text(summary))
                    for method, path, summary in api_operations()])
     body.append("")
-    return page("API operations", "a route (server/*/api.py)", body)
+    return lines_text(body)
 
 
 # ---- the pages --------------------------------------------------------------------------
 
-PAGES: dict[str, Callable[[], str]] = {
-    "reference/cli-agent.md": agent_cli_page,
-    "reference/cli-server.md": server_cli_page,
-    "reference/settings.md": settings_page,
-    "reference/exit-codes.md": exit_codes_page,
-    "reference/metrics.md": metrics_page,
-    "reference/api-operations.md": api_operations_page,
+
+@dataclass(frozen=True)
+class Page:
+    title: str  # of a page the generator creates; the page's own title wins after that
+    source: str  # what to change for the page to change, said in its marker
+    render: Callable[[], str]  # the generated part
+
+
+PAGES: dict[str, Page] = {
+    "reference/cli-agent.md": Page("numparity-agent", "agent/_cli.py", agent_cli_page),
+    "reference/cli-server.md": Page("numparity-server", "server/cli.py or server/demo.py",
+                                    server_cli_page),
+    "reference/settings.md": Page("Settings and variables",
+                                  "server/kit/settings.py or agent/_config.py", settings_page),
+    "reference/exit-codes.md": Page("Exit codes", "agent/_cli.py or server/cli.py",
+                                    exit_codes_page),
+    "reference/metrics.md": Page(
+        "Metrics", "server/kit/ingest_meter.py or server/metrics/service.py", metrics_page),
+    "reference/api-operations.md": Page("API operations", "a route (server/*/api.py)",
+                                        api_operations_page),
 }
 
 
-def render_all() -> dict[str, str]:
-    return {path: render() for path, render in PAGES.items()}
+class GeneratedPartMissing(Exception):
+    """A page that exists but has lost its markers: nothing would say where to write."""
+
+
+def merged(existing: str | None, page: Page, generated: str) -> str:
+    """The page's text with ``generated`` as its generated part; the rest as it is."""
+    region = (f"{BEGIN} (after changing {page.source}, run `make docs-ref`): edit above or "
+              f"below, not between. -->\n\n{generated}\n{END}")
+    if existing is None:
+        return f"# {page.title}\n\n{region}\n"
+    start = existing.find(BEGIN)
+    end = existing.find(END, start)
+    if start < 0 or end < 0:
+        raise GeneratedPartMissing(f"it has no generated part: put the lines {BEGIN} ... -->"
+                                   f" and {END} back where it goes")
+    return existing[:start] + region + existing[end + len(END):]
+
+
+def expected_pages(docs: Path = DOCS) -> dict[str, str]:
+    """Each generated page's whole text as it should be now."""
+    found = {}
+    for path, page in PAGES.items():
+        target = docs / path
+        existing = target.read_text(encoding="utf-8") if target.is_file() else None
+        try:
+            found[path] = merged(existing, page, page.render())
+        except GeneratedPartMissing as exc:
+            raise GeneratedPartMissing(f"{target}: {exc}") from None
+    return found
 
 
 def stale_pages(docs: Path = DOCS) -> list[str]:
     """The generated pages whose committed text differs from what the code gives now."""
-    found = []
-    for path, content in render_all().items():
-        target = docs / path
-        if not target.is_file() or target.read_text(encoding="utf-8") != content:
-            found.append(path)
-    return found
+    return [path for path, text in expected_pages(docs).items()
+            if not (docs / path).is_file()
+            or (docs / path).read_text(encoding="utf-8") != text]
 
 
 def write_all(docs: Path = DOCS) -> list[str]:
     """Write every page whose text changed; the paths written."""
     written = []
-    for path, content in render_all().items():
+    for path, text in expected_pages(docs).items():
         target = docs / path
-        if not target.is_file() or target.read_text(encoding="utf-8") != content:
+        if not target.is_file() or target.read_text(encoding="utf-8") != text:
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content, encoding="utf-8")
+            target.write_text(text, encoding="utf-8")
             written.append(path)
     return written
 
@@ -466,13 +507,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--docs", type=Path, default=DOCS, metavar="DIR",
                         help="the manual's sources (default: this checkout's docs/)")
     args = parser.parse_args(argv)
-    if args.check:
-        stale = stale_pages(args.docs)
-        for path in stale:
-            print(f"{args.docs / path} differs from the code: run `make docs-ref`",
-                  file=sys.stderr)
-        return 1 if stale else 0
-    written = write_all(args.docs)
+    try:
+        if args.check:
+            stale = stale_pages(args.docs)
+            for path in stale:
+                print(f"{args.docs / path} differs from the code: run `make docs-ref`",
+                      file=sys.stderr)
+            return 1 if stale else 0
+        written = write_all(args.docs)
+    except GeneratedPartMissing as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"docs-ref: {len(written)} of {len(PAGES)} reference pages rewritten"
           + (f" ({', '.join(written)})" if written else ""))
     return 0

@@ -21,6 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from numparity_server.audit import export as audit_export
 from numparity_server.audit import service as audit_service
@@ -310,15 +311,16 @@ def error_page(request: Request, status_code: int, detail: Any) -> HTMLResponse:
                   title=titles.get(status_code, "Error"))
 
 
-def no_manual(request: Request) -> HTMLResponse:
-    """/manual/ where this server has no built manual (an editable install)."""
-    return render(request, "error.html", status_code=404, title="No manual",
-                  heading="No manual on this server", messages=[
+async def no_manual(scope: Scope, receive: Receive, send: Send) -> None:
+    """/manual/… where this server has no built manual (an editable install)."""
+    response = render(Request(scope, receive), "error.html", status_code=404,
+                      title="No manual", heading="No manual on this server", messages=[
                       "This server was installed without its manual: a wheel carries it, "
                       "an editable install from a checkout does not.",
                       "Build it in the checkout with `make docs` (it writes site/) and "
                       "start the server with NUMPARITY_MANUAL_DIR naming that folder.",
                   ])
+    await response(scope, receive, send)
 
 
 def _messages(detail: Any) -> list[str]:
@@ -344,11 +346,8 @@ def install(app: FastAPI) -> None:
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     folder = manual.manual_folder(app.state.settings)
-    if folder is not None:
-        app.mount(manual.PREFIX, manual.ManualFiles(folder), name="manual")
-    else:
-        for path in (manual.PREFIX, manual.PREFIX + "/{rest:path}"):
-            app.add_api_route(path, no_manual, methods=["GET"], include_in_schema=False)
+    app.mount(manual.PREFIX, manual.ManualFiles(folder) if folder is not None else no_manual,
+              name="manual")
 
     async def on_login_required(request: Request, exc: Exception) -> Response:
         # To the form (a page of its own, so the browser shows no failed request), and

@@ -34,14 +34,33 @@ def docs_copy(tmp_path: Path) -> Path:
 
 
 def test_the_committed_reference_is_what_the_code_gives(gen: ModuleType) -> None:
-    rendered = gen.render_all()
-    assert set(rendered) >= {"reference/cli-agent.md", "reference/cli-server.md",
-                             "reference/settings.md", "reference/exit-codes.md",
-                             "reference/metrics.md", "reference/api-operations.md"}
-    stale = [path for path, text in rendered.items()
-             if (DOCS / path).read_text(encoding="utf-8") != text]
+    assert set(gen.PAGES) >= {"reference/cli-agent.md", "reference/cli-server.md",
+                              "reference/settings.md", "reference/exit-codes.md",
+                              "reference/metrics.md", "reference/api-operations.md"}
+    stale = gen.stale_pages(DOCS)
     assert not stale, (f"docs/{', docs/'.join(stale)}: not what the code gives now; run "
                        "`make docs-ref` and commit the result")
+
+
+def test_what_is_written_by_hand_around_the_generated_part_is_kept(
+        gen: ModuleType, docs_copy: Path) -> None:
+    """The README's prose moves into these pages: regenerating must not lose it."""
+    page = docs_copy / "reference" / "exit-codes.md"
+    title, rest = page.read_text(encoding="utf-8").split("\n", 1)
+    page.write_text(f"{title}\n\nWhat the operator does, by hand.\n{rest}\nAfter it.\n",
+                    encoding="utf-8")
+    generated = gen.exit_codes_page()
+    page.write_text(page.read_text(encoding="utf-8").replace("| `0` | ok", "| `0` | OK?"),
+                    encoding="utf-8")
+    assert gen.stale_pages(docs_copy) == ["reference/exit-codes.md"]
+    assert gen.main(["--docs", str(docs_copy)]) == 0
+    text = page.read_text(encoding="utf-8")
+    assert text.startswith("# Exit codes\n\nWhat the operator does, by hand.\n")
+    assert text.endswith("\nAfter it.\n") and generated in text and "OK?" not in text
+    # Without its markers the page is not overwritten: the error says what is missing.
+    page.write_text("# Exit codes\n\nOnly prose.\n", encoding="utf-8")
+    assert gen.main(["--docs", str(docs_copy)]) == 2
+    assert page.read_text(encoding="utf-8") == "# Exit codes\n\nOnly prose.\n"
 
 
 def test_a_flag_added_to_the_agent_shows_up_and_fails_the_check(
