@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pydantic import ValidationError
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -23,8 +24,9 @@ EXIT_CODES = {
     EXIT_OK: "ok",
     EXIT_FAILED: "the command failed, the message on stderr says why: the database cannot "
                  "be reached or is not migrated (run numparity-server migrate), no such token",
-    EXIT_USAGE: "usage: a bad option or value, a policy file or NUMPARITY_MANUAL_DIR that "
-                "cannot be used, --workers over 1 on SQLite",
+    EXIT_USAGE: "usage: a bad option or value, a NUMPARITY_* setting of the wrong type or "
+                "out of its bounds, a policy file or NUMPARITY_MANUAL_DIR that cannot be "
+                "used, --workers over 1 on SQLite",
 }
 
 
@@ -127,7 +129,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--node and --node-pattern bind agent tokens to nodes; a {args.role} "
                      "token is never bound (use --role agent)")
     database_url = getattr(args, "database_url", None)
-    settings = Settings(database_url=database_url) if database_url else Settings()
+    try:
+        settings = Settings(database_url=database_url) if database_url else Settings()
+    except ValidationError as exc:
+        for problem in settings_problems(exc):
+            print(f"error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         if args.command == "migrate":
             return _migrate(settings, args.revision)
@@ -143,6 +150,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: database {_safe_url(settings)}: {exc}", file=sys.stderr)
         return EXIT_FAILED
     raise AssertionError(args.command)  # pragma: no cover - argparse enforces the choices
+
+
+def settings_problems(exc: ValidationError) -> list[str]:
+    """Each wrong setting, named by its variable: ``NUMPARITY_PAGE_MAX='0': Input should
+    be greater than 0``."""
+    prefix = str(Settings.model_config.get("env_prefix", ""))
+    return [f"{prefix}{'_'.join(str(part) for part in error['loc']).upper()}="
+            f"{error.get('input')!r}: {error['msg']}" for error in exc.errors()]
 
 
 def _safe_url(settings: Settings) -> str:

@@ -171,8 +171,9 @@ def anchor(prog: str) -> str:
 
 
 def cli_page(command_list: list[Command], intro: str) -> str:
+    """``intro``: Markdown, as written."""
     top, *subcommands = command_list
-    body = [text(intro), ""]
+    body = [intro, ""]
     leaves = [c for c in subcommands if not _has_subcommands(c.parser)]
     body += [f"- [`{c.prog}`](#{anchor(c.prog)}): {text(c.summary)}" for c in leaves]
     body += ["", "Every command also takes `-h`, `--help`: what this page says, in the "
@@ -218,15 +219,18 @@ def server_commands() -> list[Command]:
 def agent_cli_page() -> str:
     return cli_page(
         agent_commands(),
-        "The agent's commands, on every node. Settings come from the command line, then "
-        "the NUMPARITY_* variables, then the config file (see Settings and variables).")
+        "The agent's commands, on every node. Its settings come from the command line, "
+        "then the `NUMPARITY_*` variables, then the config file: "
+        "[settings and variables](settings.md#the-agents-configuration-keys).")
 
 
 def server_cli_page() -> str:
     return cli_page(
         server_commands(),
         "The server's commands: the database, the HTTP server, tokens, retention and the "
-        "demo. Every command takes --database-url, else NUMPARITY_DATABASE_URL.")
+        "demo. Every command takes `--database-url`, else "
+        "[`NUMPARITY_DATABASE_URL`](settings.md#numparity_database_url); the server's "
+        "other settings are [variables](settings.md#the-servers-settings).")
 
 
 # ---- settings ---------------------------------------------------------------------------
@@ -270,10 +274,11 @@ def settings_page() -> str:
     prefix = Settings.model_config.get("env_prefix", "")
     body = [
         "## The server's settings", "",
-        text(f"Each is an environment variable of the server's processes ({prefix}*, the "
-             "names below, case-insensitive). `numparity-server serve --workers N` hands "
-             "them to its workers. A value that is not of the setting's type, or out of "
-             "its bounds, stops the server with a message naming the variable."), "",
+        f"Each is an environment variable of the server's processes (`{prefix}*`, the "
+        "names below, case-insensitive); `numparity-server serve --workers N` hands them to "
+        "its workers. A value that is not of the setting's type, or out of its bounds, "
+        "stops every `numparity-server` command with exit 2 and a message naming the "
+        "variable.", "",
     ]
     fields = Settings.model_fields
     body += table(("variable", "default"), [
@@ -292,11 +297,11 @@ def settings_page() -> str:
     options = {action.dest: action for action in documented(_run_parser())}
     body += [
         "## The agent's configuration keys", "",
-        text(f"The agent takes each setting from its command line, else the variable, "
-             f"else the key in its TOML config file: --config FILE, else "
-             f"{_config.CONFIG_ENV}, else {_config.DEFAULT_CONFIG} when it exists. "
-             "An unknown key or a value of the wrong kind stops the agent with exit 2 "
-             "naming it."), "",
+        "The agent takes each setting from its command line, else the variable, else the "
+        f"key in its TOML config file: `--config FILE`, else `{_config.CONFIG_ENV}`, else "
+        f"`{_config.DEFAULT_CONFIG}` when it exists. An unknown key or a value of the "
+        "wrong kind stops the agent with exit 2 naming it "
+        "([`numparity-agent`](cli-agent.md#numparity-agent-run)).", "",
     ]
     rows = []
     for key, kind in _config.KINDS.items():
@@ -384,9 +389,10 @@ def metrics_page() -> str:
     rows = [(code(exposed_name(f)), f.type, ", ".join(code(label) for label in
                                                        metric_labels(f)), text(f.documentation))
             for f in metric_families()]
-    body = [text("GET /metrics answers these in Prometheus's text format (with a reader "
-                 "token, or none where reads are open). A histogram's series are its "
-                 "_bucket, _count and _sum; a counter's also its _created time."), ""]
+    body = ["`GET /metrics` answers these in Prometheus's text format (with a reader "
+            "token, or none where reads are open). A histogram's series are its `_bucket`, "
+            "`_count` and `_sum`; a counter's also its `_created` time. Scraping them: "
+            "[Prometheus and Grafana](../how-to/prometheus-grafana.md).", ""]
     body += table(("metric", "type", "labels", "what it counts"), rows)
     body.append("")
     return lines_text(body)
@@ -410,14 +416,13 @@ def api_operations() -> list[tuple[str, str, str]]:
 
 
 def api_operations_page() -> str:
-    body = [text("Every operation of the server's HTTP API, as its OpenAPI schema "
-                 "describes it. The server serves the whole schema, each operation's "
-                 "parameters, answers and error codes included:"), "",
+    body = ["Every operation of the server's HTTP API, as its OpenAPI schema describes "
+            "it ([calling it](api.md)). The server serves the whole schema, each "
+            "operation's parameters, answers and error codes included:", "",
             "- [`/docs`](/docs): Swagger UI, where a reader token tries each operation;",
             "- [`/redoc`](/redoc): the same as one long page;",
             "- [`/openapi.json`](/openapi.json): the schema itself.", "",
-            text("These links open on the server this manual is read from "
-                 "(/manual/)."), ""]
+            "These links open on the server this manual is read from (`/manual/`).", ""]
     body += table(("method", "path", "what it answers"),
                   [(code(method), code(path), text(summary))
                    for method, path, summary in api_operations()])
