@@ -26,10 +26,13 @@ RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['p
 print('\n'.join(p['dependencies'] + p['optional-dependencies']['server']))" > requirements.txt \
     && pip install -r requirements.txt
 
-# Then the code (setup.py maps agent/, server/ and migrations/ into the packages).
+# Then the code (setup.py maps agent/, server/ and migrations/ into the packages) and the
+# manual's sources (the build puts the manual in the package: served at /manual/).
 COPY agent ./agent
 COPY server ./server
 COPY migrations ./migrations
+COPY mkdocs.yml ./
+COPY docs ./docs
 RUN pip install ".[server]" \
     && cd / && rm -rf /build \
     && numparity-server --help > /dev/null

@@ -7,10 +7,17 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.numparity-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint venv clean gpu-check wheels
+.PHONY: demo test lint venv clean docs docs-ref gpu-check wheels
 
-demo: $(STAMP)
-	$(VENV)/bin/numparity-server demo
+# The demo's dashboard links each page to the manual (its "?"): built first, again only
+# when its sources changed, and served from site/ (an editable install carries none).
+MANUAL := site/index.html
+
+demo: $(STAMP) $(MANUAL)
+	NUMPARITY_MANUAL_DIR=$(CURDIR)/site $(VENV)/bin/numparity-server demo
+
+$(MANUAL): $(STAMP) mkdocs.yml $(shell find docs -name '*.md')
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --quiet
 
 # ruff, mypy and the import contracts (pyproject.toml [tool.importlinter], docs/design.md
 # §7) are part of the tests: CI runs exactly this target.
@@ -19,10 +26,20 @@ test: lint
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy agent server
+	$(VENV)/bin/mypy agent server docs/_gen
 	$(VENV)/bin/lint-imports --no-cache
 
 venv: $(STAMP)
+
+# The manual (mkdocs.yml), strict: a broken link or anchor, or a page missing from the
+# navigation, fails. NO_MKDOCS_2_WARNING: Material's end-of-life banner on every build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# The manual's pages generated from the code (docs/_gen/reference.py): after a flag, a
+# setting, an exit code, a metric or a route changes. `make test` checks they are current.
+docs-ref: $(STAMP)
+	$(PY) docs/_gen/reference.py
 
 # A line per stage, and pip's own output (each package as it is collected, download
 # progress on a terminal) for the two long ones: a first run takes minutes.
@@ -60,4 +77,4 @@ wheels:
 		'setuptools>=77'
 
 clean:
-	rm -rf $(VENV) build *.egg-info .gpu-check
+	rm -rf $(VENV) build *.egg-info site .gpu-check

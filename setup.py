@@ -10,9 +10,20 @@ Folders that hold only data (the dashboard's templates and static files) are pac
 too: setuptools installs files from packages only, and warns ("Package would be
 ignored") about data files in a folder that is not one, so every folder is found as a
 namespace package.
+
+A wheel also carries the manual, built from ``docs/`` with MkDocs (a build requirement,
+pyproject.toml) into ``numparity_server/manual/``: the server serves it at ``/manual/``
+on a lab network without internet (``server/dashboard/manual.py``). An editable install
+does not build it.
 """
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from setuptools import find_namespace_packages, setup
+from setuptools.command.build_py import build_py
 
 ROOTS = {
     "numparity_agent": "agent",
@@ -30,7 +41,24 @@ def _packages() -> list[str]:
     return sorted(set(found))
 
 
+class BuildWithManual(build_py):
+    """build_py, then the manual into the package (``mkdocs build``, not strict: the
+    tests build it strictly; a release never fails on a docs warning)."""
+
+    def run(self) -> None:
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return
+        target = Path(self.build_lib) / "numparity_server" / "manual"
+        subprocess.run(
+            [sys.executable, "-m", "mkdocs", "build", "--quiet", "--config-file",
+             "mkdocs.yml", "--site-dir", str(target.resolve())],
+            check=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        )
+
+
 setup(
+    cmdclass={"build_py": BuildWithManual},
     packages=_packages(),
     package_dir=ROOTS,
     package_data={

@@ -44,6 +44,19 @@ KINDS: dict[str, str] = {
     "max_wait": "delay",
     "trace_ops": "flag",
 }
+# What a value of each kind is, in the file and in a variable (the manual's settings page
+# says it; `_convert` checks it).
+KIND_HELP: dict[str, str] = {
+    "str": "a non-empty string",
+    "path": "a path; relative in the file: relative to the file's folder",
+    "labels": "a [labels] table of key = \"value\"; in the variable k=v,k=v; merged key by "
+              "key: file, then variable, then --label",
+    "list": "names: a TOML list, or one string of names separated by commas or spaces",
+    "count": "a whole number of at least 1",
+    "seconds": "a number of seconds, more than 0",
+    "delay": "a number of seconds, 0 or more",
+    "flag": "true or false; in the variable also 1/0, yes/no, on/off",
+}
 # How a flag is written in a NUMPARITY_* variable.
 _FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True,
                "0": False, "false": False, "no": False, "off": False}
@@ -68,6 +81,11 @@ class Resolved:
 
 def env_name(key: str) -> str:
     return "NUMPARITY_" + key.upper()
+
+
+def option_name(key: str) -> str:
+    """The command-line option of a key: ``--upload-timeout``; ``--label`` for labels."""
+    return "--label" if key == "labels" else "--" + key.replace("_", "-")
 
 
 def _toml_loads(text: str, path: Path) -> dict[str, Any]:
@@ -205,7 +223,7 @@ def resolve(
         if key in ("token", "token_file"):
             continue
         layers = [
-            (_from_cli(kind, key, cli.get(key)), "--" + key.replace("_", "-")),
+            (_from_cli(kind, key, cli.get(key)), option_name(key)),
             (_from_env(kind, key, environ), env_name(key)),
             (file_values.get(key), f"{key} in {path}"),
         ]
@@ -227,10 +245,9 @@ def resolve(
 def _from_cli(kind: str, key: str, value: Any) -> Any:
     if value is None:
         return None
-    flag = "--" + key.replace("_", "-")
     if kind == "labels" and isinstance(value, list):
-        return parse_labels(value, "--label")
-    return _convert(kind, value, flag, None)
+        return parse_labels(value, option_name(key))
+    return _convert(kind, value, option_name(key), None)
 
 
 def _from_env(kind: str, key: str, environ: Mapping[str, str]) -> Any:

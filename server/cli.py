@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pydantic import ValidationError
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -18,6 +19,15 @@ from numparity_server.auth.schemas import CreatedToken, TokenOut, binding_text
 from numparity_server.kit.settings import Settings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# What each means (the manual's exit codes page is generated from it).
+EXIT_CODES = {
+    EXIT_OK: "ok",
+    EXIT_FAILED: "the command failed, the message on stderr says why: the database cannot "
+                 "be reached or is not migrated (run numparity-server migrate), no such token",
+    EXIT_USAGE: "usage: a bad option or value, a NUMPARITY_* setting of the wrong type or "
+                "out of its bounds, a policy file or NUMPARITY_MANUAL_DIR that cannot be "
+                "used, --workers over 1 on SQLite",
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,20 +46,25 @@ def _parser() -> argparse.ArgumentParser:
     migrate.add_argument("--revision", default="head", help="target revision (default head)")
 
     serve = commands.add_parser("serve", parents=[common], help="run the HTTP server (uvicorn)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (0.0.0.0: every interface)")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     serve.add_argument("--workers", type=int, default=1,
                        help="server processes (PostgreSQL only for more than one)")
     serve.add_argument("--migrate", action="store_true", help="migrate the database first")
     serve.add_argument("--policy", metavar="FILE",
                        help="the lab's policy file, TOML (or NUMPARITY_POLICY_FILE)")
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--log-level", default="info",
+                       choices=["critical", "error", "warning", "info", "debug", "trace"],
+                       help="uvicorn's log level")
 
     token = commands.add_parser("token", help="create, list and revoke API tokens")
     token_commands = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
     create = token_commands.add_parser("create", parents=[common],
                                        help="create a token and print it (shown once)")
-    create.add_argument("--role", required=True, choices=["agent", "reader", "admin"])
+    create.add_argument("--role", required=True, choices=["agent", "reader", "admin"],
+                        help="agent: uploads runs and findings; reader: reads the API, the "
+                             "dashboard and /metrics; admin: both")
     create.add_argument("--label", default="", help="who or what the token is for")
     create.add_argument("--node", action="append", default=[], metavar="NAME",
                         help="agent tokens: write runs of this node only (repeatable; with "
@@ -60,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     token_commands.add_parser("list", parents=[common], help="list tokens (never the tokens "
                                                              "themselves)")
     revoke = token_commands.add_parser("revoke", parents=[common], help="revoke a token by id")
-    revoke.add_argument("id", type=int)
+    revoke.add_argument("id", type=int, help="the token's id, as token list shows it")
 
     retention = commands.add_parser(
         "retention", parents=[common],
@@ -114,7 +129,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--node and --node-pattern bind agent tokens to nodes; a {args.role} "
                      "token is never bound (use --role agent)")
     database_url = getattr(args, "database_url", None)
-    settings = Settings(database_url=database_url) if database_url else Settings()
+    try:
+        settings = Settings(database_url=database_url) if database_url else Settings()
+    except ValidationError as exc:
+        for problem in settings_problems(exc):
+            print(f"error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         if args.command == "migrate":
             return _migrate(settings, args.revision)
@@ -130,6 +150,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: database {_safe_url(settings)}: {exc}", file=sys.stderr)
         return EXIT_FAILED
     raise AssertionError(args.command)  # pragma: no cover - argparse enforces the choices
+
+
+def settings_problems(exc: ValidationError) -> list[str]:
+    """Each wrong setting, named by its variable: ``NUMPARITY_PAGE_MAX='0': Input should
+    be greater than 0``."""
+    prefix = str(Settings.model_config.get("env_prefix", ""))
+    return [f"{prefix}{'_'.join(str(part) for part in error['loc']).upper()}="
+            f"{error.get('input')!r}: {error['msg']}" for error in exc.errors()]
 
 
 def _safe_url(settings: Settings) -> str:
@@ -160,11 +188,13 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     if args.policy:
         settings = settings.model_copy(update={"policy_file": Path(args.policy)})
     from numparity_server.analysis.policy import PolicyError
+    from numparity_server.dashboard.manual import ManualError, manual_folder
     from numparity_server.kit.policy_file import load_policy
 
     try:
         load_policy(settings.policy_file)
-    except PolicyError as exc:
+        manual_folder(settings)
+    except (PolicyError, ManualError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.migrate:

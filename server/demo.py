@@ -431,13 +431,18 @@ def _raise_stopped(signum: int, frame: FrameType | None) -> None:
     raise Stopped
 
 
+def parser() -> argparse.ArgumentParser:
+    """``numparity-server demo``'s options (the server's CLI hands them over whole)."""
+    demo = argparse.ArgumentParser(prog="numparity-server demo", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_argument("--no-serve", action="store_true", help="exit after the report")
+    demo.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    demo.add_argument("--workdir", type=Path, help="keep the database and spools here")
+    return demo
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="numparity-server demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--no-serve", action="store_true", help="exit after the report")
-    parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
-    parser.add_argument("--workdir", type=Path, help="keep the database and spools here")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
 
     # Ctrl-C stops the demo even when it was started with SIGINT ignored (a job put in
     # the background by a non-interactive shell inherits that, and Python then never

@@ -89,6 +89,21 @@ def test_wheel_maps_the_folders_to_their_import_names(wheel: Path) -> None:
     assert not any(n.startswith(("agent/", "server/", "migrations/")) for n in names)
 
 
+def test_wheel_carries_the_manual_the_server_serves(wheel: Path) -> None:
+    """A lab's server has no internet: the dashboard's help links open the manual the
+    package carries, built from docs/ into numparity_server/manual/."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for page in ("index.html", "reference/dashboard/index.html", "design/index.html",
+                 "reference/cli-agent/index.html", "reference/settings/index.html",
+                 "search/search_index.json"):
+        assert f"numparity_server/manual/{page}" in names, page
+    # Material's own scripts and styles, from the package: nothing from a CDN.
+    assert any(n.startswith("numparity_server/manual/assets/javascripts/bundle.")
+               for n in names)
+    html = zipfile.ZipFile(wheel).read("numparity_server/manual/index.html").decode()
+    assert "fonts.googleapis" not in html and 'src="http' not in html
+
+
 def test_installed_wheel_migrates_an_empty_sqlite_database(wheel: Path, tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
@@ -109,6 +124,15 @@ def test_installed_wheel_migrates_an_empty_sqlite_database(wheel: Path, tmp_path
         check=True, capture_output=True, text=True, cwd=tmp_path,
     ).stdout.strip()  # fmt: skip
     assert where.startswith(str(env_dir)), where
+
+    # The installed server finds the manual its wheel carries (served at /manual/).
+    found = subprocess.run(
+        [str(python), "-c", "from numparity_server.dashboard.manual import manual_folder\n"
+         "from numparity_server.kit.settings import Settings\n"
+         "print(manual_folder(Settings()))"],
+        check=True, capture_output=True, text=True, cwd=tmp_path,
+    ).stdout.strip()  # fmt: skip
+    assert found.startswith(str(env_dir)) and Path(found, "index.html").is_file(), found
 
     database = tmp_path / "fresh.db"
     subprocess.run(

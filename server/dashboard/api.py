@@ -21,12 +21,13 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from numparity_server.audit import export as audit_export
 from numparity_server.audit import service as audit_service
 from numparity_server.auth.service import authenticate
 from numparity_server.catalog import service as catalog
-from numparity_server.dashboard import service
+from numparity_server.dashboard import manual, service
 from numparity_server.dashboard.origin import same_origin, serialise
 from numparity_server.deps import (
     DbSession,
@@ -143,6 +144,8 @@ def _aged(response: HTMLResponse, kept: Kept) -> HTMLResponse:
 
 
 def render(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    """The page ``name``, its header linking the manual's section that explains it."""
+    context.setdefault("manual_help", manual.help_url(name))
     return templates.TemplateResponse(request, name, context, status_code=status_code)
 
 
@@ -308,6 +311,18 @@ def error_page(request: Request, status_code: int, detail: Any) -> HTMLResponse:
                   title=titles.get(status_code, "Error"))
 
 
+async def no_manual(scope: Scope, receive: Receive, send: Send) -> None:
+    """/manual/… where this server has no built manual (an editable install)."""
+    response = render(Request(scope, receive), "error.html", status_code=404,
+                      title="No manual", heading="No manual on this server", messages=[
+                      "This server was installed without its manual: a wheel carries it, "
+                      "an editable install from a checkout does not.",
+                      "Build it in the checkout with `make docs` (it writes site/) and "
+                      "start the server with NUMPARITY_MANUAL_DIR naming that folder.",
+                  ])
+    await response(scope, receive, send)
+
+
 def _messages(detail: Any) -> list[str]:
     """Readable lines from an error's detail (a string, or validation errors)."""
     if isinstance(detail, list):
@@ -330,6 +345,9 @@ def install(app: FastAPI) -> None:
     """Mount the pages, their static files, and the token prompt for closed reads."""
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    folder = manual.manual_folder(app.state.settings)
+    app.mount(manual.PREFIX, manual.ManualFiles(folder) if folder is not None else no_manual,
+              name="manual")
 
     async def on_login_required(request: Request, exc: Exception) -> Response:
         # To the form (a page of its own, so the browser shows no failed request), and

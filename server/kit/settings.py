@@ -11,51 +11,96 @@ MIB = 1024 * 1024
 
 
 class Settings(BaseSettings):
+    """Every setting has a description: the manual's settings page is generated from
+    them (docs/_gen/reference.py), and a test fails on one without."""
+
     model_config = SettingsConfigDict(env_prefix="NUMPARITY_", extra="ignore")
 
-    database_url: str = "sqlite:///./numparity.db"
-    # Run Alembic to head when the app starts. With several replicas prefer
-    # `numparity-server migrate` (or `serve --migrate`) once, before they start.
-    migrate_on_start: bool = False
-    # Upper bound of a request body, before and after gzip decoding.
-    max_body_bytes: int = Field(default=32 * MIB, gt=0)
-    # A request body must have arrived whole this many seconds after the request began,
-    # else 408: no route (and no database session) runs before it has.
-    body_timeout_s: float = Field(default=30.0, gt=0)
-    # What one token may send, in bytes a second, once it has sent NUMPARITY_MAX_BODY_BYTES
-    # at once (a request costs at least 64 KiB); beyond it 429 with Retry-After, and the
-    # agent retries. Per token and per server process; 0 turns the budget off. Tokens
-    # shared by a whole fleet share one budget (per-node tokens are the recommended setup).
-    token_bytes_per_s: float = Field(default=1 * MIB, ge=0)
-    # started_at/finished_at may be at most this far ahead of the server's clock (422).
-    max_clock_skew_s: float = Field(default=86_400.0, ge=0)
-    # Opens read endpoints to anyone who can reach the server (trusted networks only).
-    # Writes always need a token.
-    open_reads: bool = False
-    page_default: int = Field(default=50, gt=0)
-    page_max: int = Field(default=500, gt=0)
-    db_pool_size: int = Field(default=5, gt=0)
-    db_max_overflow: int = Field(default=10, ge=0)
-    # Runs received more than this many days ago are dropped by `numparity-server
-    # retention` (those holding a node's latest result are kept). None keeps everything.
-    retention_days: int | None = Field(default=None, gt=0)
-    sqlite_busy_timeout_ms: int = Field(default=30_000, ge=0)
-    # The lab's policy (TOML): allowed versions, required knobs, tolerances per workload,
-    # when a node is stale, how many peers suspect hardware needs. See the README.
-    policy_file: Path | None = None
-    # GET /metrics reads the fleet's figures (the audit's status counts, the groups) from the
-    # database at most this often; scrapes in between answer the same figures.
-    metrics_cache_seconds: float = Field(default=15.0, ge=0)
-    # The fleet-wide reads (/audit, /divergence, the fleet and workload pages) keep their
-    # answers against the fleet's version (kit.readcache): one that is this many seconds
-    # old may still be served after a newer upload (0: never, every answer is as of the
-    # newest upload), and none is served once older than read_cache_max_age_s.
-    read_cache_seconds: float = Field(default=0.0, ge=0)
-    read_cache_max_age_s: float = Field(default=60.0, ge=0)
-    # The URL browsers use to reach the server (e.g. https://numparity.lab.example) when a
-    # proxy in front rewrites the Host header: the dashboard's sign-in and sign-out forms
-    # are accepted from this origin as well as from the Host the browser asked for.
-    public_url: str | None = None
+    database_url: str = Field(
+        default="sqlite:///./numparity.db",
+        description="The database, as a SQLAlchemy URL: sqlite:///PATH, or "
+        "postgresql+psycopg://USER:PASSWORD@HOST/NAME for a lab (several processes need "
+        "PostgreSQL).")
+    migrate_on_start: bool = Field(
+        default=False,
+        description="Run the migrations to the newest schema when the server starts. With "
+        "several replicas, run `numparity-server migrate` (or `serve --migrate`) once "
+        "instead, before they start.")
+    max_body_bytes: int = Field(
+        default=32 * MIB, gt=0,
+        description="Upper bound of a request body, before and after gzip decoding (413 "
+        "over it).")
+    body_timeout_s: float = Field(
+        default=30.0, gt=0,
+        description="A request body must have arrived whole this many seconds after the "
+        "request began, else 408: no route, and no database session, runs before it has.")
+    token_bytes_per_s: float = Field(
+        default=1 * MIB, ge=0,
+        description="What one token may send, in bytes a second, once it has sent "
+        "NUMPARITY_MAX_BODY_BYTES at once (a request costs at least 64 KiB); beyond it 429 "
+        "with Retry-After, and the agent retries. Per token and per server process; 0 "
+        "turns the budget off. Tokens shared by a whole fleet share one budget (per-node "
+        "tokens are the recommended setup).")
+    max_clock_skew_s: float = Field(
+        default=86_400.0, ge=0,
+        description="How far ahead of the server's clock a run's started_at and "
+        "finished_at may be (422 beyond).")
+    open_reads: bool = Field(
+        default=False,
+        description="Open the read endpoints, the dashboard and /metrics to anyone who can "
+        "reach the server (trusted networks only). Writes always need a token.")
+    page_default: int = Field(
+        default=50, gt=0,
+        description="Items a page of a list endpoint holds when the request gives no limit.")
+    page_max: int = Field(
+        default=500, gt=0, description="The largest limit a list endpoint takes (422 over it).")
+    db_pool_size: int = Field(
+        default=5, gt=0,
+        description="Database connections each server process keeps open (PostgreSQL).")
+    db_max_overflow: int = Field(
+        default=10, ge=0,
+        description="Connections a server process may open beyond the pool at busy times "
+        "(PostgreSQL).")
+    retention_days: int | None = Field(
+        default=None, gt=0,
+        description="Runs received more than this many days ago are dropped by "
+        "`numparity-server retention` (those holding a node's latest result are kept). "
+        "Unset keeps everything.")
+    sqlite_busy_timeout_ms: int = Field(
+        default=30_000, ge=0,
+        description="How long a SQLite connection waits for another process's write before "
+        "giving up (503).")
+    policy_file: Path | None = Field(
+        default=None,
+        description="The lab's policy file (TOML): allowed versions, required knobs, "
+        "tolerances per workload, when a node is stale, how many peers suspect hardware "
+        "needs. Read once at start-up; a file that is missing or wrong stops the server.")
+    metrics_cache_seconds: float = Field(
+        default=15.0, ge=0,
+        description="GET /metrics reads the fleet's figures (the audit's status counts, "
+        "the groups) from the database at most this often; scrapes in between answer the "
+        "same figures.")
+    read_cache_seconds: float = Field(
+        default=0.0, ge=0,
+        description="The fleet-wide reads (/audit, /divergence, the fleet and workload "
+        "pages) keep their answers against the fleet's version: one this many seconds old "
+        "may still be served after a newer upload (0: never, every answer is as of the "
+        "newest upload).")
+    read_cache_max_age_s: float = Field(
+        default=60.0, ge=0,
+        description="No kept answer of a fleet-wide read is served once it is older than "
+        "this many seconds.")
+    public_url: str | None = Field(
+        default=None,
+        description="The URL browsers use to reach the server (e.g. "
+        "https://numparity.lab.example) when a proxy in front rewrites the Host header: "
+        "the dashboard's sign-in and sign-out forms are accepted from this origin as well "
+        "as from the Host the browser asked for.")
+    manual_dir: Path | None = Field(
+        default=None,
+        description="A built manual (`make docs` writes one to site/) to serve at /manual/ "
+        "instead of the one the installed package carries. The dashboard's help links "
+        "lead there.")
 
 
 def worker_environment(settings: Settings) -> dict[str, str]:

@@ -38,6 +38,7 @@ from helpers.browser import (
     login,
     missing_requirement,
 )
+from helpers.manual import built_manual
 from helpers.processes import (
     run_cli,
     server_command,
@@ -103,7 +104,9 @@ def dashboard(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     assert reader and "\n" not in reader, reader
     log_path = tmp_path_factory.mktemp("dashboard") / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("NUMPARITY_")}
-    env.update(NUMPARITY_DATABASE_URL=url, NUMPARITY_MIGRATE_ON_START="false")
+    # The manual the pages' "?" opens: the checkout's, built as the wheel carries it.
+    env.update(NUMPARITY_DATABASE_URL=url, NUMPARITY_MIGRATE_ON_START="false",
+               NUMPARITY_MANUAL_DIR=str(built_manual()))
     process, base_url = start_server(log_path, env, "--log-level", "warning")
     try:
         wait_ready(base_url, process, log_path, timeout=60)

@@ -115,6 +115,18 @@ def test_serve_refuses_several_workers_on_sqlite(tmp_path, capsys, monkeypatch):
     assert "PostgreSQL" in capsys.readouterr().err
 
 
+def test_a_setting_out_of_its_bounds_is_a_usage_error_naming_its_variable(
+        tmp_path, capsys, monkeypatch):
+    """As the manual's settings page says: a message naming the variable, no traceback."""
+    monkeypatch.setenv("NUMPARITY_PAGE_MAX", "0")
+    monkeypatch.setenv("NUMPARITY_OPEN_READS", "perhaps")
+    assert main(["--database-url", f"sqlite:///{tmp_path / 'x.db'}", "migrate"]) == 2
+    err = capsys.readouterr().err
+    assert "error: NUMPARITY_PAGE_MAX='0': Input should be greater than 0" in err
+    assert "error: NUMPARITY_OPEN_READS='perhaps'" in err
+    assert not (tmp_path / "x.db").exists()
+
+
 def test_demo_is_delegated(monkeypatch):
     import types
 
