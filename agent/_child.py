@@ -75,13 +75,20 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                 }
             )
         else:
+            skipped = workload.skip_reason(variant.name)
+            if skipped is not None:
+                results.append({**result_head(spec_name, workload.version, variant.name,
+                                              device_name, suite),
+                                "status": "skipped", "reason": skipped})
+                _report_progress(spec.get("progress"), spec_name, "skipped")
+                continue
             results.append(
                 run_workload(
                     workload,
                     variant=variant,
                     device=device,
                     slot=device_name,
-                    repeats=spec["repeats"],
+                    repeats=min(spec["repeats"], workload.max_repeats or spec["repeats"]),
                     fault_drill=fault_drill,
                     keep_values=store.keep if store is not None else None,
                     trace=trace,
