@@ -80,9 +80,13 @@ class Break:
     def words(self) -> str:
         """The break in a line: what a page or the doctor prints."""
         if self.duplicates:
-            return "; ".join(f"{d.augmentation} repeats in workers "
-                             f"{', '.join(map(str, d.workers))} (num_workers={d.num_workers})"
-                             for d in self.duplicates)
+            alike: dict[tuple[tuple[int, ...], int], list[str]] = {}
+            for d in self.duplicates:
+                alike.setdefault((d.workers, d.num_workers), []).append(d.augmentation)
+            return "; ".join(
+                f"{', '.join(names)} {'repeats' if len(names) == 1 else 'repeat'} in workers "
+                f"{', '.join(map(str, workers))} (num_workers={count})"
+                for (workers, count), names in alike.items())
         where = f" (num_workers {', '.join(map(str, self.num_workers))})" \
             if self.num_workers and self.check != "workers_agree" else ""
         what = f": {', '.join(self.augmentations)}" if self.augmentations else ""

@@ -5,7 +5,7 @@ import random
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 
 class Offsets(Dataset):
@@ -76,3 +76,31 @@ class Missing(Dataset):
 
 def missing():
     return DataLoader(Missing(), batch_size=2)
+
+
+class Jittered(Dataset):
+    """A lab's dataset that holds numpy's recommended generator (`default_rng`), seeded,
+    and reseeds it in each worker: reproducible, and its draws are numpy's."""
+
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+
+    def reseed(self, seed):
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, index):
+        return {"jitter": torch.from_numpy(self.rng.standard_normal(3)),
+                "label": torch.tensor(index)}
+
+
+def reseed_worker(worker_id):
+    get_worker_info().dataset.reseed(torch.initial_seed() % 2**32)
+
+
+def held():
+    """A reproducible lab pipeline whose augmentation is numpy's Generator."""
+    return DataLoader(Jittered(11), batch_size=3, shuffle=True, worker_init_fn=reseed_worker,
+                      generator=torch.Generator().manual_seed(11))
