@@ -15,9 +15,11 @@ left out (it copies, it does not change the bytes).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
+from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
 from numparity_agent._workloads._base import Built, Workload, from_made, import_factory
@@ -30,6 +32,9 @@ from numparity_agent._workloads._pipeline import (
     seed_process,
 )
 
+# The keyword arguments a (dataset, settings) factory may give.
+_LOADER_SETTINGS = frozenset(inspect.signature(DataLoader.__init__).parameters) - {
+    "self", "dataset"}
 # How many batches of a lab's loader each run reads, unless its factory's `batches`
 # attribute says otherwise, and the most it may ask for.
 DEFAULT_BATCHES = 8
@@ -45,10 +50,14 @@ def from_factory(spec: str) -> Workload:
 
 
 def is_pipeline(made: Any) -> bool:
-    """A DataLoader, or a (dataset, settings mapping) pair."""
-    return isinstance(made, DataLoader) or (
-        isinstance(made, tuple) and len(made) == 2 and isinstance(made[1], Mapping)
-        and hasattr(made[0], "__getitem__"))
+    """A DataLoader, or (dataset, settings): a pair whose settings are DataLoader keyword
+    arguments (a model and its named inputs are a pair too: an `nn.Sequential` has
+    `__getitem__`, and inputs are named tensors, not settings)."""
+    if isinstance(made, DataLoader):
+        return True
+    return (isinstance(made, tuple) and len(made) == 2 and isinstance(made[1], Mapping)
+            and not isinstance(made[0], nn.Module) and hasattr(made[0], "__getitem__")
+            and set(made[1]) <= _LOADER_SETTINGS)
 
 
 def loader_of(made: Any) -> DataLoader[Any]:

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, get_worker_info
 
 from numparity_agent import _workloads
-from numparity_agent._workloads import _pipeline
+from numparity_agent._workloads import _pipeline, _user_data
 from numparity_agent._workloads._base import Recorder
 from numparity_agent._workloads.data import AugmentedImages, Data
 from numparity_agent.testing import run_workload, tensor_hash, variant
@@ -218,6 +218,14 @@ def test_a_dataset_and_settings_are_a_pipeline_too():
     assert data["num_workers"] == list(_pipeline.worker_counts())
     assert checks["own_streams_distinct"]["equal"] is True  # torch seeds numpy per worker
     assert checks["own_order_reproducible"]["equal"] is False
+
+
+def test_a_model_and_its_inputs_are_not_a_pipeline():
+    from agent_test_user_factories import tiny
+
+    assert not _user_data.is_pipeline(tiny())  # an nn.Sequential has __getitem__
+    assert _user_data.is_pipeline((list(range(4)), {"batch_size": 2}))
+    assert not _user_data.is_pipeline((list(range(4)), {"x": torch.zeros(2)}))
 
 
 @pytest.mark.parametrize(("factory", "message"), [
