@@ -91,3 +91,22 @@ def test_a_node_whose_recipe_breaks_is_its_environments_row(api):
         html, "html.parser").select('#data-pipeline td[data-check="recipe"]')]
     assert sorted(recipe_cells) == [
         "no the batches change between runs (num_workers 2): jitter", "yes"]
+
+
+def test_a_policy_can_require_the_pipeline_checks(make_api, tmp_path):
+    """A lab that requires its pipelines' workers to draw distinct streams: every node
+    whose latest result says otherwise, and where it breaks."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[required]\n"data.no_recipe_streams_distinct" = true\n'
+                      '"data.recipe_runs_agree" = true\n'
+                      '"mylab.data:loader.own_runs_agree" = true\n')
+    api = make_api(policy_file=policy)
+    api.post_run(data_run("node-1"))
+    lab = run_document("node-1", workloads=("mylab.data:loader",), variants=("default",))
+    lab["results"][0]["checks"] = {"own_runs_agree": check(False, "offset", num_workers=[2],
+                                                           augmentations=["offset"])}
+    api.post_run(lab)
+    rows = api.client.get("/api/v1/audit", headers=api.reader).json()["policy"]
+    assert sorted((row["node"], row["attribute"], row["value"]) for row in rows) == [
+        ("node-1", "data.no_recipe_streams_distinct", "false under default (at jitter)"),
+        ("node-1", "mylab.data:loader.own_runs_agree", "false under default (at offset)")]
