@@ -48,8 +48,11 @@ RECORDED_COUNTS = (0, 2)
 RECIPE_SEED = 0
 # A worker that does not answer in this time fails the workload rather than hanging it.
 LOADER_TIMEOUT_S = 120.0
-# What a batch may hold: tensors beyond these are not compared.
-MAX_LEAVES = 32
+# What a batch may hold: tensors beyond these are not compared, and a leaf's name is cut
+# to this length (the server takes an op of 255 characters, a tensor name of 512). With
+# `_user_data.MAX_BATCHES`, a result stays under the server's 4,096 tensors.
+MAX_LEAVES = 16
+MAX_LEAF_NAME = 120
 # The probe hands every worker the same batch this many times.
 PROBE_ROUNDS = 2
 # The check names, in the order a reader asks them (design §2.2).
@@ -221,7 +224,7 @@ def leaves(batch: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
     if isinstance(batch, np.ndarray):
         batch = torch.from_numpy(np.ascontiguousarray(batch))
     if isinstance(batch, torch.Tensor):
-        return [(prefix or "batch", batch)]
+        return [((prefix or "batch")[:MAX_LEAF_NAME], batch)]
     if isinstance(batch, Mapping):
         items: Iterable[tuple[Any, Any]] = batch.items()
     elif isinstance(batch, tuple | list):

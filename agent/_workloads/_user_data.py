@@ -38,7 +38,7 @@ _LOADER_SETTINGS = frozenset(inspect.signature(DataLoader.__init__).parameters) 
 # How many batches of a lab's loader each run reads, unless its factory's `batches`
 # attribute says otherwise, and the most it may ask for.
 DEFAULT_BATCHES = 8
-MAX_BATCHES = 64
+MAX_BATCHES = 32
 
 
 def from_factory(spec: str) -> Workload:
@@ -102,7 +102,7 @@ def spec_of(loader: DataLoader[Any], *, recipe: bool) -> LoaderSpec:
 
 class LoaderWorkload(PipelineWorkload):
     """A lab's DataLoader factory; its `version` attribute is the workload version, its
-    `batches` attribute (default 8, at most 64) how many batches a run reads."""
+    `batches` attribute (default 8, at most 32) how many batches a run reads."""
 
     def __init__(self, spec: str, factory: Any) -> None:
         self.name = spec
