@@ -53,8 +53,11 @@ LOADER_TIMEOUT_S = 120.0
 # `_user_data.MAX_BATCHES`, a result stays under the server's 4,096 tensors.
 MAX_LEAVES = 16
 MAX_LEAF_NAME = 120
-# The probe hands every worker the same batch this many times.
-PROBE_ROUNDS = 2
+# The probe hands every worker the same batch this many times: a leaf is random when a
+# round differs from the first (a coin flip per item in batches of 4 looks constant in
+# two rounds one time in 16, in four one time in 4,096), and two workers repeat each
+# other when they agree in every round.
+PROBE_ROUNDS = 4
 # The check names, in the order a reader asks them (design §2.2).
 CHECKS = ("order_reproducible", "runs_agree", "workers_agree", "streams_distinct")
 # The DataLoader's advice when there are more workers than CPUs: the bound is ours.
@@ -341,21 +344,28 @@ def _check(equal: bool, op: str | None, **details: Any) -> dict[str, Any]:
     return {"equal": equal, "max_ulp": None, "max_rel": None, "op": op, **details}
 
 
-def _first_difference(a: Epoch, b: Epoch) -> tuple[int | None, list[str]]:
-    """(the first batch where a and b differ, the leaves that differ in any batch)."""
-    first: int | None = None
-    differing: dict[str, None] = {}
+def _canonical(names: Iterable[str], epochs: Iterable[Epoch]) -> list[str]:
+    """`names` in the order a batch holds its leaves (then by name): a check's details
+    must not depend on which batch happened to differ first, or two nodes (and two runs
+    of one) that agree on every verdict would report two outcomes."""
+    order: dict[str, int] = {}
+    for epoch in epochs:
+        for batch_names in epoch.names:
+            for name in batch_names:
+                order.setdefault(name, len(order))
+    return sorted(set(names), key=lambda name: (order.get(name, len(order)), name))
+
+
+def _differing(a: Epoch, b: Epoch) -> list[str]:
+    """The leaves that differ between a and b in any batch (`<batches>`: not as many)."""
+    differing: set[str] = set()
     for batch in range(max(len(a.hashes), len(b.hashes))):
         if batch >= len(a.hashes) or batch >= len(b.hashes):
-            first = batch if first is None else first
-            differing.setdefault("<batches>")
+            differing.add("<batches>")
             continue
         mine, theirs = a.leaf_hashes(batch), b.leaf_hashes(batch)
-        names = [n for n in [*mine, *theirs] if mine.get(n) != theirs.get(n)]
-        if names:
-            first = batch if first is None else first
-            differing.update(dict.fromkeys(names))
-    return first, list(differing)
+        differing.update(n for n in [*mine, *theirs] if mine.get(n) != theirs.get(n))
+    return _canonical(differing, (a, b))
 
 
 def order_reproducible(m: Measured) -> dict[str, Any]:
@@ -368,13 +378,13 @@ def runs_agree(m: Measured) -> dict[str, Any]:
     """Every batch is the same bytes in both runs, at every count; `op` the first leaf
     (in the batch's order) that differs."""
     differs: list[int] = []
-    augmentations: dict[str, None] = {}
+    augmentations: set[str] = set()
     for n in m.counts:
-        _batch, names = _first_difference(m.first[n], m.second[n])
+        names = _differing(m.first[n], m.second[n])
         if names:
             differs.append(n)
-            augmentations.update(dict.fromkeys(names))
-    names = list(augmentations)
+            augmentations.update(names)
+    names = _canonical(augmentations, [*m.first.values(), *m.second.values()])
     return _check(not differs, names[0] if names else None, num_workers=differs,
                   augmentations=names)
 
@@ -385,11 +395,13 @@ def workers_agree(m: Measured) -> dict[str, Any]:
     base = m.counts[0]
     differing: dict[str, list[str]] = {}
     for n in m.counts[1:]:
-        _batch, names = _first_difference(m.first[base], m.first[n])
+        names = _differing(m.first[base], m.first[n])
         if names:
             differing[str(n)] = names
-    first = next(iter(differing.values()), [None])[0]
-    return _check(not differing, first, num_workers=list(m.counts), differing=differing,
+    first = _canonical({leaf for leaves in differing.values() for leaf in leaves},
+                       m.first.values())
+    return _check(not differing, first[0] if first else None, num_workers=list(m.counts),
+                  differing=differing,
                   order_equal=all(m.first[n].order == m.first[base].order for n in m.counts))
 
 
@@ -399,8 +411,10 @@ def random_leaves(m: Measured) -> list[str]:
     probe = m.probes[m.counts[0]]
     if len(probe.hashes) < 2:
         return []
-    once, again = probe.leaf_hashes(0), probe.leaf_hashes(1)
-    return [name for name in probe.names[0] if once[name] != again.get(name)]
+    once = probe.leaf_hashes(0)
+    return [name for name in probe.names[0]
+            if any(once[name] != probe.leaf_hashes(r).get(name)
+                   for r in range(1, len(probe.hashes)))]
 
 
 def streams_distinct(m: Measured) -> dict[str, Any]:

@@ -151,7 +151,8 @@ def _row(key: tuple[int, str, str, str], entries: list[Reported]) -> PipelineRow
 
     return PipelineRow(
         environment=key[0], suite=key[1], workload=key[2], variant=key[3],
-        devices=max(entry.devices for entry in entries),
+        # The row's outcomes (its devices' answers, on each device model) hold apart.
+        devices=sum(entry.devices for entry in entries),
         recipe_holds=holds(RECIPE, HOLDS), without=without,
         without_holds=holds(without, HOLDS),
         workers_agree=holds(RECIPE, ("workers_agree",)), breaks=ordered)

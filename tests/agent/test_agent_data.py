@@ -147,6 +147,27 @@ def test_four_workers_name_all_four(monkeypatch):
     assert not any(".w4." in name for name in tensors)
 
 
+def epoch(*batches):
+    """An Epoch of batches given as {leaf: hash}, in one worker (0)."""
+    return _pipeline.Epoch(order=[[i] for i in range(len(batches))],
+                           workers=[0] * len(batches), names=[list(b) for b in batches],
+                           hashes=[list(b.values()) for b in batches])
+
+
+def test_a_checks_details_do_not_depend_on_which_batch_differs_first():
+    """Two nodes (or runs) with the same verdicts must report the same check, or they
+    hold two outcomes: leaves are listed in the batch's order, not by discovery."""
+    first = epoch({"crop": "a", "noise": "b"}, {"crop": "c", "noise": "d"})
+    crop_late = epoch({"crop": "a", "noise": "x"}, {"crop": "y", "noise": "z"})
+    noise_late = epoch({"crop": "x", "noise": "b"}, {"crop": "y", "noise": "z"})
+    found = []
+    for second in (crop_late, noise_late):
+        m = _pipeline.Measured("no_recipe", (0,), {0: first}, {0: second}, {0: first})
+        found.append(_pipeline.runs_agree(m))
+    assert found[0] == found[1]
+    assert found[0]["op"] == "crop" and found[0]["augmentations"] == ["crop", "noise"]
+
+
 def test_worker_counts_are_bounded_by_the_cpus():
     assert _pipeline.worker_counts(1) == (0, 2)
     assert _pipeline.worker_counts(2) == (0, 2)

@@ -68,6 +68,11 @@ def test_the_recipe_is_audited_and_a_changed_generator_splits_and_is_attributed(
     loaded = {node: json.loads(path.read_text()) for node, path in documents.items()}
     env_of = {node: d["environment"]["env_key"] for node, d in loaded.items()}
     assert env_of["stock-1"] == env_of["stock-2"] != env_of["numpy-next"]
+    # Two nodes of one environment report the same checks (one outcome), even of the
+    # configurations whose bytes change from run to run.
+    for workload in ("data", DUPLICATING, HELD):
+        assert result(loaded["stock-1"], workload)["checks"] == \
+            result(loaded["stock-2"], workload)["checks"], workload
     for document in loaded.values():
         # Real workers ran: two at least, whatever the node's CPUs.
         assert result(document, "data")["data"]["num_workers"][:2] == [0, 2]

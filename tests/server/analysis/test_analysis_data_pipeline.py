@@ -69,6 +69,7 @@ def test_a_device_that_breaks_the_recipe_breaks_its_environment():
         "jitter", duplicates=[{**JITTER, "workers": [0, 1, 2, 3], "num_workers": 4}])}
     (row,) = data_pipelines([Reported(1, "standard", "default", "data", BUILTIN, 2),
                              Reported(1, "standard", "default", "data", broken, 1)])
+    assert row.devices == 3  # the environment's devices, whichever answer they hold
     assert row.recipe_holds is False and row.needs_recipe is False
     (recipe,) = [b for b in row.breaks if b.configuration == "recipe"
                  and b.check == "streams_distinct"]
