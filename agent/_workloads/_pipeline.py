@@ -15,10 +15,11 @@ none of it; "own": a lab's loader as its factory built it). Each is measured:
   process (no workers) the same batch drawn twice tells which parts of a batch are
   random at all.
 
-The checks compare sha256 hashes of every tensor of every batch (`leaves`): nothing is
-kept but the batches of the configuration's first run at the recorded worker counts,
-fingerprinted when its two runs agree (a configuration whose bytes change from run to run
-has nothing to compare across nodes; it would split every node from every other).
+The checks (`_pipeline_checks`) compare sha256 hashes of every tensor of every batch
+(`leaves`): nothing is kept but the batches of the configuration's first run at the
+recorded worker counts, fingerprinted when its two runs agree (a configuration whose
+bytes change from run to run has nothing to compare across nodes; it would split every
+node from every other).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import os
 import random
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,12 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from numparity_agent._fingerprint import tensor_hashes
 from numparity_agent._workloads._base import Built, Recorder, Workload
+from numparity_agent._workloads._pipeline_checks import (
+    Epoch,
+    Measured,
+    checks_of,
+    reproducible,
+)
 
 # The worker counts a configuration is measured at, bounded by the CPUs the process may
 # use (but never below 2: distinct streams need two workers).
@@ -58,8 +65,6 @@ MAX_LEAF_NAME = 120
 # two rounds one time in 16, in four one time in 4,096), and two workers repeat each
 # other when they agree in every round.
 PROBE_ROUNDS = 4
-# The check names, in the order a reader asks them (design §2.2).
-CHECKS = ("order_reproducible", "runs_agree", "workers_agree", "streams_distinct")
 # The DataLoader's advice when there are more workers than CPUs: the bound is ours.
 _MANY_WORKERS = r"This DataLoader will create \d+ worker processes"
 
@@ -240,21 +245,6 @@ def leaves(batch: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
     return found[:MAX_LEAVES]
 
 
-@dataclass
-class Epoch:
-    """One pass: the indices the sampler handed out for the batches read, and each
-    batch's worker, leaf names and hashes (and tensors, when kept)."""
-
-    order: list[list[int]]
-    workers: list[int]
-    names: list[list[str]]
-    hashes: list[list[str]]
-    tensors: list[list[torch.Tensor]] = field(default_factory=list)
-
-    def leaf_hashes(self, batch: int) -> dict[str, str]:
-        return dict(zip(self.names[batch], self.hashes[batch], strict=True))
-
-
 def read_epoch(spec: LoaderSpec, num_workers: int, *, limit: int, keep: bool = False,
                batch_sampler: Iterable[list[int]] | None = None) -> Epoch:
     """Iterate a loader of `spec` with `num_workers` for at most `limit` batches."""
@@ -298,15 +288,6 @@ class Configuration:
     start: Callable[[], None] | None = None
 
 
-@dataclass
-class Measured:
-    name: str
-    counts: tuple[int, ...]
-    first: dict[int, Epoch]
-    second: dict[int, Epoch]
-    probes: dict[int, Epoch]
-
-
 def measure(config: Configuration, *, counts: Sequence[int], limit: int,
             keep: Sequence[int] = RECORDED_COUNTS) -> Measured:
     """Runs 1 and 2 at every count, and the probes; the process's generators are left
@@ -333,124 +314,6 @@ def measure(config: Configuration, *, counts: Sequence[int], limit: int,
     finally:
         found.restore()
     return Measured(config.name, tuple(counts), first, second, probes)
-
-
-# ---- the checks ----------------------------------------------------------------------------
-
-
-def _check(equal: bool, op: str | None, **details: Any) -> dict[str, Any]:
-    """A check as the result carries it (`_checks`' shape): `equal` says the property
-    holds; no distance in ULPs means anything between two random draws."""
-    return {"equal": equal, "max_ulp": None, "max_rel": None, "op": op, **details}
-
-
-def _canonical(names: Iterable[str], epochs: Iterable[Epoch]) -> list[str]:
-    """`names` in the order a batch holds its leaves (then by name): a check's details
-    must not depend on which batch happened to differ first, or two nodes (and two runs
-    of one) that agree on every verdict would report two outcomes."""
-    order: dict[str, int] = {}
-    for epoch in epochs:
-        for batch_names in epoch.names:
-            for name in batch_names:
-                order.setdefault(name, len(order))
-    return sorted(set(names), key=lambda name: (order.get(name, len(order)), name))
-
-
-def _differing(a: Epoch, b: Epoch) -> list[str]:
-    """The leaves that differ between a and b in any batch (`<batches>`: not as many)."""
-    differing: set[str] = set()
-    for batch in range(max(len(a.hashes), len(b.hashes))):
-        if batch >= len(a.hashes) or batch >= len(b.hashes):
-            differing.add("<batches>")
-            continue
-        mine, theirs = a.leaf_hashes(batch), b.leaf_hashes(batch)
-        differing.update(n for n in [*mine, *theirs] if mine.get(n) != theirs.get(n))
-    return _canonical(differing, (a, b))
-
-
-def order_reproducible(m: Measured) -> dict[str, Any]:
-    """The sampler hands out the same indices in both runs, at every count."""
-    differs = [n for n in m.counts if m.first[n].order != m.second[n].order]
-    return _check(not differs, "order" if differs else None, num_workers=differs)
-
-
-def runs_agree(m: Measured) -> dict[str, Any]:
-    """Every batch is the same bytes in both runs, at every count; `op` the first leaf
-    (in the batch's order) that differs."""
-    differs: list[int] = []
-    augmentations: set[str] = set()
-    for n in m.counts:
-        names = _differing(m.first[n], m.second[n])
-        if names:
-            differs.append(n)
-            augmentations.update(names)
-    names = _canonical(augmentations, [*m.first.values(), *m.second.values()])
-    return _check(not differs, names[0] if names else None, num_workers=differs,
-                  augmentations=names)
-
-
-def workers_agree(m: Measured) -> dict[str, Any]:
-    """Run 1's batches are the same bytes at every worker count as without workers (the
-    lowest count); `order_equal` says whether at least the sampler's order is."""
-    base = m.counts[0]
-    differing: dict[str, list[str]] = {}
-    for n in m.counts[1:]:
-        names = _differing(m.first[base], m.first[n])
-        if names:
-            differing[str(n)] = names
-    first = _canonical({leaf for leaves in differing.values() for leaf in leaves},
-                       m.first.values())
-    return _check(not differing, first[0] if first else None, num_workers=list(m.counts),
-                  differing=differing,
-                  order_equal=all(m.first[n].order == m.first[base].order for n in m.counts))
-
-
-def random_leaves(m: Measured) -> list[str]:
-    """The leaves that draw randomness: in one process (the lowest count, no workers)
-    the same batch of indices gives other bytes the second time."""
-    probe = m.probes[m.counts[0]]
-    if len(probe.hashes) < 2:
-        return []
-    once = probe.leaf_hashes(0)
-    return [name for name in probe.names[0]
-            if any(once[name] != probe.leaf_hashes(r).get(name)
-                   for r in range(1, len(probe.hashes)))]
-
-
-def streams_distinct(m: Measured) -> dict[str, Any]:
-    """No two workers draw the same augmentations: in each probe with workers, a random
-    leaf whose bytes two workers return alike in every round (the same indices, the same
-    place in their streams) is a duplicated stream, named with the workers'."""
-    randomness = random_leaves(m)
-    duplicates: list[dict[str, Any]] = []
-    for n in m.counts:
-        if n < 2:
-            continue
-        probe = m.probes[n]
-        for leaf in randomness:
-            streams: dict[int, list[str]] = {}
-            for worker, batch in zip(probe.workers, range(len(probe.hashes)), strict=True):
-                streams.setdefault(worker, []).append(probe.leaf_hashes(batch).get(leaf, ""))
-            alike: dict[tuple[str, ...], list[int]] = {}
-            for worker, drawn in sorted(streams.items()):
-                alike.setdefault(tuple(drawn), []).append(worker)
-            duplicates.extend({"augmentation": leaf, "workers": workers, "num_workers": n}
-                              for workers in alike.values() if len(workers) > 1)
-    return _check(not duplicates, duplicates[0]["augmentation"] if duplicates else None,
-                  duplicates=duplicates, random=randomness)
-
-
-def checks_of(m: Measured) -> dict[str, dict[str, Any]]:
-    """The four checks of a configuration, named `<configuration>_<check>`."""
-    return {f"{m.name}_{name}": check(m) for name, check in (
-        ("order_reproducible", order_reproducible), ("runs_agree", runs_agree),
-        ("workers_agree", workers_agree), ("streams_distinct", streams_distinct))}
-
-
-def reproducible(checks: Mapping[str, Mapping[str, Any]], name: str) -> bool:
-    """Whether configuration `name`'s bytes are the same from run to run."""
-    return all(checks[f"{name}_{check}"]["equal"] for check in ("order_reproducible",
-                                                                 "runs_agree"))
 
 
 def record(m: Measured, recorder: Recorder, counts: Sequence[int] = RECORDED_COUNTS) -> None:

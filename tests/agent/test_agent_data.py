@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, get_worker_info
 
 from numparity_agent import _workloads
-from numparity_agent._workloads import _pipeline, _user_data
+from numparity_agent._workloads import _pipeline, _pipeline_checks, _user_data
 from numparity_agent._workloads._base import Recorder
 from numparity_agent._workloads.data import AugmentedImages, Data
 from numparity_agent.testing import run_workload, tensor_hash, variant
@@ -149,7 +149,7 @@ def test_four_workers_name_all_four(monkeypatch):
 
 def epoch(*batches):
     """An Epoch of batches given as {leaf: hash}, in one worker (0)."""
-    return _pipeline.Epoch(order=[[i] for i in range(len(batches))],
+    return _pipeline_checks.Epoch(order=[[i] for i in range(len(batches))],
                            workers=[0] * len(batches), names=[list(b) for b in batches],
                            hashes=[list(b.values()) for b in batches])
 
@@ -162,8 +162,8 @@ def test_a_checks_details_do_not_depend_on_which_batch_differs_first():
     noise_late = epoch({"crop": "x", "noise": "b"}, {"crop": "y", "noise": "z"})
     found = []
     for second in (crop_late, noise_late):
-        m = _pipeline.Measured("no_recipe", (0,), {0: first}, {0: second}, {0: first})
-        found.append(_pipeline.runs_agree(m))
+        m = _pipeline_checks.Measured("no_recipe", (0,), {0: first}, {0: second}, {0: first})
+        found.append(_pipeline_checks.runs_agree(m))
     assert found[0] == found[1]
     assert found[0]["op"] == "crop" and found[0]["augmentations"] == ["crop", "noise"]
 
@@ -194,7 +194,7 @@ def test_data_runs_once_under_default_only():
     assert result["status"] == "ok" and result["repeats_agree"] is True
     assert result["data"]["recorded"] == ["recipe"]
     assert set(result["checks"]) == {f"{config}_{check}" for config in ("recipe", "no_recipe")
-                                     for check in _pipeline.CHECKS}
+                                     for check in _pipeline_checks.CHECKS}
     assert all(t["kind"] == "output" for t in result["tensors"])
     assert result["tensors"][0]["name"] == "recipe.order"
 
