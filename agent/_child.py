@@ -125,9 +125,16 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                         mine.append({**result_head(spec_name, None, name, device_name, suite),
                                      "status": "failed", "error": _error_text(exc)})
                     else:
+                        skipped = workload.skip_reason(name)
+                        if skipped is not None:
+                            mine.append({**result_head(spec_name, workload.version, name,
+                                                       device_name, suite),
+                                         "status": "skipped", "reason": skipped})
+                            _report_progress(spec.get("progress"), spec_name, "skipped")
+                            continue
                         mine.append(run_workload(
                             workload, variant=variant, device=device, slot=device_name,
-                            repeats=spec["repeats"],
+                            repeats=min(spec["repeats"], workload.max_repeats or spec["repeats"]),
                             fault_drill=fault_drill and name == _variants.FAULT_DRILL_VARIANT,
                             keep_values=store.keep if store is not None else None,
                             trace=trace, trace_jobs=jobs))

@@ -207,6 +207,10 @@ def _parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="the reproducibility checklist of this node")
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     doctor.add_argument(
+        "--pipeline", metavar="MODULE:FACTORY",
+        help="also measure this DataLoader factory (a DataLoader, or a dataset and its "
+        "settings) with real workers: whether it needs the seeds' recipe")
+    doctor.add_argument(
         "--strict", action="store_true",
         help="exit 1 when a check warns, i.e. finds something this node can fix (facts "
         "never fail it; default exit 0)",
@@ -581,8 +585,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from numparity_agent._doctor import as_json, diagnose, render
     from numparity_agent._environment import capture_environment
 
+    if args.pipeline is not None and not _workloads.is_factory_spec(args.pipeline):
+        raise _Usage(f"--pipeline names a factory as module:factory, not {args.pipeline!r}")
     environment = capture_environment()
-    checks = diagnose(environment=environment)
+    checks = diagnose(environment=environment, pipeline=args.pipeline)
     _answer((json.dumps(as_json(checks), indent=1) if args.json
              else render(checks, environment)) + "\n")
     if args.strict and any(c.status == "warn" for c in checks):

@@ -353,16 +353,23 @@ def _check_mkl_cbwr(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check
 
 
 def _check_dataloader(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
-    return Check(
-        "dataloader_workers",
-        "fact",
-        "DataLoader workers draw their own seeds: numpy and random in a worker repeat "
-        "or vary unless seeded from the worker's torch seed, and shuffling follows the "
-        "global torch generator unless it gets its own",
-        "def seed_worker(_): s = torch.initial_seed() % 2**32; numpy.random.seed(s); "
-        "random.seed(s)  -- then DataLoader(..., worker_init_fn=seed_worker, "
-        "generator=torch.Generator().manual_seed(0))",
-    )
+    return pipeline_check(None)
+
+
+def pipeline_check(pipeline: str | None) -> Check:
+    """Whether a DataLoader on this node needs the seeds' recipe, measured with real
+    workers (`_data_doctor`): the built-in `data` pipeline, or a lab's `module:factory`."""
+    from numparity_agent._data_doctor import RECIPE_CODE, measure
+
+    name = "dataloader_workers" if pipeline is None else f"pipeline {pipeline}"
+    try:
+        status, message = measure(pipeline)
+    except Exception as exc:  # noqa: BLE001 - the checklist goes on; the reason is shown
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return Check(name, "warn", f"could not be measured ({type(exc).__name__}: {reason}); "
+                     "DataLoader workers draw their own seeds, so the recipe is needed "
+                     "unless a measurement shows otherwise", RECIPE_CODE)
+    return Check(name, status, message, RECIPE_CODE)
 
 
 def fp16_underflows(eps: float = ADAM_EPS) -> bool:
@@ -402,15 +409,20 @@ CHECKS: list[Callable[[Mapping[str, Any], Mapping[str, str]], Check]] = [
 
 
 def diagnose(
-    *, environment: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+    *, environment: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
+    pipeline: str | None = None,
 ) -> list[Check]:
-    """The checklist for `environment` (default: captured now) and `environ`."""
+    """The checklist for `environment` (default: captured now) and `environ`; with
+    `pipeline` (`module:factory`), that DataLoader measured too."""
     if environment is None:
         from numparity_agent._environment import capture_environment
 
         environment = capture_environment()
     environ = os.environ if environ is None else environ
-    return [check(environment, environ) for check in CHECKS]
+    checks = [check(environment, environ) for check in CHECKS]
+    if pipeline is not None:
+        checks.append(pipeline_check(pipeline))
+    return checks
 
 
 def as_json(checks: list[Check]) -> dict[str, Any]:

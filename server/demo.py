@@ -55,8 +55,9 @@ from numparity_server.kit.settings import Settings
 NUMERIC_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "ATEN_CPU_CAPABILITY", "PYTORCH_", "NUMPARITY_")
 # What explain reruns for each split: the workloads of the fleet page's findings.
 WORKLOADS = ("cnn", "probes")
-# What each node runs: those, and the LLM-era checks the audit's numerics lines read.
-RUN_WORKLOADS = (*WORKLOADS, "decoder", "invariance")
+# What each node runs: those, the LLM-era checks the audit's numerics lines read, and
+# the data pipeline (its lines: under default, real DataLoader workers).
+RUN_WORKLOADS = (*WORKLOADS, "decoder", "invariance", "data")
 VARIANTS = ("default", "strict")
 REFERENCE_VARIANT = "fp64-reference"
 SUITE = "standard"

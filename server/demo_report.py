@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from numparity_server.analysis.numerics import LABELS
 from numparity_server.analysis.policy import Policy
-from numparity_server.audit.schemas import AuditOut, NumericsRow
+from numparity_server.audit.schemas import AuditOut, DataPipelineRow, NumericsRow
 from numparity_server.audit.service import audit
 from numparity_server.dashboard.service import HeatCell, overview
 from numparity_server.divergence.service import FP64_VARIANT, divergence
@@ -428,6 +428,8 @@ def format_audit(report: FleetReport) -> str:
     lines.extend(_cost_lines(report.costs))
     lines.extend(_numerics_lines([row for row in payload.numerics
                                   if row.suite == report.suite]))
+    lines.extend(_data_pipeline_lines([row for row in payload.data_pipeline
+                                       if row.suite == report.suite]))
     return "\n".join(lines)
 
 
@@ -474,6 +476,27 @@ def _numerics_lines(rows: Sequence[NumericsRow]) -> list[str]:
     if not answers:
         return []
     lines = ["  numerics under default (the decoder and invariance workloads' checks):"]
+    lines.extend(f"    {text} — on {len(envs)} environment(s)"
+                 for text, envs in answers.items())
+    return lines
+
+
+def _data_pipeline_lines(rows: Sequence[DataPipelineRow]) -> list[str]:
+    """What the data workload measured, one line per distinct answer of an environment."""
+    answers: dict[str, list[str]] = {}
+    for row in rows:
+        if row.recipe_holds is None:
+            continue
+        text = ("recipe holds" if row.recipe_holds else
+                f"recipe breaks ({'; '.join(row.recipe_broken)})")
+        text += (f"; without it: {'; '.join(row.without_broken)}" if row.without_broken
+                 else "; without it nothing breaks")
+        if row.workers_agree is False:
+            text += "; batches differ between num_workers"
+        answers.setdefault(f"{row.workload}: {text}", []).append(str(row.env_key)[:12])
+    if not answers:
+        return []
+    lines = ["  data pipeline (real DataLoader workers, with and without the seeds' recipe):"]
     lines.extend(f"    {text} — on {len(envs)} environment(s)"
                  for text, envs in answers.items())
     return lines

@@ -25,6 +25,7 @@ BUILTIN: dict[str, tuple[str, str]] = {
     "decoder": ("numparity_agent._workloads.decoder", "Decoder"),
     "invariance": ("numparity_agent._workloads.invariance", "Invariance"),
     "collectives": ("numparity_agent._workloads.collectives", "Collectives"),
+    "data": ("numparity_agent._workloads.data", "Data"),
 }
 
 
@@ -43,9 +44,9 @@ NOT_BY_DEFAULT: dict[str, frozenset[str]] = {LARGE: frozenset({"fp64-reference"}
 
 
 # Workloads that measure the node rather than one device (collectives span every GPU of
-# it): run once per device type of a run, on its first device of that type, not on
-# every GPU (design §2.6).
-NODE_WIDE = frozenset({"collectives"})
+# it; the data pipeline runs on its CPUs): run once per device type of a run, on its
+# first device of that type, not on every GPU (design §2.6).
+NODE_WIDE = frozenset({"collectives", "data"})
 
 
 def suite_names() -> list[str]:
@@ -73,7 +74,8 @@ def load(spec: str, suite: str = SUITE) -> Workload:
         module, cls = builtin[spec]
         return getattr(importlib.import_module(module), cls)()
     if is_factory_spec(spec):
-        from numparity_agent._workloads._base import from_factory
+        # A model and its inputs, a Workload, or a DataLoader (`_user_data`).
+        from numparity_agent._workloads._user_data import from_factory
 
         return from_factory(spec)
     raise KeyError(f"unknown workload {spec!r} in suite {suite}; valid: {', '.join(builtin)} "

@@ -151,6 +151,18 @@ class Workload:
     # Whether `run --trace-ops` traces its ops (design §2.10): not a workload whose work
     # happens in other processes (the collectives).
     traceable: bool = True
+    # The variants it runs under (None: every one); under another it is skipped, saying so.
+    variants: frozenset[str] | None = None
+    # The most repeats it needs (None: as many as the run asks): a workload that repeats
+    # its own measurement (the data pipeline's two runs) runs once.
+    max_repeats: int | None = None
+
+    def skip_reason(self, variant: str) -> str | None:
+        """Why this workload does not run under `variant` (None: it does)."""
+        if self.variants is None or variant in self.variants:
+            return None
+        return (f"{self.name} runs under {', '.join(sorted(self.variants))} only: no "
+                f"setting of {variant} changes what it measures")
 
     def build(self, *, dtype: torch.dtype, device: torch.device) -> Built:
         raise NotImplementedError
@@ -278,10 +290,20 @@ class FactoryWorkload(Workload):
         return place(Built(model=model, inputs=dict(inputs)), dtype=dtype, device=device)
 
 
-def from_factory(spec: str) -> Workload:
+def import_factory(spec: str) -> Any:
+    """The function `module:factory` names."""
     module_name, _, attr = spec.partition(":")
-    factory = getattr(importlib.import_module(module_name), attr)
-    made = factory()
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def from_factory(spec: str) -> Workload:
+    factory = import_factory(spec)
+    return from_made(spec, factory, factory())
+
+
+def from_made(spec: str, factory: Any, made: Any) -> Workload:
+    """The workload of what `factory` returned (`made`): a Workload, or a model and its
+    inputs."""
     if isinstance(made, Workload):
         made.name = made.name or spec
         return made

@@ -38,7 +38,7 @@ def broken_requirements(required_checks: Mapping[str, bool], workload: str,
     not report breaks none: a node is judged on what it ran)."""
     found = []
     for key, wanted in required_checks.items():
-        named, _, check = key.partition(".")
+        named, _, check = key.rpartition(".")
         held = check_holds(checks, check) if named == workload else None
         if held is not None and held != wanted:
             found.append(key)
@@ -54,7 +54,7 @@ def check_violations(required_checks: Mapping[str, bool],
     broken: dict[tuple[str, int, str], list[tuple[str, str | None]]] = defaultdict(list)
     for node, env_id, workload, variant, checks in held:
         for key in broken_requirements(required_checks, workload, checks):
-            op = (checks or {}).get(key.partition(".")[2], {}).get("op")
+            op = (checks or {}).get(key.rpartition(".")[2], {}).get("op")
             broken[(node, env_id, key)].append((variant, op))
     found = []
     for (node, env_id, key), where in sorted(broken.items()):

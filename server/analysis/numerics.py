@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from .data_pipeline import is_pipeline_check
 
 # The audit's columns: the check names the agent reports, in the order the table shows.
 COLUMNS = ("batch_invariant", "decode_equals_prefill", "attention_backends_agree")
@@ -70,8 +72,12 @@ def numerics(reported: Iterable[Reported]) -> list[NumericsRow]:
     those: the large suite's decoder is another question than the standard one's."""
     by_key: dict[tuple[int, str, str, str], list[Reported]] = defaultdict(list)
     for entry in reported:
-        if entry.checks:
-            by_key[(entry.environment, entry.model, entry.suite, entry.variant)].append(entry)
+        # The data pipeline's checks are another table's (`data_pipeline`).
+        checks = {name: check for name, check in entry.checks.items()
+                  if not is_pipeline_check(name)}
+        if checks:
+            by_key[(entry.environment, entry.model, entry.suite, entry.variant)].append(
+                replace(entry, checks=checks))
     return [_row(key, entries) for key, entries in sorted(by_key.items())]
 
 

@@ -26,8 +26,9 @@ Attributes are the dotted paths of the flattened environment (what attribution
 prints: ``env_vars.MKL_CBWR``, ``knobs.deterministic_algorithms``); values are compared
 as the strings attribution shows (``true``, ``null``, ``unset`` when absent). A required
 key ``<workload>.<check>`` naming one of the checks the audit's numerics table shows
-(``batch_invariant``, ``decode_equals_prefill``, ``attention_backends_agree``) is a
-requirement on the results instead: every variant's latest result of that workload on
+(``batch_invariant``, ``decode_equals_prefill``, ``attention_backends_agree``) or a data
+pipeline check (``recipe_runs_agree``, …: ``data_pipeline``) is a requirement on the
+results instead: every variant's latest result of that workload on
 a node must say the check holds (``true``) or does not (``false``).
 """
 
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._arrays import canonical_dtype
+from .data_pipeline import is_pipeline_check
 from .environment import UNSET
 from .numerics import COLUMNS as CHECK_NAMES
 from .tolerance import DEFAULT_TOLERANCES, Tolerance, default_tolerance
@@ -193,9 +195,11 @@ def _tolerances(raw: Any) -> tuple[dict[str, Tolerance], dict[str, dict[str, Tol
 
 
 def is_check_key(key: str) -> bool:
-    """``<workload>.<check>`` with a check the agent reports (not an environment path)."""
-    workload, _, check = key.partition(".")
-    return bool(workload) and check in CHECK_NAMES
+    """``<workload>.<check>`` with a check the agent reports (not an environment path): a
+    numerics column, or a data pipeline check (``data.recipe_runs_agree``; a lab's
+    ``mylab.data:loader.own_runs_agree`` — the check is after the last dot)."""
+    workload, _, check = key.rpartition(".")
+    return bool(workload) and (check in CHECK_NAMES or is_pipeline_check(check))
 
 
 def _check_requirement(key: str, value: Any) -> bool:

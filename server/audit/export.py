@@ -39,6 +39,9 @@ CSV_TABLES: dict[str, tuple[str, ...]] = {
     "numerics": ("env_key", "device_model", "suite", "variant", "devices", "batch_invariant",
                  "batch_invariant_op", "decode_equals_prefill", "decode_equals_prefill_op",
                  "attention_backends_agree", "attention_backends_agree_op"),
+    "data_pipeline": ("env_key", "suite", "workload", "variant", "devices", "recipe_holds",
+                      "without", "without_holds", "needs_recipe", "workers_agree",
+                      "recipe_broken", "without_broken"),
 }
 TABLES = ("findings", "inventory", *CSV_TABLES)
 

@@ -68,6 +68,21 @@ EXAMPLE: dict[str, Any] = {
                   "breaks": [{"workload": "invariance", "check": "batch_invariant",
                               "op": "matmul_k4096", "max_ulp": 12, "max_rel": 3.1e-6,
                               "devices": 3}]}],
+    "data_pipeline": [{"env_key": "5be1…", "suite": "standard", "workload": "data",
+                       "variant": "default", "devices": 3, "recipe_holds": True,
+                       "without": "no_recipe", "without_holds": False, "needs_recipe": True,
+                       "workers_agree": False,
+                       "recipe_broken": [],
+                       "without_broken": ["the order changes between runs (num_workers 0, "
+                                          "2)", "jitter repeats in workers 0, 1 "
+                                          "(num_workers=2)"],
+                       "breaks": [{"configuration": "no_recipe", "check": "streams_distinct",
+                                   "op": "jitter", "num_workers": [], "augmentations": [],
+                                   "duplicates": [{"augmentation": "jitter", "workers": [0, 1],
+                                                   "num_workers": 2}],
+                                   "devices": 3,
+                                   "words": "jitter repeats in workers 0, 1 "
+                                            "(num_workers=2)"}]}],
 }
 
 
@@ -305,6 +320,51 @@ class NumericsRow(_Row):
     breaks: list[CheckBreakRow]
 
 
+class DuplicateRow(_Row):
+    augmentation: str = Field(description="The leaf of the batch two workers drew alike")
+    workers: list[int]
+    num_workers: int
+
+
+class PipelineBreakRow(_Row):
+    configuration: str = Field(description="recipe, no_recipe (the built-in loader without "
+                                           "the recipe) or own (a lab's loader as built)")
+    check: str = Field(description="order_reproducible, runs_agree, workers_agree or "
+                                   "streams_distinct")
+    op: str | None = Field(description="The first leaf of the batch that differs, or order")
+    num_workers: list[int]
+    augmentations: list[str] = Field(description="Every leaf that differs")
+    duplicates: list[DuplicateRow]
+    devices: int
+    words: str
+
+
+class DataPipelineRow(_Row):
+    """The data pipeline of one environment under one workload (design §3.3.12): whether
+    the seeds' DataLoader recipe holds (order and batches the same from run to run,
+    workers' augmentation streams distinct), what breaks without it, and whether the
+    batches depend on the worker count even with it."""
+
+    env_key: str | None
+    suite: str
+    workload: str
+    variant: str
+    devices: int
+    recipe_holds: bool | None
+    without: str | None = Field(description="The configuration without the recipe: "
+                                            "no_recipe (data) or own (a lab's loader)")
+    without_holds: bool | None
+    needs_recipe: bool | None = Field(description="Something the recipe holds breaks "
+                                                  "without it")
+    workers_agree: bool | None = Field(description="Under the recipe, the same batches at "
+                                                   "every worker count")
+    recipe_broken: list[str] = Field(description="What breaks with the recipe, in words "
+                                                 "(workers_agree apart)")
+    without_broken: list[str] = Field(description="What breaks without it, in words "
+                                                  "(workers_agree apart)")
+    breaks: list[PipelineBreakRow]
+
+
 class AuditOut(BaseModel):
     """The audit; ``?format=csv&table=NAME`` gives one of its lists as CSV."""
 
@@ -327,3 +387,4 @@ class AuditOut(BaseModel):
     drift: list[DriftRow]
     determinism_cost: list[DeterminismCostRow]
     numerics: list[NumericsRow]
+    data_pipeline: list[DataPipelineRow]

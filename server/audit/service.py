@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
+from numparity_server.analysis import data_pipeline
 from numparity_server.analysis.audit import (
     DeviceLabel,
     Key,
@@ -47,6 +48,7 @@ from numparity_server.audit.schemas import (
     AuditSummary,
     AuditTotals,
     BrokenInputsRow,
+    DataPipelineRow,
     DeterminismCostRow,
     DriftRow,
     InventoryRow,
@@ -111,6 +113,7 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None,
         determinism_cost=[DeterminismCostRow.model_validate(cost) for cost in
                           determinism_cost(_wall_times(fleet.held), env_keys)],
         numerics=_numerics(fleet.held, env_keys),
+        data_pipeline=_data_pipeline(fleet.held, env_keys),
     )
 
 
@@ -354,6 +357,24 @@ def _numerics(held: Sequence[Held], env_keys: Mapping[int, str]) -> list[Numeric
         **{f"{field}_op": (verdict.op if verdict else None) for field, verdict
            in row.columns.items()},
         breaks=[asdict(found) for found in row.breaks]) for row in rows]
+
+
+def _data_pipeline(held: Sequence[Held], env_keys: Mapping[int, str]) -> list[DataPipelineRow]:
+    rows = data_pipeline.data_pipelines(
+        data_pipeline.Reported(h.environment, h.outcome.suite, h.outcome.variant,
+                               h.outcome.workload, h.outcome.checks or {}, h.nodes)
+        for h in held if h.outcome.status == "ok")
+    return [DataPipelineRow(
+        env_key=env_keys.get(row.environment), suite=row.suite, workload=row.workload,
+        variant=row.variant, devices=row.devices, recipe_holds=row.recipe_holds,
+        without=row.without, without_holds=row.without_holds,
+        needs_recipe=row.needs_recipe, workers_agree=row.workers_agree,
+        recipe_broken=[b.words for b in row.breaks if b.configuration == data_pipeline.RECIPE
+                       and b.check in data_pipeline.HOLDS],
+        without_broken=[b.words for b in row.breaks if b.configuration == row.without
+                        and b.check in data_pipeline.HOLDS],
+        breaks=[{**asdict(found), "words": found.words} for found in row.breaks])
+        for row in rows]
 
 
 @dataclass(frozen=True)

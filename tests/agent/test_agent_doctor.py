@@ -216,10 +216,32 @@ def test_mkl_cbwr_ok_without_mkl(monkeypatch):
     assert check("mkl_cbwr").status == "ok"
 
 
-def test_dataloader_advice_is_always_given():
+def test_the_dataloader_check_is_measured_with_real_workers():
+    """The built-in pipeline measured here: its dataset's own numpy Generator repeats in
+    every worker without the recipe, and the recipe holds on this node."""
     item = check("dataloader_workers")
-    assert item.status == "fact"
+    assert item.status == "fact", item.message
+    assert item.message.startswith("measured here with num_workers 0, 2")
+    assert "jitter repeats in workers 0, 1 (num_workers=2)" in item.message
+    assert "with the seeds' recipe the order and batches are the same in every run" \
+        in item.message
     assert "worker_init_fn" in item.fix and "generator=torch.Generator()" in item.fix
+    if torch.initial_seed() != 67280421310721:  # this torch seeds from the OS at start
+        assert "seeds from the operating system in every process" in item.message
+
+
+def test_doctor_measures_a_labs_pipeline_and_names_what_defeats_the_recipe():
+    proc = run_agent("doctor", "--pipeline", "agent_test_data_factories:duplicating")
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [line for line in proc.stdout.splitlines() if "pipeline agent_test" in line]
+    assert line.startswith("[warn] pipeline agent_test_data_factories:duplicating: measured")
+    assert "even with the seeds' recipe offset repeats in workers 0, 1" in line
+    proc = run_agent("doctor", "--json", "--pipeline", "agent_test_data_factories:held")
+    (item,) = [c for c in json.loads(proc.stdout)["checks"] if c["name"].startswith("pipe")]
+    assert item["status"] == "ok" and "as built the order and batches are the same" in \
+        item["message"]
+    proc = run_agent("doctor", "--pipeline", "no-colon")
+    assert proc.returncode == 2 and "module:factory" in proc.stderr
 
 
 def test_fp16_eps_underflow_is_computed():

@@ -57,10 +57,15 @@ PINNED = {
         "fee44e1516ae8a7d29f263640887856d3313b2b25233670703bd2e5e9ba969fd",
         "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
     ),
+    "data": (
+        # The stored images the pipeline crops and augments; no parameters.
+        "f5d9565830bf4a1f726d2713d2831205a6c085d7f1f4fe379bdf896b6249bcd4",
+        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+    ),
 }
 VERSIONS = {
     "mlp": 1, "cnn": 1, "transformer": 1, "lstm": 1, "train": 1, "probes": 1, "collectives": 1,
-    "decoder": 1, "invariance": 1,
+    "decoder": 1, "invariance": 1, "data": 1,
 }
 
 

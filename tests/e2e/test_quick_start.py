@@ -354,6 +354,28 @@ def test_the_report_says_what_the_numerics_checks_say(quick_start: QuickStart) -
         assert any(line.startswith(expected) for line in lines), (expected, lines)
 
 
+def test_the_report_says_what_the_data_pipeline_measured(quick_start: QuickStart) -> None:
+    """The data pipeline lines against the audit the dashboard shows (its CSV): every
+    node runs `data` with real DataLoader workers, and the recipe holds on this CPU."""
+    report = quick_start.report
+    start = report.index("  data pipeline (real DataLoader workers, with and without the "
+                         "seeds' recipe):")
+    lines = []
+    for line in report[start + 1:]:
+        if not line.startswith("    "):
+            break
+        lines.append(line.strip())
+    csv_text = quick_start.client.get(
+        quick_start.base_url + "/audit.csv?table=data_pipeline").text
+    rows = list(csv.DictReader(io.StringIO(csv_text, newline="")))
+    assert rows and sum(int(line.rsplit("on ", 1)[1].split()[0]) for line in lines) \
+        == len(rows)
+    for row in rows:
+        assert row["recipe_holds"] == "True" and row["needs_recipe"] == "True", row
+        assert any(line.startswith("data: recipe holds; without it: ")
+                   and row["without_broken"] in line for line in lines), (row, lines)
+
+
 # ---- the dashboard, and a node of your own -------------------------------------------
 
 
