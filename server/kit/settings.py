@@ -19,6 +19,12 @@ class Settings(BaseSettings):
     migrate_on_start: bool = False
     # Upper bound of a request body, before and after gzip decoding.
     max_body_bytes: int = Field(default=32 * MIB, gt=0)
+    # What the agent sends in parts when one body would pass max_body_bytes (design §3.2,
+    # "uploads in parts"): a run document, at most this long after gzip decoding; one large
+    # tensor's values, at most max_values_bytes. A token holds at most twice
+    # max_values_bytes of unfinished parts; parts untouched for a day are dropped.
+    max_document_bytes: int = Field(default=128 * MIB, gt=0)
+    max_values_bytes: int = Field(default=1024 * MIB, gt=0)
     # A request body must have arrived whole this many seconds after the request began,
     # else 408: no route (and no database session) runs before it has.
     body_timeout_s: float = Field(default=30.0, gt=0)
