@@ -101,13 +101,20 @@ def semantics_of(device_a: str, device_b: str) -> str:
 def close_count(a: np.ndarray, b: np.ndarray, dtype: str, tolerance: Tolerance,
                 semantics: str = "cpu") -> int:
     """How many pairs of the finite arrays ``a`` (actual) and ``b`` (expected) isclose
-    calls close, computed in ``dtype`` (``promoted_dtype`` of the two sides' dtypes;
-    float16 and bfloat16 values may come in any float array that holds them exactly)
-    with the arithmetic of ``semantics`` ("cpu" or "cuda")."""
+    calls close (``close_mask``)."""
+    return int(np.count_nonzero(close_mask(a, b, dtype, tolerance, semantics)))
+
+
+def close_mask(a: np.ndarray, b: np.ndarray, dtype: str, tolerance: Tolerance,
+               semantics: str = "cpu") -> np.ndarray:
+    """Per pair of the finite arrays ``a`` (actual) and ``b`` (expected), whether
+    isclose calls it close, computed in ``dtype`` (``promoted_dtype`` of the two sides'
+    dtypes; float16 and bfloat16 values may come in any float array that holds them
+    exactly) with the arithmetic of ``semantics`` ("cpu" or "cuda")."""
     name = canonical_dtype(dtype)
     rtol, atol = tolerance.rtol, tolerance.atol
     if rtol == 0 and atol == 0:  # isclose degenerates to equality
-        return int(np.count_nonzero(np.equal(a, b)))
+        return np.asarray(np.equal(a, b))
     work = np.float64 if name not in _WIDTH or name == "float64" else np.float32
     x = np.asarray(a, dtype=work)
     y = np.asarray(b, dtype=work)
@@ -129,4 +136,4 @@ def close_count(a: np.ndarray, b: np.ndarray, dtype: str, tolerance: Tolerance,
         # A difference that overflowed the dtype is inf: never close (a == b aside,
         # which finite values that differ cannot be).
         close &= np.isfinite(actual)
-    return int(np.count_nonzero(close))
+    return close
