@@ -15,7 +15,10 @@ What becomes of a spooled file:
 - 401/403: the token is bad, revoked, or bound to other nodes than the run's. The
   document stays in the spool, the flush stops (every other document would be refused
   the same way) and says so loudly, with the server's reason.
-- Any other 4xx (400, 409, 413, 422 ...): the server refuses this document for good: it
+- 413: a body too large is split into parts and sent again (`_upload`); a 413 left over
+  (a server too old to take parts, a document past its NUMPARITY_MAX_DOCUMENT_BYTES) is
+  not the document's fault: it stays in the spool, said loudly, and the others go on.
+- Any other 4xx (400, 409, 422 ...): the server refuses this document for good: it
   moves to `rejected/` with a `.reason` file, and the others go on.
 - Not a run document (truncated, not JSON, not ours): moved to `quarantine/` with a
   `.reason` file before anything is sent; the others go on. So are temporary files of a
@@ -161,6 +164,11 @@ def _settle(path: Path, outcome: ServerAnswer, result: FlushResult, server: str,
     elif outcome.retry:
         result.kept.append(path)
         log_line(f"kept {path.name} in the spool: {_describe(outcome)}")
+    elif outcome.status == 413:
+        result.kept.append(path)
+        log_line(f"error: {server} takes no body as large as {path.name} even in parts "
+                 f"({_describe(outcome)}); it stays in the spool: upgrade the server or "
+                 "raise the setting it names, then run `numparity-agent flush`")
     else:
         reason = (f"rejected by {server} (HTTP {outcome.status}): "
                   f"{server_message(outcome.detail, limit=4000)}")

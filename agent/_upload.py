@@ -25,7 +25,14 @@ from typing import Any
 
 import httpx
 
-from numparity_agent._answer import ServerAnswer, Verify, answer_of, no_answer
+from numparity_agent._answer import ServerAnswer, Verify, answer_of, no_answer, server_message
+from numparity_agent._log import log
+from numparity_agent._parts import (
+    BodyLimit,
+    send_document_in_parts,
+    send_values,
+    too_large_for_parts,
+)
 from numparity_agent._spool import KnownManifests
 from numparity_agent._values import UPLOAD_BUDGET, ValuesStore, raw_size
 
@@ -120,12 +127,12 @@ def slim_document(
 
 def _post(
     client: httpx.Client, url: str, gzipped: bytes, headers: dict[str, str]
-) -> tuple[ServerAnswer, str]:
+) -> tuple[ServerAnswer, httpx.Response | None]:
     try:
         response = client.post(url, content=gzipped, headers=headers)
     except httpx.HTTPError as exc:
-        return no_answer(url, exc), ""
-    return answer_of(response), response.text
+        return no_answer(url, exc), None
+    return answer_of(response), response
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,8 @@ class _Missing:
     manifests: set[str]
     values: list[str] = field(default_factory=list)  # in the order they were offered
     traces: set[str] = field(default_factory=set)
+    # The server's body limit; None from a server that predates uploads in parts.
+    max_body_bytes: int | None = None
 
 
 def _ask_missing(
@@ -173,6 +182,7 @@ def _ask_missing(
         missing_values = answer.get("missing_values", [])
         # One that predates op traces does not answer for them: it has none.
         missing_traces = answer.get("missing_traces", traces)
+        limit = answer.get("max_body_bytes")
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     if not all(isinstance(x, list | tuple)
@@ -182,7 +192,74 @@ def _ask_missing(
     return _Missing({h for h in missing if isinstance(h, str)},
                     {h for h in missing_manifests if isinstance(h, str)},
                     [h for h in missing_values if isinstance(h, str) and h in offered],
-                    {h for h in missing_traces if isinstance(h, str)})
+                    {h for h in missing_traces if isinstance(h, str)},
+                    limit if isinstance(limit, int) and limit > 0 else None)
+
+
+class _Exchange:
+    """One upload's requests: the client, the server, the token's headers, and what the
+    server said of its body limit (a server that says takes uploads in parts)."""
+
+    def __init__(self, client: httpx.Client, server: str, token: str | None) -> None:
+        self.client = client
+        self.base = server.rstrip("/")
+        self.headers = _headers(token)
+        self.auth = {k: v for k, v in self.headers.items() if k == "Authorization"}
+        self.limit = BodyLimit()
+        self.parts = False
+
+    def learn(self, answer: _Missing) -> None:
+        if answer.max_body_bytes is not None:
+            self.parts = True
+            self.limit.learn(answer.max_body_bytes)
+
+    def send(self, document: dict[str, Any], gzipped: bytes | None = None
+             ) -> tuple[ServerAnswer, str]:
+        """POST the document as a run, in parts when its JSON would pass the server's
+        body limit (or the server refuses it as too large); the answer and its body."""
+        raw = _dumps(document)
+        if not self.parts or self.limit.fits(len(raw)):
+            outcome, response = _post(self.client, self.base + RUNS_PATH,
+                                      gzipped if gzipped is not None else _gzip(raw),
+                                      self.headers)
+            # A proxy's limit below the server's, say: the document goes in parts.
+            split = (outcome.status == 413 and self.parts and response is not None
+                     and not too_large_for_parts(response)
+                     and self.limit.refused(response, len(raw)))
+            if not split:
+                return outcome, response.text if response is not None else ""
+        outcome = send_document_in_parts(self.client, self.base, _gzip(raw), self.auth,
+                                         self.limit)
+        return outcome, outcome.detail
+
+    def send_values(self, wanted: Sequence[str], large: dict[str, dict[str, Any]],
+                    store: ValuesStore) -> ServerAnswer | None:
+        """The values the server asked for, each in parts of its own. An answer worth
+        retrying (or a refused token) stops them and is returned: the document stays in
+        the spool and its next upload sends the rest. A tensor whose values the server
+        will not take (not their hash's bytes, over its setting) is skipped, said."""
+        for digest in wanted:
+            raw = store.raw(digest) if digest in large else None
+            if raw is None:
+                continue
+            answer = send_values(self.client, self.base, digest, raw, self.auth, self.limit)
+            if answer.retry or answer.refused:
+                return answer
+            if not answer.ok:
+                log(f"the server did not take the values of {digest[:12]}: HTTP "
+                    f"{answer.status}, {server_message(answer.detail)}")
+        return None
+
+    def values_wanted(self, offered: list[str]) -> list[str] | ServerAnswer:
+        """Of the large tensors' values offered, those the server wants (asked alone,
+        after a run stored without asking)."""
+        answer = _ask_missing(self.client, self.base, self.auth, values=offered)
+        if isinstance(answer, ServerAnswer):
+            return answer
+        if answer is None:
+            return []
+        self.learn(answer)
+        return answer.values if self.parts else []
 
 
 def upload_document(
@@ -207,61 +284,78 @@ def upload_document(
     (404/405) gets the full document. `gzipped_full` is the full document already
     gzip-compressed, when the caller has it. `verify` is for the client made here (a
     given `client` has its own). `values` holds large tensors' full values: the server is
-    told which it holds, and those it asks for travel with their tensors (`_values`).
+    told which it holds, and those it asks for follow the run in parts of their own
+    (`_parts`; a server that predates them takes them in the document, `_values`).
+    Nothing is sent in a body the server said it would refuse: a document too large
+    for one goes in parts.
     """
     if client is None:
         with httpx.Client(timeout=timeout, verify=verify) as own:
             return upload_document(document, server=server, token=token, client=own,
                                    gzipped_full=gzipped_full, known=known, values=values)
+    exchange = _Exchange(client, server, token)
     manifests = _manifests(document)
     traces = _traces(document)
     stored = set(manifests.values()) | set(traces)  # a server that took this run has these
     if known is not None and manifests and all(digest in known for digest in stored):
-        outcome, text = _post(
-            client, server.rstrip("/") + RUNS_PATH,
-            _gzip(_dumps(slim_document(document, set(), manifests, traces=set()))),
-            _headers(token),
-        )
-        if not (outcome.status == 422 and _names_a_bare_hash(text, stored)):
+        outcome, text = exchange.send(slim_document(document, set(), manifests, traces=set()))
+        if outcome.ok:
+            return _values_after(exchange, document, values) or outcome
+        if not (outcome.status == 413
+                or outcome.status == 422 and _names_a_bare_hash(text, stored)):
             return outcome
-        known.forget()  # the server forgot some: ask from now on
-    outcome = _upload_asking(document, manifests, server=server, token=token, client=client,
-                             gzipped_full=gzipped_full, values=values)
+        known.forget()  # the server forgot some (or its limit changed): ask from now on
+    outcome = _upload_asking(document, manifests, exchange, gzipped_full=gzipped_full,
+                             values=values)
     if outcome.ok and known is not None:
         known.remember(sorted(stored))
     return outcome
 
 
+def _values_after(exchange: _Exchange, document: dict[str, Any],
+                  store: ValuesStore | None) -> ServerAnswer | None:
+    """After a run stored without asking: the values the server wants of its large
+    tensors, sent; None, or the answer that stopped them."""
+    large = _large_tensors(document)
+    offered = store.held(large) if store is not None else []
+    if store is None or not offered:
+        return None
+    wanted = exchange.values_wanted(offered)
+    if isinstance(wanted, ServerAnswer):
+        return wanted if wanted.retry or wanted.refused else None
+    return exchange.send_values(wanted, large, store)
+
+
 def _upload_asking(
     document: dict[str, Any],
     manifests: dict[int, str],
+    exchange: _Exchange,
     *,
-    server: str,
-    token: str | None,
-    client: httpx.Client,
     gzipped_full: bytes | None,
     values: ValuesStore | None = None,
 ) -> ServerAnswer:
-    base = server.rstrip("/")
-    headers = _headers(token)
+    base, auth = exchange.base, exchange.auth
 
-    def full() -> bytes:
-        return gzipped_full if gzipped_full is not None else _gzip(_dumps(document))
+    def full() -> ServerAnswer:
+        return exchange.send(document, gzipped_full)[0]
 
-    auth = {k: v for k, v in headers.items() if k == "Authorization"}
     if not manifests:
-        return _post(client, base + RUNS_PATH, full(), headers)[0]
+        return full()
     large = _large_tensors(document)
     offered = values.held(large) if values is not None else []
     traces = _traces(document)
-    answer = _ask_missing(client, base, auth, manifests=sorted(set(manifests.values())),
-                          values=offered, traces=traces)
+    answer = _ask_missing(exchange.client, base, auth,
+                          manifests=sorted(set(manifests.values())), values=offered,
+                          traces=traces)
     if isinstance(answer, ServerAnswer):
         return answer
     if answer is None:  # a server that cannot tell: send everything
-        return _post(client, base + RUNS_PATH, full(), headers)[0]
+        return full()
+    exchange.learn(answer)
     missing_traces = answer.traces & set(traces)
-    sent_values = _values_to_send(answer.values, large, values)
+    # A server that takes values in parts gets them after the run; an older one in it.
+    wanted_values = answer.values if exchange.parts else []
+    sent_values = {} if exchange.parts else _values_to_send(answer.values, large, values)
     known_manifests = {i: digest for i, digest in manifests.items()
                        if digest not in answer.manifests}
     # A result with values to send travels with its tensors, not as its manifest.
@@ -271,22 +365,23 @@ def _upload_asking(
     hashes = _tensor_hashes(document, only=set(manifests) - set(known_manifests))
     missing: set[str] = set()
     if hashes:
-        answer = _ask_missing(client, base, auth, hashes=hashes)
+        answer = _ask_missing(exchange.client, base, auth, hashes=hashes)
         if isinstance(answer, ServerAnswer):
             return answer
         missing = set(hashes) if answer is None else answer.fingerprints
     if (not known_manifests and not sent_values and missing.issuperset(hashes)
             and missing_traces.issuperset(traces)):
-        return _post(client, base + RUNS_PATH, full(), headers)[0]
-    outcome, text = _post(
-        client, base + RUNS_PATH,
-        _gzip(_dumps(slim_document(document, missing, known_manifests, sent_values,
-                                   traces=missing_traces))), headers)
-    referenced = ((set(hashes) - missing) | set(known_manifests.values())
-                  | (set(traces) - missing_traces))
-    if outcome.status == 422 and _names_a_bare_hash(text, referenced):
-        # Retention dropped what we referenced between the question and the upload.
-        outcome = _post(client, base + RUNS_PATH, full(), headers)[0]
+        outcome = full()
+    else:
+        outcome, text = exchange.send(slim_document(document, missing, known_manifests,
+                                                    sent_values, traces=missing_traces))
+        referenced = ((set(hashes) - missing) | set(known_manifests.values())
+                      | (set(traces) - missing_traces))
+        if outcome.status == 422 and _names_a_bare_hash(text, referenced):
+            # Retention dropped what we referenced between the question and the upload.
+            outcome = full()
+    if outcome.ok and wanted_values and values is not None:
+        return exchange.send_values(wanted_values, large, values) or outcome
     return outcome
 
 
@@ -303,8 +398,10 @@ def _large_tensors(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _values_to_send(wanted: Sequence[str], large: dict[str, dict[str, Any]],
                     store: ValuesStore | None) -> dict[str, dict[str, str]]:
-    """The wire values of the wanted hashes, in the server's order, up to UPLOAD_BUDGET
-    raw bytes (always at least one); the server asks for the rest next time."""
+    """For a server that predates uploads in parts: the wire values of the wanted hashes,
+    in the server's order, up to UPLOAD_BUDGET raw bytes; the server asks for the rest
+    next time. A tensor whose values alone pass the budget never goes (a document
+    carrying it would be refused as too large; a newer server takes it in parts)."""
     sent: dict[str, dict[str, str]] = {}
     budget = UPLOAD_BUDGET
     for digest in wanted:
@@ -312,8 +409,8 @@ def _values_to_send(wanted: Sequence[str], large: dict[str, dict[str, Any]],
         if store is None or entry is None:
             continue
         size = raw_size(entry)
-        if sent and size > budget:
-            break
+        if size > budget:
+            continue
         wire = store.wire(digest, str(entry["dtype"]))
         if wire is not None:
             sent[digest] = wire

@@ -12,8 +12,9 @@ spots").
 
 The store is bounded: after each run the files least recently written beyond
 STORE_LIMIT bytes are deleted (a hash the server still wants is then sent by the next
-run that produces it). An upload carries at most UPLOAD_BUDGET bytes of values; the
-rest waits for the next upload, which the server asks again.
+run that produces it). The values the server asks for follow the run, each in parts
+that fit the server's body limit (`_parts`); a server that predates parts takes at most
+UPLOAD_BUDGET bytes of them in an upload, and the rest waits for the next one.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import numpy as np
 from numparity_agent._log import log
 
 STORE_LIMIT = 1 << 30  # bytes of compressed values kept in the spool
-UPLOAD_BUDGET = 16 << 20  # raw bytes of values in one upload (the server takes 32 MiB)
+# Raw bytes of values in one document, for a server that predates parts (it takes 32 MiB).
+UPLOAD_BUDGET = 16 << 20
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1,
              "int16": 2, "int32": 4, "int64": 8, "bool": 1}
 
@@ -75,11 +77,17 @@ class ValuesStore:
     def held(self, digests: Iterable[str]) -> list[str]:
         return [d for d in digests if self._path(d).is_file()]
 
+    def raw(self, digest: str) -> bytes | None:
+        """The kept values' little-endian bytes; None if gone or broken."""
+        try:
+            return zlib.decompress(self._path(digest).read_bytes())
+        except (OSError, zlib.error):
+            return None
+
     def wire(self, digest: str, dtype: str) -> dict[str, str] | None:
         """The wire form ``{"dtype", "data"}`` of the kept values; None if gone or broken."""
-        try:
-            raw = zlib.decompress(self._path(digest).read_bytes())
-        except (OSError, zlib.error):
+        raw = self.raw(digest)
+        if raw is None:
             return None
         return {"dtype": dtype, "data": base64.b64encode(raw).decode("ascii")}
 

@@ -24,6 +24,7 @@ from numparity_agent._environment import capture_environment, compute_env_key
 from numparity_agent._flush import send_spooled
 from numparity_agent._knobs import numeric_env_vars, read_knobs
 from numparity_agent._lock import spool_lock
+from numparity_agent._parts import UPLOADS_PATH, VALUES_PATH, BodyLimit
 from numparity_agent._rng import uniform as portable_uniform
 from numparity_agent._spool import KnownManifests, known_manifests_file, spool_document, spooled
 from numparity_agent._suite import device_plan, drill_slot, run_suite, run_variant, select_devices
@@ -35,7 +36,8 @@ from numparity_agent._workloads import builtin_names as builtin_workloads
 from numparity_agent._workloads import load as load_workload
 
 __all__ = [
-    "MISSING_PATH", "RUNS_PATH", "SAMPLE_M", "VALUES_MAX", "Adam", "Built", "ConfigError",
+    "MISSING_PATH", "RUNS_PATH", "SAMPLE_M", "UPLOADS_PATH", "VALUES_MAX", "VALUES_PATH",
+    "Adam", "BodyLimit", "Built", "ConfigError",
     "KnownManifests", "Recorder", "Train", "ValuesStore", "Workload", "bell_tensor",
     "build_document", "built_hashes", "builtin_workloads", "capture_environment",
     "compute_env_key", "device_plan", "drill_slot", "fingerprint", "init_default_",

@@ -33,6 +33,7 @@ from numparity_server.metrics.api import router as metrics_router
 from numparity_server.nodes.api import router as nodes_router
 from numparity_server.runs.api import OPENAPI_MODELS
 from numparity_server.runs.api import router as runs_router
+from numparity_server.uploads.api import router as uploads_router
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -67,6 +68,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(health_router)
     app.include_router(catalog_router)
     app.include_router(runs_router)
+    app.include_router(uploads_router)
     app.include_router(nodes_router)
     app.include_router(environments_router)
     app.include_router(divergence_router)

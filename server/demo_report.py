@@ -101,6 +101,8 @@ class FleetReport:
     causes: list[Cause]
     audit: AuditOut
     costs: list[CostLine] = field(default_factory=list)
+    # Usual answers the fp64 judge calls not acceptable: (workload, variant, model, why).
+    inaccurate: list[tuple[str, str, str, str]] = field(default_factory=list)
 
 
 # ---- gathering ---------------------------------------------------------------------------
@@ -127,7 +129,7 @@ def build_report(*, session: Session, policy: Policy, suite: str, drills: Drills
     report = audit(session=session, policy=policy)
     return FleetReport(suite=suite, nodes=view.nodes, columns=view.columns,
                        counts=view.counts, causes=causes, audit=report,
-                       costs=_costs(report, node_costs))
+                       costs=_costs(report, node_costs), inaccurate=view.inaccurate)
 
 
 def _column_findings(session: Session, policy: Policy, suite: str, workload: str,
@@ -359,6 +361,10 @@ def format_findings(report: FleetReport, *, dashboard: str = "") -> str:
     where = f" ({dashboard})" if dashboard else ""
     lines = [f"== fleet page{where}: {report.nodes} nodes × {len(report.columns)} workload "
              f"variants, {cells} cells: {counts}"]
+    for workload, variant, model, text in report.inaccurate:
+        # Identical to the usual answer, and the usual answer is wrong (issue 28).
+        lines.append(f"  the usual answer of {workload}/{variant} on {model} is not the right "
+                     f"one: {text}")
     if not report.causes:
         lines.append("  every cell is identical: the fleet agrees bit for bit")
     else:

@@ -8,6 +8,7 @@ from ._arrays import decode_array, encode_array
 from ._json import json_safe
 from .attribution import rank_attributes, separating_attributes
 from .bitflip import single_bit_flip
+from .closeness import SEMANTICS, semantics_of
 from .compare import METRICS, VERDICTS, Comparison, compare
 from .consensus import Support, broken_inputs, fleet_inputs, tally, usual
 from .environment import (
@@ -43,6 +44,7 @@ __all__ = [
     "DEFAULT_TOLERANCES",
     "IDENTITY_KEYS",
     "METRICS",
+    "SEMANTICS",
     "SEVERITY",
     "UNSET",
     "VERDICTS",
@@ -92,6 +94,7 @@ __all__ = [
     "short_difference",
     "tally",
     "trace_from_body",
+    "semantics_of",
     "ulp_distance",
     "usual",
     "worst_verdict",

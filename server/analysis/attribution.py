@@ -76,6 +76,37 @@ def separating_environments(envs_a: Collection[str], envs_b: Collection[str],
     return found
 
 
+# A device's attributes, in the order a person reads them (issue 28: a host's GPU and its
+# CPU share an environment, so no environment attribute tells their answers apart).
+DEVICE_ATTRIBUTES = ("device.type", "device.model", "device.compute_capability")
+
+
+def device_attributes(model: str) -> dict[str, str]:
+    """The attributes of a device model as ingest records it: "cpu", or an accelerator's
+    type/name/compute capability ("cuda/NVIDIA H200/9.0"; "cuda" when only the type is
+    known). A part a model lacks is ``UNSET``."""
+    kind, _, rest = model.partition("/")
+    name, _, capability = rest.rpartition("/")
+    if not name or not capability.replace(".", "").isdigit():
+        name, capability = rest, ""
+    return dict(zip(DEVICE_ATTRIBUTES, (kind or UNSET, name or UNSET, capability or UNSET),
+                    strict=True))
+
+
+def separating_devices(models_a: Collection[str], models_b: Collection[str]
+                       ) -> list[dict[str, Any]]:
+    """The device attributes whose values are disjoint between two groups' device models
+    (type, then model, then compute capability): what explains a split between devices
+    of one environment."""
+    found = []
+    for name in DEVICE_ATTRIBUTES:
+        values_a = {device_attributes(model)[name] for model in models_a}
+        values_b = {device_attributes(model)[name] for model in models_b}
+        if values_a.isdisjoint(values_b):
+            found.append({"attribute": name, "a": sorted(values_a), "b": sorted(values_b)})
+    return found
+
+
 def reading_order(name: str, blob: bool) -> tuple[int, str]:
     """Of equally good explanations, the one a person reads first: a version (torch.version,
     python.version, a driver's), then other short values, then blobs (torch.config)."""
@@ -103,28 +134,52 @@ def rank_attributes(groups: Sequence[Group], *, flattened: Flattened | None = No
     """
     if len(groups) < 2:
         return []
+    ranked = _rank_environment(groups, flattened) + _rank_devices(groups)
+    # A device attribute ranks after an environment attribute that predicts as well, and
+    # the device's own in the order type, model, compute capability.
+    ranked.sort(key=lambda r: (r["conditional_entropy"], r["distinct_values"],
+                               _device_rank(r["attribute"]),
+                               *reading_order(r["attribute"], r["blob"])))
+    return ranked
+
+
+def _device_rank(name: str) -> int:
+    return DEVICE_ATTRIBUTES.index(name) + 1 if name in DEVICE_ATTRIBUTES else 0
+
+
+def _rank_devices(groups: Sequence[Group]) -> list[dict[str, Any]]:
+    """``rank_attributes``' rows of the members' device attributes that vary."""
+    rows = [(group.id, device_attributes(model), n) for group in groups
+            for model, n in group.model_counts.items()]
+    return [row for name in DEVICE_ATTRIBUTES
+            if (row := _ranked(name, [(g, attrs[name], n) for g, attrs, n in rows]))]
+
+
+def _ranked(name: str, rows: Sequence[tuple[int, str, int]]) -> dict[str, Any] | None:
+    """One attribute's row from (group, value, members); None when it does not vary."""
+    by_value: dict[str, Counter[int]] = {}
+    for group_id, value, n in rows:
+        by_value.setdefault(value, Counter())[group_id] += n
+    if len(by_value) < 2:
+        return None
+    total = sum(n for _group, _value, n in rows)
+    entropy = sum(sum(c.values()) / total * _entropy(c) for c in by_value.values())
+    purity = sum(max(c.values()) for c in by_value.values()) / total
+    return {
+        "attribute": name,
+        "blob": any(is_blob(value) for value in by_value),
+        "distinct_values": len(by_value),
+        # Rounded so that equal entropies reached by different sums rank as equal.
+        "conditional_entropy": round(entropy, 12) + 0.0,
+        "purity": purity,
+    }
+
+
+def _rank_environment(groups: Sequence[Group], flattened: Flattened | None
+                      ) -> list[dict[str, Any]]:
     counts, flattened, names = _env_counts(groups, flattened)
     # (group, environment, members): a fleet's thousands of nodes in a few dozen rows.
     rows = [(group_id, flattened[env], n) for group_id, envs in counts.items()
             for env, n in envs.items()]
-    total = sum(n for _group, _env, n in rows)
-    ranked: list[dict[str, Any]] = []
-    for name in names:
-        by_value: dict[str, Counter[int]] = {}
-        for group_id, env, n in rows:
-            by_value.setdefault(env.get(name, UNSET), Counter())[group_id] += n
-        if len(by_value) < 2:
-            continue
-        entropy = sum(sum(c.values()) / total * _entropy(c) for c in by_value.values())
-        purity = sum(max(c.values()) for c in by_value.values()) / total
-        ranked.append({
-            "attribute": name,
-            "blob": any(is_blob(value) for value in by_value),
-            "distinct_values": len(by_value),
-            # Rounded so that equal entropies reached by different sums rank as equal.
-            "conditional_entropy": round(entropy, 12) + 0.0,
-            "purity": purity,
-        })
-    ranked.sort(key=lambda r: (r["conditional_entropy"], r["distinct_values"],
-                               *reading_order(r["attribute"], r["blob"])))
-    return ranked
+    return [row for name in names
+            if (row := _ranked(name, [(g, env.get(name, UNSET), n) for g, env, n in rows]))]

@@ -1,4 +1,5 @@
-"""``torch.isclose`` element by element, in the arithmetic torch uses on the CPU.
+"""``torch.isclose`` element by element, in the arithmetic torch uses on the CPU or on a
+CUDA device.
 
 A verdict ``equivalent`` promises that ``torch.testing.assert_close(actual=a,
 expected=b, equal_nan=True, rtol=…, atol=…)`` passes, and assert_close is
@@ -20,6 +21,23 @@ the exact one. This module computes the same operations in numpy:
 Two different dtypes compare as ``assert_close(check_dtype=False)`` does: both promoted
 to ``torch.promote_types`` of the two (float32 for float16 with bfloat16), under the
 looser of the two tolerances (the caller passes it).
+
+**On a CUDA device** (``semantics="cuda"``) one operation differs, and only for float16
+and bfloat16. ATen's isclose (aten/src/ATen/native/TensorCompare.cpp) computes
+``allowed_error = atol + (rtol * other).abs()`` with ``atol`` and ``rtol`` as C++ double
+scalars, each wrapped into a 0-dim CPU tensor. TensorIterator promotes such an operand to
+the common dtype (float16) only when the op runs on the CPU: its "creates temporaries for
+CPU operations" step is guarded by ``common_device == kCPU``. On CUDA the CPU scalar
+stays a double, and the kernels read it with ``iter.scalar_value<opmath_t>()``: as a
+float32 (``opmath_symmetric_gpu_kernel_with_scalars`` for mul, the ufunc-generated
+``add_kernel`` for add). So on CUDA ``atol`` joins the sum as float32(atol), unrounded
+to the dtype, where the CPU adds atol rounded to it. ``rtol * other`` reads rtol as
+float32 on both (the CPU mul of a reduced float takes ``original_scalar_value<opmath_t>``),
+and the subtraction, ``abs`` and the comparison (of two values of the dtype, exact in
+float32) agree. The sum is rounded to float32 and then to the dtype on both. Near the
+boundary the two atols make ``allowed`` round to neighbouring values of the dtype, so
+a pair can be close on one device and not on the other; with ``rtol = 0`` the sum is
+``atol`` alone and both round it alike, and float32 and float64 never differ.
 """
 
 from __future__ import annotations
@@ -30,6 +48,8 @@ from ._arrays import canonical_dtype
 from .tolerance import Tolerance
 
 _HALF = frozenset({"float16", "bfloat16"})
+# Whose isclose arithmetic a comparison applies: the CPU's, or a CUDA device's (above).
+SEMANTICS = ("cpu", "cuda")
 _WIDTH = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
 
 
@@ -71,14 +91,30 @@ def _scalar(value: float, dtype: str) -> np.float32:
     return np.float32(_round(held, dtype)[0])
 
 
-def close_count(a: np.ndarray, b: np.ndarray, dtype: str, tolerance: Tolerance) -> int:
+def semantics_of(device_a: str, device_b: str) -> str:
+    """The isclose arithmetic that judges two results: a CUDA device's when both were
+    computed on one (slots ``cuda:N``), the CPU's otherwise (a lab comparing a GPU with
+    a CPU runs assert_close on the CPU)."""
+    return "cuda" if device_a.startswith("cuda") and device_b.startswith("cuda") else "cpu"
+
+
+def close_count(a: np.ndarray, b: np.ndarray, dtype: str, tolerance: Tolerance,
+                semantics: str = "cpu") -> int:
     """How many pairs of the finite arrays ``a`` (actual) and ``b`` (expected) isclose
-    calls close, computed in ``dtype`` (``promoted_dtype`` of the two sides' dtypes;
-    float16 and bfloat16 values may come in any float array that holds them exactly)."""
+    calls close (``close_mask``)."""
+    return int(np.count_nonzero(close_mask(a, b, dtype, tolerance, semantics)))
+
+
+def close_mask(a: np.ndarray, b: np.ndarray, dtype: str, tolerance: Tolerance,
+               semantics: str = "cpu") -> np.ndarray:
+    """Per pair of the finite arrays ``a`` (actual) and ``b`` (expected), whether
+    isclose calls it close, computed in ``dtype`` (``promoted_dtype`` of the two sides'
+    dtypes; float16 and bfloat16 values may come in any float array that holds them
+    exactly) with the arithmetic of ``semantics`` ("cpu" or "cuda")."""
     name = canonical_dtype(dtype)
     rtol, atol = tolerance.rtol, tolerance.atol
     if rtol == 0 and atol == 0:  # isclose degenerates to equality
-        return int(np.count_nonzero(np.equal(a, b)))
+        return np.asarray(np.equal(a, b))
     work = np.float64 if name not in _WIDTH or name == "float64" else np.float32
     x = np.asarray(a, dtype=work)
     y = np.asarray(b, dtype=work)
@@ -90,7 +126,9 @@ def close_count(a: np.ndarray, b: np.ndarray, dtype: str, tolerance: Tolerance) 
         if name in _HALF:
             _round(actual, name)
             _round(allowed, name)
-            np.add(allowed, _scalar(atol, name), out=allowed)
+            # The CPU adds atol rounded to the dtype; CUDA adds it as a float32.
+            held = _scalar(atol, name) if semantics == "cpu" else np.float32(atol)
+            np.add(allowed, held, out=allowed)
             _round(allowed, name)
         else:
             np.add(allowed, work(atol), out=allowed)
@@ -98,4 +136,4 @@ def close_count(a: np.ndarray, b: np.ndarray, dtype: str, tolerance: Tolerance) 
         # A difference that overflowed the dtype is inf: never close (a == b aside,
         # which finite values that differ cannot be).
         close &= np.isfinite(actual)
-    return int(np.count_nonzero(close))
+    return close

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -55,11 +55,13 @@ class Comparison:
     basis: str
     metrics: dict[str, float | None] = field(default_factory=dict)
     evidence: str = ""  # what the verdict rests on, in words, when not the whole values
+    semantics: str = "cpu"  # whose isclose arithmetic judged it: "cpu" or "cuda"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: infinite metrics become None."""
         return {"verdict": self.verdict, "basis": self.basis,
-                "metrics": json_safe(self.metrics), "evidence": self.evidence}
+                "metrics": json_safe(self.metrics), "evidence": self.evidence,
+                "semantics": self.semantics}
 
 
 def _number(x: float | np.floating | None) -> float | None:
@@ -111,8 +113,8 @@ class _Scan:
     """
 
     def __init__(self, a: np.ndarray, b: np.ndarray, dtype_a: str, dtype_b: str,
-                 tolerance: Tolerance) -> None:
-        self.a, self.b, self.tolerance = a, b, tolerance
+                 tolerance: Tolerance, semantics: str = "cpu") -> None:
+        self.a, self.b, self.tolerance, self.semantics = a, b, tolerance, semantics
         # Exact for integers beyond 2**53, which float64 would round together.
         self.exact = a.dtype.kind in "iub" and b.dtype.kind in "iub"
         self.ulp_dtype = dtype_a if dtype_a == dtype_b and dtype_a in FLOAT_DTYPES else None
@@ -225,7 +227,8 @@ class _Worker:
         elif not (max_abs < scan.tolerance.atol and scan.tolerance.rtol >= 0):
             # (Otherwise every pair is close: |a - b| < atol, rounded to any dtype, is at
             # most atol rounded to it, and isclose's allowed error is never below that.)
-            tally.mismatches += n - close_count(a, b, scan.close_dtype, scan.tolerance)
+            tally.mismatches += n - close_count(a, b, scan.close_dtype, scan.tolerance,
+                                                scan.semantics)
         abs_b = np.abs(b64, out=self.spare[:n])
         # 0/0 (no difference where the reference is 0) gives a NaN that fmax skips: that
         # pair's relative error is 0, and no relative error is below 0.
@@ -266,9 +269,9 @@ class _Worker:
 
 
 def _elementwise(a: np.ndarray, b: np.ndarray, dtype_a: str, dtype_b: str,
-                 tolerance: Tolerance) -> _Elementwise:
+                 tolerance: Tolerance, semantics: str = "cpu") -> _Elementwise:
     """Element-wise comparison of two equally long arrays (values, or two samples)."""
-    scan = _Scan(np.ravel(a), np.ravel(b), dtype_a, dtype_b, tolerance)
+    scan = _Scan(np.ravel(a), np.ravel(b), dtype_a, dtype_b, tolerance, semantics)
     tally = scan.run()
     n = scan.a.size
     metrics = _empty_metrics()
@@ -397,13 +400,21 @@ def _identical(a: Fingerprint) -> Comparison:
     return Comparison("identical", "hash", metrics)
 
 
-def compare(a: Fingerprint, b: Fingerprint, *, tolerance: Tolerance | None = None) -> Comparison:
+def compare(a: Fingerprint, b: Fingerprint, *, tolerance: Tolerance | None = None,
+            semantics: str = "cpu") -> Comparison:
     """Compare fingerprint ``a`` against the reference ``b``.
 
     The best evidence both sides have decides: the hash, then the whole ``values``, then
     the ``sample`` (with the sketch able to overrule it), then the sketch alone, then the
-    stats (non-finite counts only).
+    stats (non-finite counts only). Closeness is isclose's in the arithmetic of
+    ``semantics`` ("cuda" when both were computed on CUDA devices, ``closeness``).
     """
+    comparison = _compare(a, b, tolerance, semantics)
+    return comparison if semantics == "cpu" else replace(comparison, semantics=semantics)
+
+
+def _compare(a: Fingerprint, b: Fingerprint, tolerance: Tolerance | None,
+             semantics: str = "cpu") -> Comparison:
     if a.hash == b.hash:
         return _identical(a)
     tolerance = tolerance or tolerance_for(a.dtype, b.dtype)
@@ -411,7 +422,7 @@ def compare(a: Fingerprint, b: Fingerprint, *, tolerance: Tolerance | None = Non
         return no_evidence()
 
     if a.values is not None and b.values is not None:
-        result = _elementwise(a.values, b.values, a.dtype, b.dtype, tolerance)
+        result = _elementwise(a.values, b.values, a.dtype, b.dtype, tolerance, semantics)
         verdict = ("nonfinite" if result.nonfinite_mismatch
                    else "equivalent" if result.within else "divergent")
         return Comparison(verdict, "values", result.metrics)
@@ -427,7 +438,7 @@ def compare(a: Fingerprint, b: Fingerprint, *, tolerance: Tolerance | None = Non
     counted = "; the stats count different NaN or Inf" if nonfinite else ""
 
     if a.sample is not None and b.sample is not None and a.sample.shape == b.sample.shape:
-        result = _elementwise(a.sample, b.sample, a.dtype, b.dtype, tolerance)
+        result = _elementwise(a.sample, b.sample, a.dtype, b.dtype, tolerance, semantics)
         evidence = f"{_sample_evidence(result.metrics, a.sample.size, a.count)}; {sketched}"
         if nonfinite or result.nonfinite_mismatch:
             return Comparison("nonfinite", "sample", metrics, evidence + counted)

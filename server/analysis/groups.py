@@ -31,6 +31,13 @@ class Member:
     # The manifest hash as stored (``manifest_digest`` of ``tensors``), when known: a
     # fleet of 10,000 members is grouped without hashing 10,000 manifests again.
     manifest: str | None = None
+    # The device's model as ingest records it ("cpu", "cuda/NVIDIA H200/9.0"); "" when
+    # not known (then its type, from the slot).
+    model: str = ""
+
+    @property
+    def device_model(self) -> str:
+        return self.model or ("cpu" if self.device == "cpu" else self.device.split(":")[0])
 
     @property
     def manifest_hash(self) -> str:
@@ -50,6 +57,7 @@ class Counted:
     devices: int
     env_counts: Mapping[str, int] = field(hash=False)
     environments: Mapping[str, dict[str, Any]] = field(hash=False)
+    model_counts: Mapping[str, int] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -78,11 +86,29 @@ class Group:
         return Counter(member.env_key for member in self.members)
 
     @cached_property
+    def model_counts(self) -> Mapping[str, int]:
+        """Members per device model ("cpu", "cuda/NVIDIA H200/9.0"): what tells devices of
+        one environment apart (a host's GPU and its CPU, two GPU models of a node)."""
+        if self.counted:
+            return self.counted.model_counts
+        return Counter(member.device_model for member in self.members)
+
+    @cached_property
     def environments(self) -> Mapping[str, dict[str, Any]]:
         """env_key → the environment's document, for every environment of the group."""
         if self.counted:
             return self.counted.environments
         return {member.env_key: member.environment for member in self.members}
+
+    @cached_property
+    def semantics(self) -> str:
+        """"cuda" when every member computed on a CUDA device, else "cpu" (closeness):
+        two such groups are judged in CUDA's isclose arithmetic."""
+        if self.counted:
+            on_cuda = self.counted.size > 0 and self.counted.devices == self.counted.size
+        else:
+            on_cuda = all(member.device.startswith("cuda") for member in self.members)
+        return "cuda" if on_cuda else "cpu"
 
     @cached_property
     def representative(self) -> Member:
@@ -184,6 +210,7 @@ class Answer:
     devices: int = 1
     first_node: str = ""
     slot: str = "cpu"
+    model: str = "cpu"  # the device model of these results ("cuda/NVIDIA H200/9.0")
     trace: str | None = None  # the outcome's op trace, when it was traced
     workload_version: int | None = None
     input_hash: str | None = None
@@ -218,9 +245,12 @@ def group_answers(answers: Sequence[Answer], tensor: str | None
 def counted(answers: Sequence[Answer]) -> Counted:
     """What the members of these answers add up to."""
     env_counts: Counter[str] = Counter()
+    model_counts: Counter[str] = Counter()
     for answer in answers:
         env_counts[answer.env_key] += answer.devices
+        model_counts[answer.model] += answer.devices
     return Counted(size=sum(answer.devices for answer in answers),
                    devices=sum(answer.devices for answer in answers if answer.slot != "cpu"),
                    env_counts=env_counts,
-                   environments={answer.env_key: answer.environment for answer in answers})
+                   environments={answer.env_key: answer.environment for answer in answers},
+                   model_counts=model_counts)

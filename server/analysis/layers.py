@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -28,16 +29,17 @@ _EPSILON = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "floa
 
 def compare_hashes(candidate: str, reference: str, fingerprints: Mapping[str, Fingerprint],
                     tolerance: Tolerance | None,
-                    tolerance_for: Callable[[str], Tolerance] | None = None) -> Comparison:
+                    tolerance_for: Callable[[str], Tolerance] | None = None,
+                    semantics: str = "cpu") -> Comparison:
     if candidate == reference:
         known = fingerprints.get(reference) or Fingerprint(reference, "float32", ())
-        return compare(known, known)
+        return compare(known, known, semantics=semantics)
     if candidate not in fingerprints or reference not in fingerprints:
-        return no_evidence()
+        return replace(no_evidence(), semantics=semantics)
     a, b = fingerprints[candidate], fingerprints[reference]
     if tolerance_for is not None:
         tolerance = _looser(tolerance_for(a.dtype), tolerance_for(b.dtype))
-    return compare(a, b, tolerance=tolerance)
+    return compare(a, b, tolerance=tolerance, semantics=semantics)
 
 
 def _looser(a: Tolerance, b: Tolerance) -> Tolerance:
@@ -52,6 +54,7 @@ def compare_manifests(
     kinds: Sequence[str] | None = None,
     tolerance: Tolerance | None = None,
     tolerance_for: Callable[[str], Tolerance] | None = None,
+    semantics: str = "cpu",
 ) -> list[dict[str, Any]]:
     """Per-tensor comparison of ``candidate`` against ``reference``, in reference order.
 
@@ -59,7 +62,8 @@ def compare_manifests(
     position in the reference manifest. JSON-ready (infinite metrics become None).
     ``tolerance`` applies to every tensor; ``tolerance_for`` instead gives one per dtype
     (a lab policy), the looser of the two sides' when their dtypes differ. Without
-    either, each dtype's default applies.
+    either, each dtype's default applies. ``semantics``: whose isclose arithmetic
+    judges ("cuda" when both results were computed on CUDA devices, ``closeness``).
     """
     if tolerance is not None and tolerance_for is not None:
         raise ValueError("give tolerance or tolerance_for, not both")
@@ -69,12 +73,13 @@ def compare_manifests(
         if name not in by_name or (kinds is not None and kind not in kinds):
             continue
         comparison = compare_hashes(by_name[name], digest, fingerprints, tolerance,
-                                     tolerance_for)
+                                     tolerance_for, semantics)
         dtype = fingerprints[digest].dtype if digest in fingerprints else None
         rows.append({
             "name": name, "kind": kind, "order": order, "dtype": dtype,
             "verdict": comparison.verdict, "basis": comparison.basis,
             "metrics": json_safe(comparison.metrics), "evidence": comparison.evidence,
+            "semantics": comparison.semantics,
         })
     return rows
 

@@ -97,9 +97,19 @@ def pair_key(a: Group, b: Group, *, tensor: str | None, workload: str,
     ("" for the whole result), the workload (its tolerances), the policy's version, and
     the representatives' manifests. With the whole result the manifests are the answers;
     with one tensor they are not (two members with the same output may differ in a
-    layer), and the layers walked are the representatives'."""
+    layer), and the layers walked are the representatives'. Two groups computed on CUDA
+    devices are judged in CUDA's isclose arithmetic (``pair_semantics``): that is part of
+    the key (the keys of CPU judgements are as they were)."""
+    cuda = ("cuda",) if pair_semantics(a, b) == "cuda" else ()
     return _key(PAIR, COMPARISON_VERSION, a.hash, b.hash, tensor or "", workload,
-                policy_version, _manifest(a.representative), _manifest(b.representative))
+                policy_version, _manifest(a.representative), _manifest(b.representative),
+                *cuda)
+
+
+def pair_semantics(a: Group, b: Group) -> str:
+    """Whose isclose arithmetic judges b against a: CUDA's when every member of both
+    groups computed on a CUDA device, the CPU's otherwise."""
+    return "cuda" if a.semantics == b.semantics == "cuda" else "cpu"
 
 
 def origin_key(a: Group, b: Group, *, workload: str, policy_version: str) -> str | None:
@@ -140,21 +150,23 @@ def compare_answers(a: Group, b: Group, *, key: str, tensor: str | None,
     """
     candidate, reference = b.representative.tensors, a.representative.tensors
     read = _differing(candidate, reference)
+    semantics = pair_semantics(a, b)
     if tensor is not None:
         comparison = no_evidence()
         if a.hash in fingerprints and b.hash in fingerprints:
             expected = fingerprints[a.hash]
             comparison = compare(fingerprints[b.hash], expected, tolerance=(
-                tolerance_for(expected.dtype) if tolerance_for is not None else None))
+                tolerance_for(expected.dtype) if tolerance_for is not None else None),
+                semantics=semantics)
         read |= {a.hash, b.hash}
         decided = {"verdict": comparison.verdict, "basis": comparison.basis,
                    "metrics": comparison.metrics, "evidence": comparison.evidence,
                    "decided_by": None}
         layers = compare_manifests(candidate, reference, fingerprints, kinds=(LAYER,),
-                                   tolerance_for=tolerance_for)
+                                   tolerance_for=tolerance_for, semantics=semantics)
     else:
         rows = compare_manifests(candidate, reference, fingerprints,
-                                 tolerance_for=tolerance_for)
+                                 tolerance_for=tolerance_for, semantics=semantics)
         verdict = result_verdict(rows)
         row = next((r for r in rows if verdict and r["name"] == verdict.tensor), None)
         decided = {"verdict": verdict.verdict if verdict else "divergent",
@@ -165,6 +177,7 @@ def compare_answers(a: Group, b: Group, *, key: str, tensor: str | None,
         layers = [row for row in rows if row["kind"] == LAYER]
     value = {
         **decided,
+        "semantics": semantics,
         "first_divergent_layer": first_divergent_layer(layers),
         "largest_jump": largest_jump(layers),
         # Where NaN or Inf first appear in b and not in a (layers first): the place to

@@ -27,6 +27,7 @@ from .attribution import (
     Flattened,
     flatten_members,
     rank_attributes,
+    separating_devices,
     separating_environments,
 )
 from .fingerprint import Fingerprint
@@ -156,7 +157,9 @@ class DivergencePlan:
         pairs = []
         skipped = False
         for pair in self.pairs:
-            separating = separating_environments(envs[pair.a.id], envs[pair.b.id], flattened)
+            separating = (separating_environments(envs[pair.a.id], envs[pair.b.id], flattened)
+                          # Devices of one environment: their type, model or capability.
+                          or separating_devices(pair.a.model_counts, pair.b.model_counts))
             origin, note = None, None
             if self.traced:
                 origin, note = self._origin(pair, comparisons)

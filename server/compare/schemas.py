@@ -9,11 +9,15 @@ an infinity only matches the same infinity.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from numparity_server.reads.explanations import ExplanationOut
+
+Semantics = Literal["cpu", "cuda"]
+SEMANTICS_DESCRIPTION = ("Whose torch.isclose arithmetic judged closeness: cuda (both results "
+                         "computed on CUDA devices) or cpu")
 
 
 class RunInfo(BaseModel):
@@ -78,6 +82,7 @@ class TensorComparison(BaseModel):
     evidence: str = Field("", description="What a verdict not made from the whole values "
                                           "rests on, in words (the sample's maxima as lower "
                                           "bounds, the sketch's estimate)")
+    semantics: Semantics = Field("cpu", description=SEMANTICS_DESCRIPTION)
 
 
 class OutputVerdict(BaseModel):
@@ -223,6 +228,11 @@ class ResultPair(ResultKey):
     a: ResultSide
     b: ResultSide
     compared: bool = Field(description="Both results are ok: their tensors were compared")
+    semantics: Semantics | None = Field(
+        None, description="Whose torch.isclose arithmetic judged the tensors: cuda when "
+                          "both results were computed on CUDA devices (float16 and bfloat16 "
+                          "pairs at the boundary may differ from the CPU's), else cpu; null "
+                          "when nothing was compared")
     inputs: Inputs
     notes: list[str] = Field(default_factory=list)
     summary: PairSummary | None = None

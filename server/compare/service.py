@@ -184,15 +184,18 @@ def _pair(a: ResultRow, b: ResultRow, manifests: dict[str, list[tuple[str, str, 
         return ResultPair.model_validate(pair)
 
     workload = a.workload
+    # Two results of CUDA devices are judged in CUDA's isclose arithmetic (closeness).
+    semantics = analysis.semantics_of(a.device, b.device)
     rows = analysis.compare_manifests(
         manifest_b, manifest_a, fingerprints,
-        tolerance_for=lambda dtype: policy.tolerance(workload, dtype))
+        tolerance_for=lambda dtype: policy.tolerance(workload, dtype), semantics=semantics)
     layers = [row for row in rows if row["kind"] == "layer"]
     names_a = {name for name, _kind, _hash in manifest_a}
     names_b = {name for name, _kind, _hash in manifest_b}
     dtypes = sorted({row["dtype"] for row in rows if row["dtype"] is not None})
     pair.update(
         compared=True,
+        semantics=semantics,
         summary=_summary(rows),
         first_divergent_layer=_with_bit_flip(analysis.first_divergent_layer(layers),
                                              manifest_a, manifest_b, fingerprints),

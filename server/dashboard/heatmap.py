@@ -26,6 +26,9 @@ class HeatCell:
     baseline: bool = False
     run_id: str | None = None  # the run of the node's newest result (None: missing)
     detail: str = ""  # a skipped result's reason, a failed one's error
+    # The cell holds its column's usual answer and the fp64 judge calls that answer not
+    # acceptable against float64: what it says (the usual answer is not the right one).
+    inaccurate: str = ""
 
 
 @dataclass

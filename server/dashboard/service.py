@@ -22,7 +22,7 @@ from numparity_server.compare.schemas import CompareOut, ResultPair
 from numparity_server.compare.service import compare_runs
 from numparity_server.dashboard import repository
 from numparity_server.dashboard.heatmap import DeviceRow, HeatCell, node_rows, slot_order
-from numparity_server.divergence.service import comparisons, divergence
+from numparity_server.divergence.service import answer_accuracy, comparisons, divergence
 from numparity_server.kit.errors import NotFound
 from numparity_server.reads import results as reads_results
 
@@ -55,6 +55,9 @@ class Overview:
     # Nodes whose devices do not all give the same answers: their device rows open.
     disagreeing: set[str] = field(default_factory=set)
     counts: dict[str, int] = field(default_factory=dict)  # verdicts of the node rows
+    # Usual answers the fp64 judge calls not acceptable: (workload, variant, device
+    # model, what it says), so the usual answer is never taken for the right one.
+    inaccurate: list[tuple[str, str, str, str]] = field(default_factory=list)
     nodes: int = 0  # in the fleet
     limit: int = 0
     offset: int = 0
@@ -94,6 +97,7 @@ def overview(*, session: Session, policy: Policy, suite: str, limit: int,
                                   for a in held})
         assert chosen is not None
         baselines[key] = by_manifest[chosen]
+    inaccurate = _inaccurate_baselines(session, policy, suite, baselines)
     names, total = repository.node_names(session, suite=suite, limit=limit, offset=offset)
     cells = repository.latest_cells(session, suite=suite, nodes=names)
 
@@ -163,9 +167,12 @@ def overview(*, session: Session, policy: Policy, suite: str, limit: int,
             base.run_id, cell.run_id, cell.workload, cell.variant,
             device_a=base.slot if by_device else None,
             device_b=cell.slot if by_device else None)
+        wrong = (inaccurate.get(key, "")
+                 if cell.manifest_hash == baseline.manifest_hash else "")
         found[place] = HeatCell(
-            verdict, f"{where} on {cell.slot}: {verdict} — against {named(base)}, {how}",
-            href, baseline=is_baseline, run_id=cell.run_id)
+            verdict, f"{where} on {cell.slot}: {verdict} — against {named(base)}, {how}"
+                     + (f"; the usual answer, but {wrong}" if wrong else ""),
+            href, baseline=is_baseline, run_id=cell.run_id, inaccurate=wrong)
 
     columns = sorted(repository.columns(session, suite=suite),
                      key=lambda wv: (wv[0], variant_sort_key(wv[1])))
@@ -174,7 +181,8 @@ def overview(*, session: Session, policy: Policy, suite: str, limit: int,
     for cell in cells:
         by_node[cell.node][cell.device_id].append(cell)
     view = Overview(suite=suite, columns=columns, rows=[], nodes=total, limit=limit,
-                    offset=offset)
+                    offset=offset, inaccurate=sorted(key + (text,) for key, text
+                                                     in inaccurate.items()))
     counts: dict[str, int] = defaultdict(int)
     for node in names:
         row, devices, agree = node_rows(node, by_node[node], columns, found)
@@ -187,6 +195,34 @@ def overview(*, session: Session, policy: Policy, suite: str, limit: int,
         view.rows.append((node, row))
     view.counts = dict(counts)
     return view
+
+
+def _inaccurate_baselines(session: Session, policy: Policy, suite: str,
+                          baselines: dict[Column, _Answer]) -> dict[Column, str]:
+    """Column → what the fp64 judge says of its usual answer, where it calls it not
+    acceptable against the float64 answer (design §3.3.8): the TF32 answer of a fleet of
+    stock GPUs is usual and wrong. Judged on the answer's output, kept like /divergence's
+    judgements."""
+    manifests = reads_results.manifest_entries(
+        session, {answer.manifest_hash for answer in baselines.values()})
+    usual: dict[tuple[str, ...], str | None] = {}
+    found = {}
+    for (workload, variant, model), answer in baselines.items():
+        entries = manifests.get(answer.manifest_hash)
+        if not entries:
+            continue
+        judged = answer_accuracy(
+            session=session, policy=policy, suite=suite, workload=workload, variant=variant,
+            tensors=[(e["name"], e["kind"], e["hash"]) for e in entries], usual=usual)
+        if judged is not None and judged.acceptable is False:
+            found[(workload, variant, model)] = (
+                f"the fp64 judge calls it not acceptable: {judged.tensor}'s rmse against "
+                f"float64 {_figure(judged.rmse)} > limit {_figure(judged.limit)}")
+    return found
+
+
+def _figure(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2g}"
 
 
 def _verdicts(session: Session, policy: Policy,

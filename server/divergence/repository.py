@@ -32,7 +32,8 @@ def counted_answers(session: Session, *, suite: str, workload: str, variant: str
     flattened)."""
     rows = session.execute(
         select(LatestCount.outcome_id, LatestCount.environment_id, LatestCount.devices,
-               LatestCount.first_node, Outcome.device, Outcome.workload_version,
+               LatestCount.first_node, LatestCount.model, Outcome.device,
+               Outcome.workload_version,
                Outcome.input_hash, Outcome.param_hash, Outcome.manifest_hash,
                Outcome.trace_hash)
         .join(Outcome, Outcome.id == LatestCount.outcome_id)
@@ -53,6 +54,7 @@ def counted_answers(session: Session, *, suite: str, workload: str, variant: str
                env_key=env_keys[row.environment_id], environment={},
                environment_id=int(row.environment_id), devices=int(row.devices),
                first_node=row.first_node, slot=row.device,
+               model=row.model or ("cpu" if row.device == "cpu" else "cuda"),
                trace=row.trace_hash, workload_version=row.workload_version,
                input_hash=row.input_hash, param_hash=row.param_hash)
         for row in rows]

@@ -116,6 +116,9 @@ class GroupPair(BaseModel):
     decided_by: str | None = Field(description="Grouping by whole result: the tensor that "
                                                "decided the result verdict; null with a "
                                                "tensor")
+    semantics: Literal["cpu", "cuda"] = Field(
+        "cpu", description="Whose torch.isclose arithmetic judged closeness: cuda when every "
+                           "member of both groups computed on a CUDA device, else cpu")
     first_divergent_layer: LayerVerdict | None
     largest_jump: LargestJump | None
     first_nonfinite: FirstNonfinite | None

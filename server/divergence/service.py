@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
@@ -99,6 +100,59 @@ def divergence(
         "excluded_total": sum(answer.devices for answer, _ in left_out)})
 
 
+@dataclass(frozen=True)
+class AnswerAccuracy:
+    """What the fp64 judge says of one answer's tensor (design §3.3.8): its RMSE against
+    the float64 answer, within the limit the strict CPU answer sets or not."""
+
+    tensor: str
+    acceptable: bool | None
+    rmse: float | None
+    limit: float | None
+
+
+def answer_accuracy(*, session: Session, policy: Policy, suite: str, workload: str,
+                    variant: str, tensors: Sequence[tuple[str, str, str]],
+                    usual: dict[tuple[str, ...], str | None] | None = None
+                    ) -> AnswerAccuracy | None:
+    """The fp64 judge of an answer (its manifest's ``tensors``), on its ``output`` (else
+    its first output tensor), kept like /divergence's judgements: the usual answer of a
+    column is not the right one when this says not acceptable. None where nothing can
+    judge it (the fp64-reference variant itself, no float64 answer of the tensor).
+    ``usual`` keeps the usual hashes found between calls (one page judges many answers
+    of a workload against the same float64 and strict answers)."""
+    if variant == FP64_VARIANT:
+        return None
+    outputs = [(name, digest) for name, kind, digest in tensors if kind == "output"]
+    named = [item for item in outputs if item[0] == "output"] or outputs[:1]
+    if not named:
+        return None
+    (tensor, digest), = named
+    usual = {} if usual is None else usual
+
+    def usual_hash(variant: str, device: str | None = None) -> str | None:
+        key = (workload, variant, tensor, device or "")
+        if key not in usual:
+            usual[key] = _consensus_hash(session, suite, workload, variant, tensor, None,
+                                         device=device)
+        return usual[key]
+
+    reference = usual_hash(FP64_VARIANT)
+    if reference is None:
+        return None
+    baseline = usual_hash(BASELINE_VARIANT, "cpu")
+    group = analysis.Group(id=1, hash=digest, members=())
+    plan = analysis.plan_groups([group], [], tensor=tensor, workload=workload,
+                                policy_version=policy.version, traced=False,
+                                reference=reference, baseline=baseline)
+    judged = comparisons(session, plan, lambda dtype: policy.tolerance(workload, dtype)
+                         ).get(plan.fp64[group.id])
+    if judged is None:
+        return None
+    return AnswerAccuracy(tensor, judged.get("acceptable"), judged.get("rmse"),
+                          judged.get("limit"))
+
+
 def comparisons(session: Session, plan: analysis.DivergencePlan,
                  tolerance_for: Callable[[str], Tolerance]) -> dict[str, dict[str, Any]]:
     """Every comparison the plan shows, by key: the kept ones read, the others (and those
@@ -180,6 +234,7 @@ class _Members:
         self.limit = None if limit is None else max(limit, 1)
         # An outcome's answers differ only in environment and device model.
         by_outcome = {answer.outcome: answer for answer in answers}
+        models = {(answer.outcome, answer.environment_id): answer.model for answer in answers}
         holders: dict[int, int] = {}
         for answer in answers:
             holders[answer.outcome] = holders.get(answer.outcome, 0) + answer.devices
@@ -192,7 +247,8 @@ class _Members:
             self.listed.setdefault(row.outcome_id, []).append(analysis.Member(
                 node=row.node, run_id=row.run_id, env_key=env.env_key,
                 environment=env.environment, tensors=answer.tensors, device=answer.slot,
-                trace=answer.trace, manifest=answer.manifest))
+                trace=answer.trace, manifest=answer.manifest,
+                model=models[(row.outcome_id, row.environment_id)]))
 
     def outcomes(self, answers: Sequence[analysis.Answer]
                  ) -> list[tuple[int, analysis.Member]]:

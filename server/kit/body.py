@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import re
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from numparity_server.kit.errors import (
     BadRequest,
+    DomainError,
     InvalidDocument,
     PayloadTooLarge,
     UnsupportedMediaType,
@@ -26,11 +28,13 @@ from numparity_server.kit.errors import (
 
 def _too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"request body exceeds the limit of {limit} bytes "
-                           "(setting NUMPARITY_MAX_BODY_BYTES)")
+                           "(setting NUMPARITY_MAX_BODY_BYTES)", limit=limit)
 
 
-def decode_body(body: bytes, *, encoding: str | None, limit: int) -> bytes:
-    """The body, decoded from gzip when ``Content-Encoding: gzip``; 413 past ``limit``.
+def decode_body(body: bytes, *, encoding: str | None, limit: int,
+                too_large: Callable[[int], DomainError] = _too_large) -> bytes:
+    """The body, decoded from gzip when ``Content-Encoding: gzip``; ``too_large(limit)``
+    (a 413) past ``limit``.
 
     The body arrives whole and within the limit (``kit.limits.BodyLimits``); this bounds
     what gzip makes of it. One gzip member only: anything after its end, another member
@@ -47,12 +51,12 @@ def decode_body(body: bytes, *, encoding: str | None, limit: int) -> bytes:
     try:
         decoded = decompressor.decompress(body, limit + 1)
         if len(decoded) > limit or decompressor.unconsumed_tail:
-            raise _too_large(limit)
+            raise too_large(limit)
         decoded += decompressor.flush()
     except zlib.error as exc:
         raise BadRequest(f"request body is not valid gzip: {exc}") from None
     if len(decoded) > limit:
-        raise _too_large(limit)
+        raise too_large(limit)
     if not decompressor.eof:
         raise BadRequest("request body is truncated gzip")
     if decompressor.unused_data:

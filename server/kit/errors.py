@@ -15,7 +15,7 @@ class DomainError(Exception):
 
     status_code: ClassVar[int] = 400
     code: ClassVar[str] = "bad_request"
-    headers: ClassVar[dict[str, str] | None] = None
+    headers: dict[str, str] | None = None  # extra answer headers (a class or an instance)
 
     def __init__(self, detail: Any) -> None:
         super().__init__(detail if isinstance(detail, str) else repr(detail))
@@ -70,9 +70,50 @@ class Conflict(DomainError):
     code = "conflict"
 
 
+# The header of a 413 that names the body limit in bytes: an agent sizes its requests by
+# it (a proxy's own 413 lacks it; the agent then halves what it sends).
+BODY_LIMIT_HEADER = "Numparity-Max-Body-Bytes"
+
+
 class PayloadTooLarge(DomainError):
+    """A request body over a byte limit; ``limit`` (the API's body limit) travels in the
+    ``Numparity-Max-Body-Bytes`` header so that a client can split what it sends."""
+
     status_code = 413
     code = "payload_too_large"
+
+    def __init__(self, detail: Any, *, limit: int | None = None) -> None:
+        super().__init__(detail)
+        if limit is not None:
+            self.headers = {BODY_LIMIT_HEADER: str(limit)}
+
+
+class UploadTooLarge(DomainError):
+    """A whole upload sent in parts (a run document, a tensor's values) over its setting:
+    smaller parts cannot help, the operator has to raise the setting."""
+
+    status_code = 413
+    code = "upload_too_large"
+
+
+class UploadOffset(DomainError):
+    """A part that does not continue an upload: its ``Upload-Offset`` header says where the
+    server's bytes end, the offset the next part must start at."""
+
+    status_code = 409
+    code = "upload_offset"
+
+    def __init__(self, detail: Any, *, received: int) -> None:
+        super().__init__(detail)
+        self.received = received
+        self.headers = {"Upload-Offset": str(received)}
+
+
+class StagingFull(DomainError):
+    """A token holds as many bytes of unfinished uploads as it may: retry later."""
+
+    status_code = 507
+    code = "staging_full"
 
 
 class UnsupportedMediaType(DomainError):

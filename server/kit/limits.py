@@ -39,6 +39,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # The pages take only the sign-in and sign-out forms: a few hundred bytes.
 PAGE_BODY_BYTES = 64 * 1024
+API_LIMIT = "setting NUMPARITY_MAX_BODY_BYTES"
 # How long an answer over a token's budget is held back at most (kit.budget).
 TARPIT_S = 1.0
 
@@ -61,7 +62,7 @@ class BodyLimits:
     def limit(self, path: str) -> tuple[int, str]:
         """The byte limit of a request to ``path`` and what sets it (for the message)."""
         if path.startswith("/api/"):
-            return self.max_body_bytes, "setting NUMPARITY_MAX_BODY_BYTES"
+            return self.max_body_bytes, API_LIMIT
         return min(PAGE_BODY_BYTES, self.max_body_bytes), "the limit of a page's form"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -139,7 +140,9 @@ def _content_length(scope: Scope) -> int | None:
 
 
 def _too_large(limit: int, source: str) -> PayloadTooLarge:
-    return PayloadTooLarge(f"request body exceeds the limit of {limit} bytes ({source})")
+    # Only the API's limit is announced: a client splits its uploads by it.
+    return PayloadTooLarge(f"request body exceeds the limit of {limit} bytes ({source})",
+                           limit=limit if source == API_LIMIT else None)
 
 
 async def _receive_body(receive: Receive, limit: int, source: str) -> bytes:

@@ -30,6 +30,16 @@ class Settings(BaseSettings):
         default=32 * MIB, gt=0,
         description="Upper bound of a request body, before and after gzip decoding (413 "
         "over it).")
+    max_document_bytes: int = Field(
+        default=128 * MIB, gt=0,
+        description="The largest run document, after gzip decoding, that the agent may send "
+        "in parts when one body would pass NUMPARITY_MAX_BODY_BYTES (design §3.2, uploads "
+        "in parts).")
+    max_values_bytes: int = Field(
+        default=1024 * MIB, gt=0,
+        description="The largest values of one tensor that the agent may send in parts. A "
+        "token holds at most twice this much of unfinished parts; parts untouched for a "
+        "day are dropped.")
     body_timeout_s: float = Field(
         default=30.0, gt=0,
         description="A request body must have arrived whole this many seconds after the "

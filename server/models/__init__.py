@@ -7,6 +7,7 @@ from numparity_server.models.explanations import Explanation
 from numparity_server.models.fleet import Device, Environment, Node
 from numparity_server.models.runs import Latest, LatestCount, Outcome, Result, Run
 from numparity_server.models.tokens import Token
+from numparity_server.models.uploads import UploadPart
 
 __all__ = [
     "STAT_FIELDS",
@@ -26,5 +27,6 @@ __all__ = [
     "Token",
     "Trace",
     "UTCDateTime",
+    "UploadPart",
     "utcnow",
 ]

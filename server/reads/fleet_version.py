@@ -4,8 +4,9 @@ Every write that changes what `/audit`, `/divergence` and the pages answer adds 
 `runs` (ingest: a node's latest results, its environment, its devices) or to
 `explanations` (`explain`'s findings beside a split): the newest id of each is the
 version, read from their primary keys' indexes in one statement. Retention deletes old
-runs without adding one, and the clock moves the audit's "stale": those reach the
-answers within the cache's maximum age.
+runs without adding one, the clock moves the audit's "stale", and a large tensor's whole
+values may arrive in parts after their run (`uploads`): those reach the answers within
+the cache's maximum age.
 """
 
 from __future__ import annotations

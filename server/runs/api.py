@@ -6,8 +6,10 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response, status
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from numparity_server.auth.schemas import Principal
 from numparity_server.auth.service import require_node
 from numparity_server.deps import (
     AgentAuth,
@@ -18,6 +20,7 @@ from numparity_server.deps import (
     SettingsDep,
 )
 from numparity_server.kit.body import decode_body, parse_json_object
+from numparity_server.kit.ingest_meter import IngestMeter
 from numparity_server.kit.pagination import Page
 from numparity_server.kit.settings import Settings
 from numparity_server.runs import service
@@ -68,9 +71,17 @@ async def upload_run(
 ) -> RunCreated:
     """Store a run document (design §3.2): 201 new, 200 the same document again."""
     # ``ingest`` comes first: it times and counts the refusals of the token checks too.
-    # Decoding, parsing, validating and storing run on a worker thread, so the event loop
-    # goes on serving other requests.
     read_document = await _document_reader(request, settings)
+    return await ingest_document(read_document, response=response, ingest=ingest,
+                                 session=session, settings=settings, principal=principal)
+
+
+async def ingest_document(read_document: Callable[[], dict[str, Any]], *, response: Response,
+                          ingest: IngestMeter, session: Session, settings: Settings,
+                          principal: Principal) -> RunCreated:
+    """Read and store a run document: 201 new, 200 the same document again. Decoding,
+    parsing, validating and storing run on a worker thread, so the event loop goes on
+    serving other requests."""
 
     def ingest_body() -> service.Ingested:
         document = read_document()
@@ -97,8 +108,8 @@ _MISSING_BODY: dict[str, Any] = {
 async def missing_fingerprints(request: Request, session: DbSession, settings: SettingsDep,
                                _principal: AgentAuth) -> MissingOut:
     """Which of these tensor hashes, manifest hashes and trace hashes the server lacks
-    (design §3.2), and which of the large tensors in `values` it wants the full values
-    of."""
+    (design §3.2), which of the large tensors in `values` it wants the full values of,
+    and the largest request body it takes."""
     read_document = await _document_reader(request, settings)
 
     def answer() -> MissingOut:
@@ -106,7 +117,8 @@ async def missing_fingerprints(request: Request, session: DbSession, settings: S
         return service.missing_fingerprints(session=session, hashes=question.hashes,
                                             manifests=question.manifests,
                                             values=question.values,
-                                            trace_hashes=question.traces)
+                                            trace_hashes=question.traces,
+                                            max_body_bytes=settings.max_body_bytes)
 
     return await run_in_threadpool(answer)
 

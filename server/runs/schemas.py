@@ -595,6 +595,12 @@ class MissingOut(BaseModel):
         default_factory=list,
         description="Of the hashes in `traces`, those the server does not store: the upload "
                     "carries their bodies in `traces`")
+    max_body_bytes: int | None = Field(
+        default=None,
+        description="The largest request body the server takes, before and after gzip "
+                    "decoding (NUMPARITY_MAX_BODY_BYTES). What would pass it travels in "
+                    "parts: a document through PUT /api/v1/uploads/{sha256}, a large "
+                    "tensor's values through PUT /api/v1/values/{hash}")
 
 
 class RunListItem(BaseModel):

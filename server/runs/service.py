@@ -442,12 +442,14 @@ def promoted_columns(environment: dict[str, Any]) -> dict[str, str | None]:
 
 def missing_fingerprints(*, session: Session, hashes: Sequence[str],
                          manifests: Sequence[str] = (), values: Sequence[str] = (),
-                         trace_hashes: Sequence[str] = ()) -> MissingOut:
+                         trace_hashes: Sequence[str] = (),
+                         max_body_bytes: int | None = None) -> MissingOut:
     """What the server lacks of what an agent is about to send (tensors, manifests, op
     traces). ``values``: hashes of
     large tensors whose full values the agent holds; the server wants every one it does
     not hold yet (no blind spots: any two differing answers are then compared on their
-    full values), so a hash's values travel once, from the first node that has them."""
+    full values), so a hash's values travel once, from the first node that has them.
+    ``max_body_bytes``: the server's body limit, which the agent sizes its requests by."""
     wanted = list(dict.fromkeys(hashes))
     known = repository.existing_fingerprints(session, wanted)
     wanted_manifests = list(dict.fromkeys(manifests))
@@ -459,7 +461,8 @@ def missing_fingerprints(*, session: Session, hashes: Sequence[str],
     return MissingOut(missing=[h for h in wanted if h not in known],
                       missing_manifests=[m for m in wanted_manifests if m not in known_manifests],
                       missing_values=[h for h in offered if h not in held],
-                      missing_traces=[t for t in wanted_traces if t not in known_traces])
+                      missing_traces=[t for t in wanted_traces if t not in known_traces],
+                      max_body_bytes=max_body_bytes)
 
 
 def run_summary(*, session: Session, run_id: str) -> RunSummary:

@@ -157,7 +157,7 @@ def test_a_refused_token_keeps_every_document_and_says_so(tmp_path, fake_sleep, 
     assert TOKEN not in err
 
 
-@pytest.mark.parametrize("status", [400, 409, 413, 422])
+@pytest.mark.parametrize("status", [400, 409, 422])
 def test_a_refused_document_moves_to_rejected_with_its_reason(tmp_path, fake_sleep, capsys,
                                                               status):
     spool = tmp_path / "spool"
@@ -178,6 +178,20 @@ def test_a_refused_document_moves_to_rejected_with_its_reason(tmp_path, fake_sle
     assert f"uploaded {new.name}" in err and f"uploaded {newest.name}" in err
     # Never retried: the next flush finds nothing.
     assert flush(server.url, spool) == 0
+
+
+def test_a_document_too_large_even_in_parts_stays_in_the_spool(tmp_path, fake_sleep, capsys):
+    """A 413 is not the document's fault (issue 28): never rejected for its size."""
+    spool = tmp_path / "spool"
+    old, new, newest = spool_three(spool)
+    too_large = Answer(413, {"error": "upload_too_large",
+                             "detail": "the document passes 1024 bytes once decoded"})
+    with scripted_server(too_large, Answer(201)) as server:
+        assert flush(server.url, spool) == 3
+    assert spooled(spool) == [old] and not (spool / "rejected").exists()
+    err = capsys.readouterr().err
+    assert f"{old.name} even in parts" in err and "it stays in the spool" in err
+    assert f"uploaded {new.name}" in err and f"uploaded {newest.name}" in err
 
 
 # --- quarantine ------------------------------------------------------------------------

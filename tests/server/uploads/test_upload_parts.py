@@ -1,0 +1,193 @@
+"""Uploads in parts (design §3.2): a document or a tensor's values too large for one body.
+
+Each part continues the bytes held, a part sent twice changes nothing, the whole is
+checked against its name, another token can neither add to nor finish an upload, and a
+token's unfinished bytes are bounded. On SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from helpers.agent_upload import agent_document
+from helpers.documents import run_document
+
+from numparity_server.kit.db import get_engine, session_factory
+from numparity_server.kit.errors import BODY_LIMIT_HEADER
+from numparity_server.reads.fingerprints import load_fingerprints
+
+UPLOADS = "/api/v1/uploads"
+VALUES = "/api/v1/values"
+
+
+def _gzipped(document: dict[str, Any]) -> tuple[bytes, str]:
+    body = gzip.compress(json.dumps(document).encode())
+    return body, hashlib.sha256(body).hexdigest()
+
+
+def _put(api: Any, digest: str, data: bytes, offset: int, total: int,
+         headers: dict[str, str] | None = None) -> Any:
+    return api.client.put(f"{UPLOADS}/{digest}", params={"offset": offset, "total": total},
+                          content=data, headers=headers or api.agent)
+
+
+def test_a_document_in_parts_is_stored_once_as_its_run(api):
+    document = run_document("parts-1", variants=("default", "strict"))
+    body, digest = _gzipped(document)
+    cut = [0, len(body) // 3, 2 * len(body) // 3, len(body)]
+    for start, end in zip(cut, cut[1:], strict=False):
+        answer = _put(api, digest, body[start:end], start, len(body))
+        assert answer.status_code == 200, answer.text
+        # The same part again (a retry after a lost answer) changes nothing.
+        again = _put(api, digest, body[start:end], start, len(body))
+        assert again.json()["received"] == end == answer.json()["received"]
+    assert answer.json() == {"digest": digest, "kind": "document", "total": len(body),
+                             "received": len(body), "complete": True}
+
+    stored = api.client.post(f"{UPLOADS}/{digest}/run", headers=api.agent)
+    assert stored.status_code == 201, stored.text
+    assert stored.json()["results"] == len(document["results"]) > 1
+    run = api.client.get(f"/api/v1/runs/{document['run_id']}", headers=api.reader).json()
+    assert run["node"] == "parts-1" and len(run["results"]) == len(document["results"])
+    # Its parts went with it: asking again is a 404, and the whole again is the same run.
+    assert api.client.post(f"{UPLOADS}/{digest}/run", headers=api.agent).status_code == 404
+    assert _put(api, digest, body, 0, len(body)).json()["complete"] is True
+    assert api.client.post(f"{UPLOADS}/{digest}/run", headers=api.agent).status_code == 200
+
+
+def test_a_part_that_does_not_continue_the_bytes_held_names_the_offset(api):
+    body, digest = _gzipped(run_document("parts-2"))
+    gap = _put(api, digest, body[100:200], 100, len(body))
+    assert gap.status_code == 409 and gap.headers["Upload-Offset"] == "0"
+    # A part overlapping what is held keeps only its new bytes.
+    assert _put(api, digest, body[:150], 0, len(body)).json()["received"] == 150
+    assert _put(api, digest, body[100:300], 100, len(body)).json()["received"] == 300
+    other_total = _put(api, digest, body[300:400], 300, len(body) + 1)
+    assert other_total.status_code == 409 and str(len(body)) in other_total.text
+    incomplete = api.client.post(f"{UPLOADS}/{digest}/run", headers=api.agent)
+    assert incomplete.status_code == 409 and incomplete.headers["Upload-Offset"] == "300"
+    past_total = _put(api, digest, body[300:] + b"x", 300, len(body))
+    assert past_total.status_code == 422 and "offset" in past_total.text
+
+
+def test_parts_whose_whole_is_not_its_name_are_dropped(api):
+    body, digest = _gzipped(run_document("parts-3"))
+    forged = body[:-1] + bytes([body[-1] ^ 1])
+    assert _put(api, digest, forged, 0, len(forged)).json()["complete"] is True
+    refused = api.client.post(f"{UPLOADS}/{digest}/run", headers=api.agent)
+    assert refused.status_code == 422 and "sha256" in refused.text
+    assert api.client.post(f"{UPLOADS}/{digest}/run", headers=api.agent).status_code == 404
+    runs = api.client.get("/api/v1/runs", params={"node": "parts-3"}, headers=api.reader)
+    assert runs.json()["items"] == []
+
+
+def test_another_token_can_neither_add_to_nor_finish_an_upload(api, make_api):
+    other = make_api()  # the same database, another agent token
+    body, digest = _gzipped(run_document("parts-4"))
+    half = len(body) // 2
+    assert _put(api, digest, body[:half], 0, len(body)).json()["received"] == half
+    foreign = _put(other, digest, body[half:], half, len(body))
+    assert foreign.status_code == 409 and foreign.headers["Upload-Offset"] == "0"
+    assert other.client.post(f"{UPLOADS}/{digest}/run", headers=other.agent).status_code == 404
+    assert _put(api, digest, body[half:], half, len(body)).json()["complete"] is True
+    assert api.client.post(f"{UPLOADS}/{digest}/run", headers=api.agent).status_code == 201
+    # A reader cannot upload at all.
+    assert _put(api, digest, body, 0, len(body), headers=api.reader).status_code == 403
+
+
+def test_a_body_over_the_limit_says_the_limit_and_a_whole_over_its_setting_is_not_a_body(
+        make_api):
+    api = make_api(max_body_bytes=4096, max_document_bytes=100_000, token_bytes_per_s=0)
+    body, digest = _gzipped(run_document("parts-5"))
+    too_large = _put(api, digest, b"x" * 5000, 0, 200_000 - 1)
+    assert too_large.status_code == 413
+    assert too_large.headers[BODY_LIMIT_HEADER] == "4096"
+    whole = _put(api, digest, b"x" * 100, 0, 200_000)
+    assert whole.status_code == 413 and whole.json()["error"] == "upload_too_large"
+    assert "NUMPARITY_MAX_DOCUMENT_BYTES" in whole.text and BODY_LIMIT_HEADER not in whole.headers
+    missing = api.client.post("/api/v1/fingerprints/missing", json={"hashes": []},
+                              headers=api.agent)
+    assert missing.json()["max_body_bytes"] == 4096
+
+
+def test_a_tokens_unfinished_bytes_are_bounded(make_api):
+    api = make_api(max_values_bytes=50_000, max_document_bytes=50_000, token_bytes_per_s=0)
+    # A token holds at most twice max_values_bytes: a new upload drops the least
+    # recently written ones to make room.
+    digests = [hashlib.sha256(bytes([n])).hexdigest() for n in range(3)]
+    for digest in digests:
+        assert _put(api, digest, b"x" * 40_000, 0, 50_000).status_code == 200
+    assert _put(api, digests[2], b"x" * 10_000, 40_000, 50_000).json()["complete"] is True
+    # The first went (the second and third hold 90,000 of the 100,000 bytes allowed).
+    assert _put(api, digests[0], b"x" * 100, 40_000, 50_000).headers["Upload-Offset"] == "0"
+    assert _put(api, digests[1], b"x" * 100, 40_000, 50_000).json()["received"] == 40_100
+
+
+def _large_tensor(document: dict[str, Any]) -> dict[str, Any]:
+    (tensor,) = {t["hash"]: t for r in document["results"] for t in r["tensors"]
+                 if t["name"] == "conv1"}.values()
+    assert "values" not in tensor
+    return tensor
+
+
+def _values(tensor: dict[str, Any]) -> bytes:
+    """conv1's bytes, rebuilt the way agent_document made them."""
+    generator = torch.Generator().manual_seed(7)
+    return torch.randn(tuple(tensor["shape"]), generator=generator).numpy().tobytes()
+
+
+def test_values_in_parts_become_the_tensors_values_once_checked(make_api):
+    api = make_api(max_body_bytes=16_384, token_bytes_per_s=0)
+    document = agent_document("values-1")
+    tensor = _large_tensor(document)
+    digest, raw = tensor["hash"], _values(tensor)
+    assert api.client.put(f"{VALUES}/{digest}", params={"offset": 0}, content=raw[:100],
+                          headers=api.agent).status_code == 404  # before its run
+    assert make_api().post_run(document).status_code == 201  # its run, whole, first
+
+    def held() -> list[str]:
+        answer = api.client.post("/api/v1/fingerprints/missing", json={"values": [digest]},
+                                 headers=api.agent).json()
+        return [h for h in [digest] if h not in answer["missing_values"]]
+
+    # Other bytes under the hash: refused when complete, nothing kept.
+    forged = bytearray(raw)
+    forged[-1] ^= 1
+    answer: Any = None
+    for offset in range(0, len(forged), 16_384):
+        answer = api.client.put(f"{VALUES}/{digest}", params={"offset": offset},
+                                content=bytes(forged[offset:offset + 16_384]),
+                                headers=api.agent)
+    assert answer.status_code == 422 and "sha256" in answer.text
+    assert held() == []
+
+    part = api.client.put(f"{VALUES}/{digest}", params={"offset": 0}, content=raw[:20_000],
+                          headers=api.agent)
+    assert part.status_code == 413 and part.headers[BODY_LIMIT_HEADER] == "16384"
+    for offset in range(0, len(raw), 16_384):
+        answer = api.client.put(f"{VALUES}/{digest}", params={"offset": offset},
+                                content=raw[offset:offset + 16_384], headers=api.agent)
+        assert answer.status_code == 200, answer.text
+    assert answer.json()["complete"] is True and held() == [digest]
+    again = api.client.put(f"{VALUES}/{digest}", params={"offset": 0}, content=raw[:10],
+                           headers=api.agent)
+    assert again.json() == {"digest": digest, "kind": "values", "total": len(raw),
+                            "received": len(raw), "complete": True}
+    # What the comparisons read: the whole values, element for element.
+    with session_factory(get_engine(api.settings))() as session:
+        (stored,) = load_fingerprints(session, {digest}).values()
+    assert stored.values is not None
+    np.testing.assert_array_equal(stored.values.ravel(), np.frombuffer(raw, dtype=np.float32))
+
+
+@pytest.mark.parametrize("path", [f"{UPLOADS}/{'a' * 64}?offset=0&total=10",
+                                  f"{VALUES}/{'a' * 64}?offset=0"])
+def test_an_empty_part_is_refused(api, path):
+    answer = api.client.put(path, content=b"", headers=api.agent)
+    assert answer.status_code in (404, 422)
