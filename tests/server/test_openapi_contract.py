@@ -42,18 +42,14 @@ RULES_BEYOND_JSON_SCHEMA = {"include-path": "/api/v1/runs", "include-method": "P
 FINDINGS_OF_STORED_RUNS = {"include-path": "/api/v1/explanations", "include-method": "POST",
                            "checks": {"positive_data_acceptance": {"expected-statuses": [
                                "2xx", "401", "403", "422"]}}}
-# POST /explanations: the findings name a node that has uploaded a run, a stored run
-# (`against`) and ok results of that run, each once; a 422 naming the field otherwise.
-FINDINGS_OF_STORED_RUNS = {"include-path": "/api/v1/explanations", "include-method": "POST",
-                           "checks": {"positive_data_acceptance": {"expected-statuses": [
-                               "2xx", "401", "403", "422"]}}}
 
 # Uploads in parts: a part continues the bytes held (a 409 naming the offset otherwise)
-# and ends within the upload's total; the values of a stored fingerprint only (404), the
-# run of a complete upload only (404, 409), whose bytes are their name's (422).
+# and ends within the upload's total, which the server's limits bound (a 413 naming the
+# limit otherwise); the values of a stored fingerprint only (404), the run of a complete
+# upload only (404, 409), whose bytes are their name's (422).
 PARTS_OF_STORED_UPLOADS = {"include-path-regex": "^/api/v1/(uploads|values)/",
                            "checks": {"positive_data_acceptance": {"expected-statuses": [
-                               "2xx", "401", "403", "404", "409", "422"]}}}
+                               "2xx", "401", "403", "404", "409", "413", "422"]}}}
 
 
 @pytest.fixture(params=["agent", "reader"])
