@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     # newest upload), and none is served once older than read_cache_max_age_s.
     read_cache_seconds: float = Field(default=0.0, ge=0)
     read_cache_max_age_s: float = Field(default=60.0, ge=0)
+    # What `numparity-agent check` is answered (GET /api/v1/agent/check) is kept per
+    # question and pin version: served up to this many seconds after a newer upload (a
+    # cluster starting its jobs at once asks one computation), never after a new pin.
+    check_cache_seconds: float = Field(default=30.0, ge=0)
     # The URL browsers use to reach the server (e.g. https://numparity.lab.example) when a
     # proxy in front rewrites the Host header: the dashboard's sign-in and sign-out forms
     # are accepted from this origin as well as from the Host the browser asked for.
