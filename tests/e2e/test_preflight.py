@@ -127,7 +127,7 @@ def test_pin_check_and_drift_after_a_fleet_wide_change(
     assert seconds < BUDGET_S
 
     # The same node with a flipped bit in strict: no-go, naming the device and the tensor.
-    done, seconds = check(live_server, "--fault-drill", "--json")
+    done, seconds = check(live_server, "--fault-drill", "--variants", "strict", "--json")
     assert done.returncode == 10, done.stdout + done.stderr
     report = json.loads(done.stdout)
     assert (report["verdict"], report["exit_code"], report["cause"]) == ("no-go", 10, "differs")
