@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response, status
+from fastapi import APIRouter, Path, Query, Request, Response, status
 from pydantic import StringConstraints
 
 from numparity_server.auth.schemas import Principal
@@ -22,6 +22,8 @@ Attribute = Annotated[str | None, Query(max_length=255, description=(
 # A node lists at most this many device models (an 8-GPU node of one model lists one).
 MAX_MODELS = 16
 Name = Annotated[str, StringConstraints(min_length=1, max_length=320)]
+# A pin version's id (a 32-bit integer column).
+GoldenId = Annotated[int, Path(ge=1, le=2**31 - 1, description="a pin version's id")]
 
 
 def _who(principal: Principal) -> str:
@@ -40,7 +42,7 @@ def post_golden(body: PinIn, session: DbSession, principal: AdminAuth) -> Golden
 @router.post("/goldens/{golden_id}/unpin", response_model=GoldenOut,
              status_code=status.HTTP_201_CREATED,
              responses={409: {"description": "Already unpinned"}})
-def unpin_golden(golden_id: int, body: UnpinIn, session: DbSession,
+def unpin_golden(golden_id: GoldenId, body: UnpinIn, session: DbSession,
                  principal: AdminAuth) -> GoldenOut:
     """Unpin: a new version of the pin that holds no answers (admin)."""
     return service.unpin(session=session, golden_id=golden_id, reason=body.reason,
@@ -58,7 +60,7 @@ def list_goldens(session: DbSession, _principal: ReaderAuth, page: Pagination,
 
 
 @router.get("/goldens/{golden_id}", response_model=GoldenOut)
-def get_golden(golden_id: int, session: DbSession, _principal: ReaderAuth) -> GoldenOut:
+def get_golden(golden_id: GoldenId, session: DbSession, _principal: ReaderAuth) -> GoldenOut:
     """One version of a pin with its answers."""
     return service.get_pin(session=session, golden_id=golden_id)
 

@@ -19,7 +19,8 @@ from numparity_server.kit.settings import Settings
 # Values that name things that exist, so a request gets as far into the database as it can.
 KNOWN = {"name": "node-1", "run_id": "r1", "run_a": "r1", "run_b": "r2", "workload": "cnn",
          "variant": "default", "node": "node-1", "env_key": "x", "table": "findings",
-         "format": "json", "suite": "standard", "tensor": "output", "next": "/"}
+         "format": "json", "suite": "standard", "tensor": "output", "next": "/",
+         "golden_id": "1", "model": "cpu"}
 HUGE = str(2**64)
 LONG = "x" * 10_000
 
