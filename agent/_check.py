@@ -320,6 +320,20 @@ def process_age() -> float | None:
         return None
 
 
+# A process older than this when `check` begins was not started for it (a test, a program
+# calling `main`): its budget counts from `main` instead of the process's start.
+STARTUP_LIMIT_S = 15.0
+
+
+def budget_start(main_started: float) -> float:
+    """When the budget began: the process's start (its interpreter and imports count),
+    unless the process was running long before `main` was called."""
+    age = process_age()
+    if age is None or age > STARTUP_LIMIT_S:
+        return main_started
+    return min(main_started, time.monotonic() - age)
+
+
 class Deadline:
     def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic,
                  started: float | None = None) -> None:

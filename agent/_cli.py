@@ -213,8 +213,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="only these workloads (default: those the server chooses: "
                        "pinned, split in the fleet, recording layers, within the budget)")
     check.add_argument("--variants", dest="check_variants", nargs="+", metavar="V",
-                       help="only these variants (default: the server's choice, strict "
-                       "first)")
+                       help="only these variants: the server chooses the workloads among "
+                       "them (default: any, strict first)")
     check.add_argument("--max-seconds", metavar="S", type=float,
                        default=_check_default_seconds(),
                        help="never take longer than this, whatever happens (default "
@@ -467,9 +467,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     if not args.max_seconds > 0:
         raise _Usage("--max-seconds must be more than 0")
-    age = _check.process_age()
-    deadline = _check.Deadline(args.max_seconds, started=min(
-        args.started, time.monotonic() - age) if age is not None else args.started)
+    deadline = _check.Deadline(args.max_seconds, started=_check.budget_start(args.started))
     context = _Context(args)
     if not context.server:
         raise _Usage("check needs --server (or NUMPARITY_SERVER, or server in the config "

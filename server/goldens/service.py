@@ -417,7 +417,8 @@ class CheckQuestion:
 def check_plan(*, session: Session, question: CheckQuestion) -> CheckPlan:
     """The answers `check` compares on the devices of each model: the pin in force's, else
     the fleet's majority on this environment, of the workloads the agent named or, when
-    it named none, those the server chooses (``analysis.goldens.choose_checks``)."""
+    it named none, those the server chooses (``analysis.goldens.choose_checks``) among
+    the variants it named (all when none)."""
     environment = repository.environment_by_key(session, question.env_key)
     promoted = (repository.promoted(environment) if environment is not None
                 else dict(question.promoted))
@@ -425,7 +426,8 @@ def check_plan(*, session: Session, question: CheckQuestion) -> CheckPlan:
     held = (repository.holdings(session, suite=question.suite, models=question.models,
                                 environment_ids=[environment.id])
             if environment is not None else [])
-    named = bool(question.workloads or question.variants)
+    # Named workloads are run as named; named variants only narrow the server's choice.
+    named = bool(question.workloads)
     split = repository.split_keys(session, question.suite) if not named else set()
     devices = []
     chosen_by_model: dict[str, list[tuple[rules.CheckCandidate, rules.PinnedAnswer, int, int]]] = {}

@@ -141,10 +141,10 @@ def test_causes_that_need_no_computation(live_server: Any) -> None:
     assert done.returncode == 12
 
 
-@SQLITE
-def test_the_budget_is_never_exceeded(live_server: Any) -> None:
-    done, seconds = cli_check(live_server.base_url, live_server.agent_token, "--json",
-                              budget=2.5)
+def test_the_budget_is_never_exceeded() -> None:
+    # Listing the node (a child importing torch) does not fit in 2.5 s with the
+    # interpreter's start: the check stops at its budget, wherever it was.
+    done, seconds = cli_check("http://127.0.0.1:9", "np_x", "--json", budget=2.5)
     assert done.returncode == 14, done.stderr
     assert "not finished within --max-seconds" in done.stderr
     # Its own clock counts from the process's start; the wall clock adds only the exit.
@@ -194,7 +194,7 @@ def _model_cpu(device: Any) -> str:
 
 
 @SQLITE
-def test_every_device_at_once_one_verdict_each(fleet_node: dict[str, Any],
+def test_every_device_at_once_one_verdict_each_naming_the_tensor(fleet_node: dict[str, Any],
                                                monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(_check, "device_model", _model_cpu)
@@ -224,24 +224,20 @@ def test_every_device_at_once_one_verdict_each(fleet_node: dict[str, Any],
     assert elapsed < 4 * 0.5 + 1.5
     assert all(0 < t <= 60 for _d, _v, t in calls)
 
-
-@SQLITE
-def test_the_fleets_answer_is_what_differs_from(fleet_node: dict[str, Any],
-                                                monkeypatch: pytest.MonkeyPatch,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(_check, "device_model", _model_cpu)
+    # The fleet's answer is what a device differs from: the first tensor that differs.
     shifted = audit_document("shifted", 1, shift=1e-3)
     other = {r["variant"]: r for r in shifted["results"] if r["status"] == "ok"}
 
-    def child(variant: str, *, device: str, **_: Any) -> tuple[None, list[dict[str, Any]]]:
+    def shifted_child(variant: str, *, device: str, **_: Any
+                      ) -> tuple[None, list[dict[str, Any]]]:
         source = other if device == "cuda:0" else fleet_node["answers"]
         return None, [dict(source[variant], device=device)]
 
-    monkeypatch.setattr(_suite, "run_variant", child)
+    monkeypatch.setattr(_suite, "run_variant", shifted_child)
     code = _cli.main(["check", "--server", fleet_node["server"].base_url, "--json",
                       "--variants", "strict"])
     report = json.loads(capsys.readouterr().out)
-    assert code == 10 and report["chosen_by"] == "agent"
+    assert code == 10 and report["chosen_by"] == "server"  # variants narrow its choice
     bad, good = report["devices"]
     assert (bad["device"], bad["verdict"]) == ("cuda:0", "no-go")
     assert [(a["variant"], a["status"], a["first_differing"]) for a in bad["answers"]] == \

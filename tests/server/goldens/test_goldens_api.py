@@ -226,9 +226,16 @@ def test_check_of_an_unknown_environment(stock: Any) -> None:
 def test_check_of_named_workloads_and_its_bounds(stock: Any) -> None:
     key = env_key(stock, "node-1")
     named = stock.client.get("/api/v1/agent/check", params={
-        "env_key": key, "model": "cpu", "variant": "default"}, headers=stock.agent).json()
+        "env_key": key, "model": "cpu", "workload": "cnn", "variant": "default"},
+        headers=stock.agent).json()
     assert named["chosen_by"] == "agent"
-    assert [c["variant"] for c in named["devices"][0]["checks"]] == ["default"]
+    assert [(c["workload"], c["variant"]) for c in named["devices"][0]["checks"]] == [
+        ("cnn", "default")]
+    # Variants alone narrow the server's choice.
+    narrowed = stock.client.get("/api/v1/agent/check", params={
+        "env_key": key, "model": "cpu", "variant": "default"}, headers=stock.agent).json()
+    assert narrowed["chosen_by"] == "server"
+    assert {c["variant"] for c in narrowed["devices"][0]["checks"]} == {"default"}
     for params, status in (({"model": "cpu"}, 422), ({"env_key": key}, 422),
                            ({"env_key": key, "model": "cpu", "budget_s": "-1"}, 422),
                            ({"env_key": key, "model": ["cpu"] * 17}, 422)):
