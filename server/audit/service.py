@@ -59,7 +59,7 @@ from numparity_server.audit.schemas import (
     StrictChangedRow,
     SuspectRow,
 )
-from numparity_server.goldens import service as goldens
+from numparity_server.goldens import drift as goldens
 from numparity_server.reads import environments as reads_environments
 from numparity_server.reads.results import results_of_runs, run_ids_of_results
 

@@ -14,7 +14,7 @@ from numparity_server.analysis import PairsMode, Tolerance, consensus
 from numparity_server.analysis.policy import Policy
 from numparity_server.divergence import repository
 from numparity_server.divergence.schemas import DivergenceKey, DivergenceOut, Excluded
-from numparity_server.goldens import service as goldens
+from numparity_server.goldens import drift as goldens
 from numparity_server.kit.db import writing
 from numparity_server.kit.errors import NotFound
 from numparity_server.reads import environments as reads_environments

@@ -9,6 +9,7 @@ from pydantic import StringConstraints
 
 from numparity_server.auth.schemas import Principal
 from numparity_server.deps import AdminAuth, AgentAuth, DbSession, Pagination, ReaderAuth
+from numparity_server.goldens import check as plans
 from numparity_server.goldens import service
 from numparity_server.goldens.repository import check_version
 from numparity_server.goldens.schemas import CheckPlan, GoldenOut, GoldenPage, PinIn, UnpinIn
@@ -92,7 +93,7 @@ def check(
     promoted = {"torch": torch, "cuda": cuda, "cudnn": cudnn, "driver": driver,
                 "gpu_name": gpu_name, "compute_capability": compute_capability,
                 "cpu_model": cpu_model, "cpu_capability": cpu_capability}
-    question = service.CheckQuestion(
+    question = plans.CheckQuestion(
         suite=suite, env_key=env_key, models=tuple(dict.fromkeys(model)),
         promoted=tuple(sorted(promoted.items())),
         workloads=tuple(sorted(set(workload or ()))), variants=tuple(sorted(set(variant or ()))),
@@ -103,7 +104,7 @@ def check(
     # thousand checks at once then hold a connection for two short statements each.
     session.rollback()
     cached = request.app.state.check_cache.get(
-        (question, pins), (runs,), lambda: service.check_plan(
+        (question, pins), (runs,), lambda: plans.check_plan(
             session=session, question=question).model_dump_json().encode())
     # Kept as the JSON it goes out as: a kept answer costs no serialisation either.
     return Response(cached.value, media_type="application/json",

@@ -1,29 +1,20 @@
-"""Pinned answers (design §3.11): pin and unpin, list, the drift of the fleet from its pins
-(for the audit and /divergence) and the answers `numparity-agent check` compares."""
+"""Pinned answers (design §3.11): pin and unpin, list, and the pins in force as the
+analysis reads them (``drift`` and ``check`` read them too)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from numparity_server import analysis
 from numparity_server.analysis import goldens as rules
-from numparity_server.analysis.policy import Policy
 from numparity_server.goldens import repository
 from numparity_server.goldens.schemas import (
-    AgainstPin,
-    CheckAnswer,
-    CheckDevice,
-    CheckPlan,
-    DivergencePin,
     GoldenOut,
     GoldenPage,
     LeftOut,
-    PinDriftRow,
     PinIn,
     PinnedAnswerOut,
     PinRef,
@@ -31,12 +22,6 @@ from numparity_server.goldens.schemas import (
 from numparity_server.kit.db import writing
 from numparity_server.kit.errors import Conflict, InvalidDocument, NotFound
 from numparity_server.models import Golden, GoldenAnswer
-from numparity_server.reads.fingerprints import load_fingerprints
-from numparity_server.reads.results import manifest_entries
-
-# The tensors' hashes `check` is given: 16 hex digits (64 bits) name a tensor's bytes
-# among a fleet's answers as surely as the whole hash, at a quarter of the size.
-CHECK_HASH_CHARS = 16
 
 
 def pin(*, session: Session, request: PinIn, pinned_by: str) -> GoldenOut:
@@ -283,207 +268,3 @@ def _out(session: Session, row: Golden, *, with_answers: bool = False,
             {name: getattr(a, name) for name in PinnedAnswerOut.model_fields})
             for a in answers],
         left_out=left_out)
-
-
-# ---- drift ---------------------------------------------------------------------------
-
-
-class _Against:
-    """Answers compared with pinned ones, each pair once per request."""
-
-    def __init__(self, session: Session, policy: Policy) -> None:
-        self.session, self.policy = session, policy
-        self.found: dict[tuple[str, str], AgainstPin] = {}
-
-    def __call__(self, workload: str, pinned: str, answer: str) -> AgainstPin:
-        if (pinned, answer) not in self.found:
-            self.found[(pinned, answer)] = self._compare(workload, pinned, answer)
-        return self.found[(pinned, answer)]
-
-    def _compare(self, workload: str, pinned: str, answer: str) -> AgainstPin:
-        entries = manifest_entries(self.session, [pinned, answer])
-        if pinned not in entries or answer not in entries:
-            return AgainstPin(verdict=None, decided_by=None, first_divergent_layer=None,
-                              max_abs=None)
-        reference, candidate = (_tensors(entries[pinned]), _tensors(entries[answer]))
-        fingerprints = load_fingerprints(self.session, {h for _n, _k, h in
-                                                        (*reference, *candidate)})
-        rows = analysis.compare_manifests(
-            candidate, reference, fingerprints,
-            tolerance_for=lambda dtype: self.policy.tolerance(workload, dtype))
-        decided = analysis.result_verdict(rows)
-        layer = analysis.first_divergent_layer([r for r in rows if r["kind"] == "layer"])
-        deciding = next((r for r in rows if decided is not None
-                         and r["name"] == decided.tensor), None)
-        max_abs = (deciding or {}).get("metrics", {}) or {}
-        return AgainstPin(verdict=decided.verdict if decided else None,
-                          decided_by=decided.tensor if decided else None,
-                          first_divergent_layer=layer["name"] if layer else None,
-                          max_abs=max_abs.get("max_abs"))
-
-
-def _tensors(entries: Iterable[Mapping[str, Any]]) -> tuple[tuple[str, str, str], ...]:
-    return tuple((e["name"], e["kind"], e["hash"]) for e in entries)
-
-
-def drift(*, session: Session, policy: Policy) -> list[PinDriftRow]:
-    """Every device group in a pin's scope whose latest answer of a pinned key is not the
-    pinned one: the fleet's drift from its pins, whether one device moved or all of them
-    (``peers_agree``). Each row's answer is compared with the pinned one."""
-    pins = pins_in_force(session)
-    if not pins:
-        return []
-    held = repository.holdings(session, models=sorted({p.model for p in pins}),
-                               keys={key for p in pins for key in p.answers})
-    environments = repository.environments(session, {h.environment_id for h in held})
-    against = _Against(session, policy)
-    return [PinDriftRow(
-        pin_id=d.pin.id, pin_version=d.pin.version, model=d.pin.model,
-        scope=rules.describe_scope(d.pin.scope), suite=d.pin.suite, workload=d.workload,
-        workload_version=d.workload_version, variant=d.variant,
-        env_key=environments[d.environment_id][0], devices=d.devices,
-        environment_devices=d.environment_devices, first_node=d.first_node,
-        peers_agree=d.usual, pinned_manifest=d.pinned, answer_manifest=d.answer,
-        **against(d.workload, d.pinned, d.answer).model_dump(exclude={"max_abs"}))
-        for d in rules.drift(pins, held, environments)]
-
-
-def divergence_pins(*, session: Session, policy: Policy, suite: str, workload: str,
-                    variant: str, workload_version: int | None, tensor: str | None,
-                    groups: Sequence[tuple[int, str]]) -> list[DivergencePin]:
-    """/divergence's pins of the key: each pin in force with an answer for it (of the
-    version shown), the group giving the pinned answer, and the devices in its scope that
-    give another (``groups``: the report's (id, hash))."""
-    pins = [p for p in pins_in_force(session) if p.suite == suite
-            and (found := p.answers.get((workload, variant))) is not None
-            and found.workload_version == workload_version]
-    if not pins:
-        return []
-    held = [h for h in repository.holdings(session, suite=suite,
-                                           models=sorted({p.model for p in pins}),
-                                           keys=[(workload, variant)])
-            if h.status == "ok" and h.manifest_hash and h.workload_version == workload_version]
-    environments = repository.environments(session, {h.environment_id for h in held})
-    entries = manifest_entries(session, {p.answers[(workload, variant)].manifest_hash
-                                             for p in pins} | {h.manifest_hash or "" for h in held})
-    group_of = {digest: number for number, digest in groups}
-    against = _Against(session, policy)
-
-    def answer_of(manifest: str) -> str | None:
-        if tensor is None:
-            return manifest
-        return next((e["hash"] for e in entries.get(manifest, []) if e["name"] == tensor), None)
-
-    found = []
-    for p in pins:
-        pinned = p.answers[(workload, variant)].manifest_hash
-        own = [h for h in held if h.model == p.model and getattr(rules.pin_in_force(
-            pins, suite=suite, model=h.model, env_key=environments[h.environment_id][0],
-            promoted=environments[h.environment_id][1]), "id", None) == p.id]
-        on_pin = sum(h.devices for h in own if answer_of(h.manifest_hash or "")
-                     == answer_of(pinned))
-        totals = analysis.tally((answer_of(h.manifest_hash or "") or "", h.support) for h in own)
-        usual = analysis.usual(totals)
-        moved = usual if usual is not None and usual != answer_of(pinned) else None
-        moved_manifest = next((h.manifest_hash for h in own if moved is not None
-                               and answer_of(h.manifest_hash or "") == moved), None)
-        found.append(DivergencePin(
-            pin=pin_ref(session, p.id), workload_version=workload_version,
-            pinned=answer_of(pinned) or "", pinned_group=group_of.get(answer_of(pinned) or ""),
-            devices_in_scope=sum(h.devices for h in own), devices_on_pin=on_pin,
-            drift=on_pin < sum(h.devices for h in own),
-            in_scope_group=group_of.get(moved) if moved is not None else None,
-            against_pin=against(workload, pinned, moved_manifest) if moved_manifest else None))
-    return found
-
-
-# ---- check ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CheckQuestion:
-    """What an agent asks before `check` (the cache's key: every field)."""
-
-    suite: str
-    env_key: str
-    models: tuple[str, ...]
-    promoted: tuple[tuple[str, str | None], ...]  # used only for an unknown environment
-    workloads: tuple[str, ...]
-    variants: tuple[str, ...]
-    budget_s: float
-    child_s: float
-
-
-def check_plan(*, session: Session, question: CheckQuestion) -> CheckPlan:
-    """The answers `check` compares on the devices of each model: the pin in force's, else
-    the fleet's majority on this environment, of the workloads the agent named or, when
-    it named none, those the server chooses (``analysis.goldens.choose_checks``) among
-    the variants it named (all when none)."""
-    environment = repository.environment_by_key(session, question.env_key)
-    promoted = (repository.promoted(environment) if environment is not None
-                else dict(question.promoted))
-    pins = [p for p in pins_in_force(session) if p.suite == question.suite]
-    held = (repository.holdings(session, suite=question.suite, models=question.models,
-                                environment_ids=[environment.id])
-            if environment is not None else [])
-    # Named workloads are run as named; named variants only narrow the server's choice.
-    named = bool(question.workloads)
-    split = repository.split_keys(session, question.suite) if not named else set()
-    devices = []
-    chosen_by_model: dict[str, list[tuple[rules.CheckCandidate, rules.PinnedAnswer, int, int]]] = {}
-    for model in question.models:
-        force = rules.pin_in_force(pins, suite=question.suite, model=model,
-                                   env_key=question.env_key, promoted=promoted)
-        own = [h for h in held if h.model == model]
-        unsteady = {(h.workload, h.variant) for h in own if h.repeats_agree is False}
-        fleet = rules.majority_answers(own)
-        walls = {(h.workload, h.variant): h.wall_s for h in own if h.wall_s is not None}
-        options: dict[tuple[str, str], tuple[str, rules.PinnedAnswer, int, int]] = {}
-        for key, majority in fleet.items():
-            if majority.answer is not None and key not in unsteady:
-                options[key] = ("fleet", majority.answer, majority.holders, majority.devices)
-        if force is not None:
-            pinned_rows = {(a.workload, a.variant): a for a in repository.answers_of(
-                session, [force.id]).get(force.id, [])}
-            for key, answer in force.answers.items():
-                row = pinned_rows[key]
-                options[key] = ("pin", answer, row.holders, row.devices)
-        options = {key: found for key, found in options.items()
-                   if (not question.workloads or key[0] in question.workloads)
-                   and (not question.variants or key[1] in question.variants)}
-        entries = manifest_entries(session, {a.manifest_hash for _s, a, _h, _d
-                                                 in options.values()})
-        candidates = {key: rules.CheckCandidate(
-            key[0], key[1], source, walls.get(key), key in split,
-            any(e["kind"] == "layer" for e in entries.get(answer.manifest_hash, [])))
-            for key, (source, answer, _h, _d) in options.items()}
-        picked = (sorted(candidates.values(), key=lambda c: (c.workload, c.variant)) if named
-                  else rules.choose_checks(list(candidates.values()),
-                                           budget_s=question.budget_s,
-                                           child_s=question.child_s))
-        chosen_by_model[model] = [(c, options[(c.workload, c.variant)][1],
-                                   options[(c.workload, c.variant)][2],
-                                   options[(c.workload, c.variant)][3]) for c in picked]
-        checks = [CheckAnswer(
-            workload=answer.workload, workload_version=answer.workload_version,
-            variant=answer.variant, source=candidate.source,  # type: ignore[arg-type]
-            manifest_hash=answer.manifest_hash, input_hash=answer.input_hash,
-            param_hash=answer.param_hash,
-            tensors=[(e["name"], e["hash"][:CHECK_HASH_CHARS])
-                     for e in entries.get(answer.manifest_hash, [])],
-            holders=holders, devices=total)
-            for candidate, answer, holders, total in chosen_by_model[model]]
-        source = "pin" if force is not None else ("fleet" if options else "none")
-        note = None
-        if not checks:
-            note = (f"no answer to compare with: the server knows no run on environment "
-                    f"{question.env_key[:12]}" if environment is None else
-                    f"no answer of {model} devices on environment {question.env_key[:12]} to "
-                    "compare with") + (" and no pin holds it" if force is None else "")
-            source = "none"
-        devices.append(CheckDevice(model=model, source=source,  # type: ignore[arg-type]
-                                   pin=pin_ref(session, force.id) if force else None,
-                                   note=note, checks=checks))
-    return CheckPlan(suite=question.suite, env_key=question.env_key,
-                     environment_known=environment is not None,
-                     chosen_by="agent" if named else "server", devices=devices)
