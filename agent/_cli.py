@@ -195,6 +195,46 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--output", metavar="FILE",
                          help="also write the findings to this file")
 
+    check = sub.add_parser(
+        "check", help="go/no-go before a job: this node's devices against the pinned (or "
+        "fleet) answers, within --max-seconds",
+        description="Compute a few answers the server expects (the pin in force for each "
+        "device model on this environment, else the fleet's majority here) on every device "
+        "at once, and say go or no-go, one line per device. Nothing is spooled or uploaded.",
+        epilog=_check_help(), formatter_class=formatter)
+    server_args(check)
+    check.add_argument("--device", metavar="LIST",
+                       help="devices to check, comma-separated, or all (NUMPARITY_DEVICE, "
+                       "config device; default all: every visible GPU, else the CPU)")
+    check.add_argument("--suite", metavar="NAME",
+                       help=f"the suite (NUMPARITY_SUITE, config suite; default "
+                       f"{_workloads.SUITE})")
+    check.add_argument("--workloads", dest="check_workloads", nargs="+", metavar="W",
+                       help="only these workloads (default: those the server chooses: "
+                       "pinned, split in the fleet, recording layers, within the budget)")
+    check.add_argument("--variants", dest="check_variants", nargs="+", metavar="V",
+                       help="only these variants: the server chooses the workloads among "
+                       "them (default: any, strict first)")
+    check.add_argument("--max-seconds", metavar="S", type=float,
+                       default=_check_default_seconds(),
+                       help="never take longer than this, whatever happens (default "
+                       "%(default)g)")
+    fail = check.add_mutually_exclusive_group()
+    fail.add_argument("--fail-open", dest="check_fail", action="store_const", const="open",
+                      help="exit 0 when the check cannot tell (server unreachable or "
+                      "refusing the token, unknown environment, out of time); a device "
+                      "that differs or fails still exits 10 or 13 (NUMPARITY_CHECK_FAIL, "
+                      "config check_fail)")
+    fail.add_argument("--fail-closed", dest="check_fail", action="store_const",
+                      const="closed", help="exit with the cause's code then (the default)")
+    check.add_argument("--json", action="store_true",
+                       help="print the verdicts as one JSON object")
+    check.add_argument("--fault-drill", action="store_true",
+                       help="flip one bit in the strict variant on one device (a corrupting "
+                       "GPU): that device must fail the check")
+    check.add_argument("--drill-device", metavar="SLOT",
+                       help="with --fault-drill: the device corrupted (default the first)")
+
     flush = sub.add_parser("flush", help="upload what is spooled, oldest first",
                            epilog=EXIT_CODES_HELP, formatter_class=formatter)
     server_args(flush)
@@ -216,6 +256,18 @@ def _parser() -> argparse.ArgumentParser:
         "never fail it; default exit 0)",
     )
     return parser
+
+
+def _check_help() -> str:
+    from numparity_agent._check import CHECK_EXIT_CODES_HELP
+
+    return CHECK_EXIT_CODES_HELP
+
+
+def _check_default_seconds() -> float:
+    from numparity_agent._check import DEFAULT_MAX_SECONDS
+
+    return DEFAULT_MAX_SECONDS
 
 
 def _explain_defaults() -> tuple[int, float]:
@@ -410,6 +462,78 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return _finish(codes)
 
 
+def _cmd_check(args: argparse.Namespace) -> int:
+    """`check` (design §2.12): the node's devices against the answers the server expects,
+    one line per device on stdout (or --json), within --max-seconds."""
+    import subprocess
+
+    from numparity_agent import _check, _suite
+
+    if not args.max_seconds > 0:
+        raise _Usage("--max-seconds must be more than 0")
+    deadline = _check.Deadline(args.max_seconds, started=_check.budget_start(args.started))
+    context = _Context(args)
+    if not context.server:
+        raise _Usage("check needs --server (or NUMPARITY_SERVER, or server in the config "
+                     "file): the server holds the answers it compares with")
+    get = context.settings.get
+    suite = get("suite", _workloads.SUITE)
+    fail_open = get("check_fail", "closed") == "open"
+    bad = [v for v in args.check_variants or () if v not in _variants.VARIANTS]
+    if bad:
+        raise _Usage(f"unknown variant(s) {', '.join(bad)}; valid: "
+                     f"{', '.join(_variants.names())}")
+    if args.drill_device and not args.fault_drill:
+        raise _Usage("--drill-device names the device of --fault-drill: add it")
+    report = _check.CheckReport(devices=[], fail_open=fail_open)
+
+    def out_of_time(seconds: float) -> int:
+        """The watchdog's verdict (it then exits): nothing else is printed after it."""
+        late = _check.CheckReport(devices=[], fail_open=fail_open, seconds=seconds,
+                                  cause_code=_check.EXIT_OUT_OF_TIME,
+                                  detail="stopped at the budget's end (children killed)")
+        try:
+            if args.json:
+                sys.stdout.write(json.dumps(late.to_json(), indent=1) + "\n")
+            sys.stdout.flush()
+            log(late.summary())
+        except OSError:
+            pass
+        return late.exit_code
+
+    with _check.Watchdog(deadline, args.max_seconds, out_of_time):
+        try:
+            try:
+                _suite.check_suite(suite)
+                devices, environment, child_s = _check.list_node(get("device", _devices.ALL),
+                                                                 deadline)
+                drill_at = _suite.drill_slot(devices, args.drill_device) if args.fault_drill \
+                    else None
+            except _suite.UsageError as exc:
+                raise _Usage(str(exc)) from None
+            with httpx.Client(verify=context.verify) as client:
+                report = _check.run_check(
+                    client=client, server=context.server, token=context.token, devices=devices,
+                    environment=environment, deadline=deadline, child_s=child_s, suite=suite,
+                    workloads=args.check_workloads or [], variants=args.check_variants or [],
+                    fail_open=fail_open, drill_at=drill_at,
+                    upload_timeout=context.upload_timeout)
+        except subprocess.TimeoutExpired:
+            report.cause_code, report.detail = _check.EXIT_OUT_OF_TIME, \
+                "listing the devices or reading the environment took the whole budget"
+        except (_suite.DeviceListError, RuntimeError) as exc:
+            report.cause_code = _check.EXIT_FAILED
+            report.detail = "cannot list the devices or read the environment: " + \
+                str(exc).strip().splitlines()[0]
+    report.seconds = deadline.elapsed()
+    if args.json:
+        _answer(json.dumps(report.to_json(), indent=1) + "\n")
+    else:
+        _answer("".join(device.line() + "\n" for device in report.devices))
+    log(report.summary())
+    return report.exit_code
+
+
 def _default_explain_device() -> str:
     """cuda:0 where a GPU driver is, else the CPU: the one device explain computes on."""
     return "cuda:0" if _devices.gpu_driver_present() and sys.platform.startswith("linux") \
@@ -597,12 +721,14 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()  # `check`'s budget counts from here
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
+    args.started = started
     handlers = {"run": _cmd_run, "flush": _cmd_flush, "env": _cmd_env, "doctor": _cmd_doctor,
-                "explain": _cmd_explain, "suites": _cmd_suites}
+                "explain": _cmd_explain, "suites": _cmd_suites, "check": _cmd_check}
     try:
         return handlers[args.command](args)
     except _Usage as exc:

@@ -43,6 +43,9 @@ KINDS: dict[str, str] = {
     "ca_bundle": "path",
     "max_wait": "delay",
     "trace_ops": "flag",
+    # `check` when it cannot tell (server unreachable, unknown environment, out of time):
+    # "open" lets the job start (exit 0), "closed" (default) exits with the cause's code.
+    "check_fail": "fail",
 }
 # What a value of each kind is, in the file and in a variable (the manual's settings page
 # says it; `_convert` checks it).
@@ -148,6 +151,10 @@ def _convert(kind: str, value: Any, where: str, base: Path | None) -> Any:
         return number
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{where} must be a non-empty string")
+    if kind == "fail":
+        if value.strip().lower() not in ("open", "closed"):
+            raise ConfigError(f"{where} must be open or closed, not {value!r}")
+        return value.strip().lower()
     if kind == "path":
         path = Path(value).expanduser()
         return base / path if base is not None and not path.is_absolute() else path

@@ -20,6 +20,7 @@ from numparity_server.divergence.api import router as divergence_router
 from numparity_server.environments.api import router as environments_router
 from numparity_server.explain.api import OPENAPI_MODELS as EXPLAIN_MODELS
 from numparity_server.explain.api import router as explain_router
+from numparity_server.goldens.api import router as goldens_router
 from numparity_server.health.api import router as health_router
 from numparity_server.kit import migrate
 from numparity_server.kit.db import get_engine, session_factory
@@ -64,6 +65,10 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.policy = load_policy(settings.policy_file)
     app.state.read_cache = ReadCache(fresh_s=settings.read_cache_seconds,
                                      max_age_s=settings.read_cache_max_age_s)
+    app.state.check_cache = ReadCache(fresh_s=settings.check_cache_seconds,
+                                      max_age_s=max(settings.check_cache_seconds,
+                                                    settings.read_cache_max_age_s),
+                                      max_entries=1024)
     install_error_handlers(app, pages=(dashboard.is_page, dashboard.error_page))
     app.include_router(health_router)
     app.include_router(catalog_router)
@@ -75,6 +80,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(compare_router)
     app.include_router(audit_router)
     app.include_router(explain_router)
+    app.include_router(goldens_router)
     app.include_router(metrics_router)
     dashboard.install(app)
     install_api_docs(app)

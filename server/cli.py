@@ -1,4 +1,5 @@
-"""``numparity-server``: migrate, serve, manage tokens, apply retention, run the demo.
+"""``numparity-server``: migrate, serve, manage tokens, pin answers, apply retention, run
+the demo.
 
 Exit codes: 0 ok, 1 the command failed (message on stderr), 2 usage error.
 """
@@ -89,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
     retention.add_argument("--dry-run", action="store_true",
                            help="count what would be dropped, drop nothing")
 
+    from numparity_server.goldens.cli import add_commands as add_golden_commands
+
+    add_golden_commands(commands, common)
+
     commands.add_parser("demo", parents=[common], add_help=False,
                         help="run the demonstration (the arguments after it go to the demo)")
     return parser
@@ -144,6 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _token(settings, args)
         if args.command == "retention":
             return _retention(settings, args)
+        if args.command == "golden":
+            from numparity_server.goldens import cli as golden_cli
+
+            return golden_cli.run(lambda: _migrated_engine(settings), args)
         if args.command == "demo":
             return _demo(demo_args)
     except SQLAlchemyError as exc:

@@ -121,10 +121,13 @@ _NO_NUL = "^[^\\u0000]*$"
 
 
 def _forbid_nul(schema: dict[str, Any]) -> None:
-    """A NUL-free ``pattern`` on every string branch of a parameter's schema."""
+    """A NUL-free ``pattern`` on every string branch of a parameter's schema, the items of
+    a repeated parameter's too."""
     for branch in schema.get("anyOf", [schema]):
         if branch.get("type") == "string" and "pattern" not in branch:
             branch["pattern"] = _NO_NUL
+        elif branch.get("type") == "array" and isinstance(branch.get("items"), dict):
+            _forbid_nul(branch["items"])
 
 
 def _set_maximum(schema: dict[str, Any], maximum: int) -> None:

@@ -42,6 +42,10 @@ CSV_TABLES: dict[str, tuple[str, ...]] = {
     "data_pipeline": ("env_key", "suite", "workload", "variant", "devices", "recipe_holds",
                       "without", "without_holds", "needs_recipe", "workers_agree",
                       "recipe_broken", "without_broken"),
+    "pinned": ("pin_id", "pin_version", "model", "scope", "suite", "workload",
+               "workload_version", "variant", "env_key", "devices", "environment_devices",
+               "first_node", "peers_agree", "verdict", "decided_by", "first_divergent_layer",
+               "pinned_manifest", "answer_manifest"),
 }
 TABLES = ("findings", "inventory", *CSV_TABLES)
 
@@ -67,6 +71,14 @@ def findings(report: AuditOut) -> list[dict[str, str]]:
         rows.append({"node": broken.node, "finding": "broken_inputs",
                      "detail": f"{' and '.join(broken.differs)} of {broken.workload} "
                                f"({broken.variant}) differ from the fleet's"})
+    for moved in report.pinned:
+        rows.append({"node": moved.first_node, "finding": "off pin",
+                     "detail": f"{moved.workload}/{moved.variant} on {moved.devices} of "
+                               f"{moved.environment_devices} {moved.model} device(s) of "
+                               f"environment {moved.env_key[:12]} differs from pin "
+                               f"{moved.pin_id} v{moved.pin_version} ({moved.scope})"
+                               + (": the whole environment moved" if moved.peers_agree
+                                  else "")})
     for drift in report.drift:
         if drift.outputs_changed:
             names = ", ".join(change.attribute for change in drift.attributes[:5])

@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from numparity_server.goldens.schemas import PinDriftRow
+
 EXAMPLE: dict[str, Any] = {
     "generated_at": "2026-11-21T10:00:00+00:00",
     "window_days": 14.0,
@@ -111,6 +113,8 @@ class NodeStatusCounts(_Row):
 class AuditSummary(NodeStatusCounts):
     policy_violations: int  # nodes breaking a rule
     broken_inputs: int  # nodes with a result on other input or parameter bytes
+    off_pin_devices: int = Field(0, description="Devices whose latest answer of a pinned "
+                                                "key is not the pinned one (design §3.11)")
 
 
 class AuditTotals(_Row):
@@ -122,6 +126,7 @@ class AuditTotals(_Row):
     nondeterministic: int
     broken_inputs: int
     drift: int
+    pinned: int = 0
 
 
 class InventoryRow(_Row):
@@ -388,3 +393,7 @@ class AuditOut(BaseModel):
     determinism_cost: list[DeterminismCostRow]
     numerics: list[NumericsRow]
     data_pipeline: list[DataPipelineRow]
+    pinned: list[PinDriftRow] = Field(
+        default_factory=list, description="Drift from the pinned answers (design §3.11): "
+        "devices in a pin's scope whose latest answer of a pinned key is another, "
+        "`peers_agree` when their whole environment moved together (a page)")

@@ -61,6 +61,7 @@ from numparity_server.audit.schemas import (
     StrictChangedRow,
     SuspectRow,
 )
+from numparity_server.goldens import drift as goldens
 from numparity_server.reads import environments as reads_environments
 from numparity_server.reads.results import results_of_runs, run_ids_of_results
 
@@ -86,6 +87,7 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None,
     held_broken = _broken_inputs(session, fleet.held)
     broken = _with_run_ids(session, held_broken[page])
     drift, drift_total = _drift(session, fleet, environments, page)
+    pinned = goldens.drift(session=session, policy=policy)
     counts = _counts(fleet, suspects=node_suspect_statuses(suspects),
                      devices=[suspect.status for suspect in suspects],
                      nondeterministic={row.node for row in held_nondeterministic},
@@ -97,11 +99,13 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None,
         window_days=policy.window_days,
         summary=AuditSummary(**counts.model_dump(),
                              policy_violations=violations.nodes,
-                             broken_inputs=len({row.node for row in held_broken})),
+                             broken_inputs=len({row.node for row in held_broken}),
+                             off_pin_devices=sum(row.devices for row in pinned)),
         limit=limit, offset=offset,
         totals=AuditTotals(stale=len(stale_entries), policy=violations.rows,
                            suspects=len(suspects), nondeterministic=len(held_nondeterministic),
-                           broken_inputs=len(held_broken), drift=drift_total),
+                           broken_inputs=len(held_broken), drift=drift_total,
+                           pinned=len(pinned)),
         inventory={column: [InventoryRow.model_validate(count) for count in values]
                    for column, values in inventory_of(fleet.env_nodes, columns).items()},
         stale=stale,
@@ -114,6 +118,7 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None,
                           determinism_cost(_wall_times(fleet.held), env_keys)],
         numerics=_numerics(fleet.held, env_keys),
         data_pipeline=_data_pipeline(fleet.held, env_keys),
+        pinned=pinned[page],
     )
 
 

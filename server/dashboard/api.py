@@ -38,6 +38,7 @@ from numparity_server.deps import (
     SettingsDep,
     require_reader,
 )
+from numparity_server.goldens import service as goldens_service
 from numparity_server.kit.errors import Forbidden, Unauthorized
 from numparity_server.nodes.service import node_timeline
 
@@ -238,7 +239,9 @@ async def audit_page(request: Request, session: DbSession, policy: PolicyDep,
     report = await run_in_threadpool(
         kept, ("audit", rows, 0), lambda: audit_service.audit(
             session=session, policy=policy, limit=rows))
-    return _aged(render(request, "audit.html", report=report, title="Audit"), kept)
+    pins = await run_in_threadpool(lambda: goldens_service.list_pins(
+        session=session, suite=None, model=None, in_force=True, limit=rows, offset=0).items)
+    return _aged(render(request, "audit.html", report=report, pins=pins, title="Audit"), kept)
 
 
 @router.get("/audit.csv")

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from numparity_server.compare.schemas import FirstNonfinite, LargestJump, OriginOut
+from numparity_server.goldens.schemas import DivergencePin
 from numparity_server.reads.explanations import ExplanationOut
 
 _STRICT = ConfigDict(extra="forbid")
@@ -237,3 +238,7 @@ class DivergenceOut(BaseModel):
                                                  "version, broken inputs), with why: the "
                                                  "first `members_limit`")
     excluded_total: int
+    pins: list[DivergencePin] = Field(
+        default_factory=list, description="Each pin in force with an answer for the key "
+        "(design §3.11): the group giving the pinned answer (null when no device does now: "
+        "the fleet moved) and the devices in its scope that give another")

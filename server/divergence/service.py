@@ -15,6 +15,7 @@ from numparity_server.analysis import PairsMode, Tolerance, consensus
 from numparity_server.analysis.policy import Policy
 from numparity_server.divergence import repository
 from numparity_server.divergence.schemas import DivergenceKey, DivergenceOut, Excluded
+from numparity_server.goldens import drift as goldens
 from numparity_server.kit.db import writing
 from numparity_server.kit.errors import NotFound
 from numparity_server.reads import environments as reads_environments
@@ -97,7 +98,12 @@ def divergence(
         "pairs_offset": pairs_offset, "members_limit": members_limit,
         "members_offset": members_offset,
         "excluded": excluded[analysis.members_page(members_limit, members_offset)],
-        "excluded_total": sum(answer.devices for answer, _ in left_out)})
+        "excluded_total": sum(answer.devices for answer, _ in left_out),
+        # Drift from a pin shows even when every device moved together (one group).
+        "pins": goldens.divergence_pins(
+            session=session, policy=policy, suite=suite, workload=workload, variant=variant,
+            workload_version=version, tensor=tensor,
+            groups=[(group.id, group.hash) for group in groups])})
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,12 @@ class Settings(BaseSettings):
         default=60.0, ge=0,
         description="No kept answer of a fleet-wide read is served once it is older than "
         "this many seconds.")
+    check_cache_seconds: float = Field(
+        default=30.0, ge=0,
+        description="What `numparity-agent check` is answered (GET /api/v1/agent/check) is "
+        "kept per question and pin version: served up to this many seconds after a newer "
+        "upload (a cluster starting its jobs at once asks one computation), never after a "
+        "new pin.")
     public_url: str | None = Field(
         default=None,
         description="The URL browsers use to reach the server (e.g. "

@@ -5,6 +5,7 @@ from numparity_server.models.comparisons import KeptComparison
 from numparity_server.models.content import STAT_FIELDS, Fingerprint, Manifest, Trace
 from numparity_server.models.explanations import Explanation
 from numparity_server.models.fleet import Device, Environment, Node
+from numparity_server.models.goldens import Golden, GoldenAnswer
 from numparity_server.models.runs import Latest, LatestCount, Outcome, Result, Run
 from numparity_server.models.tokens import Token
 from numparity_server.models.uploads import UploadPart
@@ -16,6 +17,8 @@ __all__ = [
     "Environment",
     "Explanation",
     "Fingerprint",
+    "Golden",
+    "GoldenAnswer",
     "KeptComparison",
     "Latest",
     "LatestCount",

@@ -1,12 +1,13 @@
 """The fleet's version: what the fleet-wide reads are kept against (`kit.readcache`).
 
 Every write that changes what `/audit`, `/divergence` and the pages answer adds a row to
-`runs` (ingest: a node's latest results, its environment, its devices) or to
-`explanations` (`explain`'s findings beside a split): the newest id of each is the
-version, read from their primary keys' indexes in one statement. Retention deletes old
-runs without adding one, the clock moves the audit's "stale", and a large tensor's whole
-values may arrive in parts after their run (`uploads`): those reach the answers within
-the cache's maximum age.
+`runs` (ingest: a node's latest results, its environment, its devices), to
+`explanations` (`explain`'s findings beside a split) or to `goldens` (a pin's new
+version, an unpin included): the newest id of each is the version, read from their
+primary keys' indexes in one statement. Retention deletes old runs without adding one,
+the clock moves the audit's "stale", and a large tensor's whole values may arrive in
+parts after their run (`uploads`): those reach the answers within the cache's maximum
+age.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from numparity_server.models import Explanation, Run
+from numparity_server.models import Explanation, Golden, Run
 
 
-def fleet_version(session: Session) -> tuple[int, int]:
-    """(newest run id, newest explain finding id); 0 where there is none."""
+def fleet_version(session: Session) -> tuple[int, int, int]:
+    """(newest run id, newest explain finding id, newest pin version id); 0 where there is
+    none."""
     row = session.execute(select(
         select(func.coalesce(func.max(Run.id), 0)).scalar_subquery(),
         select(func.coalesce(func.max(Explanation.id), 0)).scalar_subquery(),
+        select(func.coalesce(func.max(Golden.id), 0)).scalar_subquery(),
     )).one()
-    return int(row[0]), int(row[1])
+    return int(row[0]), int(row[1]), int(row[2])

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from numparity_server.models import (
     Fingerprint,
+    GoldenAnswer,
     KeptComparison,
     Latest,
     LatestCount,
@@ -80,7 +81,10 @@ def delete_outcomes(session: Session, ids: Sequence[int]) -> int:
 
 
 def _unreferenced_manifest() -> ColumnElement[bool]:
-    return ~exists(select(Outcome.id).where(Outcome.manifest_hash == Manifest.hash))
+    """No outcome and no pinned answer refers to it: a pinned manifest, and so its
+    fingerprints, outlives the runs that reported it (design §3.11)."""
+    return (~exists(select(Outcome.id).where(Outcome.manifest_hash == Manifest.hash))
+            & ~exists(select(GoldenAnswer.id).where(GoldenAnswer.manifest_hash == Manifest.hash)))
 
 
 def orphan_manifests(session: Session, *, limit: int) -> list[str]:
@@ -104,7 +108,9 @@ def manifests_dropped_with(session: Session, cutoff: datetime) -> set[str]:
         .join(Outcome, Outcome.id == Result.outcome_id)
         .where(Outcome.manifest_hash == Manifest.hash, ~_expired(cutoff))
     )
-    return set(session.scalars(select(Manifest.hash).where(~exists(surviving))))
+    pinned = select(GoldenAnswer.id).where(GoldenAnswer.manifest_hash == Manifest.hash)
+    return set(session.scalars(select(Manifest.hash).where(~exists(surviving),
+                                                           ~exists(pinned))))
 
 
 def _unreferenced_trace() -> ColumnElement[bool]:

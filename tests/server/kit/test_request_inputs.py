@@ -20,7 +20,7 @@ from numparity_server.kit.settings import Settings
 KNOWN = {"name": "node-1", "run_id": "r1", "run_a": "r1", "run_b": "r2", "workload": "cnn",
          "variant": "default", "node": "node-1", "env_key": "x", "table": "findings",
          "format": "json", "suite": "standard", "tensor": "output", "next": "/",
-         "sha256": "0" * 64, "hash": "0" * 64}
+         "sha256": "0" * 64, "hash": "0" * 64, "golden_id": "1", "model": "cpu"}
 HUGE = str(2**64)
 LONG = "x" * 10_000
 

@@ -1,0 +1,321 @@
+"""Pinned answers (design §3.11): which pin an environment falls under, the answers a pin
+takes from the fleet's majority, the drift of the fleet from a pin, and what `check`
+runs. Pure: plain values in, dataclasses out.
+
+A pin's **scope** is one environment (``{"env_key": K}``) or a software stack: promoted
+environment attributes and their values (``{"torch": "2.13.0", "cuda": None, …}``); an
+environment is in a stack's scope when every one of its attributes has the pinned value
+(None matches only None). The stack pinned by default is the device model's software:
+torch, CUDA and cuDNN, and for the CPU its model (two CPU models rightly differ); the
+driver, the CPU capability and the numeric settings (``MKL_CBWR``, threads) are left
+out, so a rollout that changes them changes the answers *within* the pin's scope and
+shows as drift, however many nodes take it together.
+
+Of several pins whose scope holds an environment, the most specific is in force: an
+environment's own, then the stack with the most attributes, then the newest pin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .consensus import Support, comparable, newest_version, tally, usual
+
+# The promoted attributes a stack may name (``environments``' columns, design §3.1).
+STACK_ATTRIBUTES = ("gpu_name", "compute_capability", "driver", "cuda", "cudnn", "torch",
+                    "cpu_capability", "cpu_model")
+DEFAULT_STACK = ("torch", "cuda", "cudnn")
+ENV_KEY = "env_key"
+CPU_MODEL = "cpu"
+
+Scope = Mapping[str, str | None]
+AnswerKey = tuple[str, str]  # (workload, variant)
+
+
+class ScopeError(ValueError):
+    """A scope that names an attribute a stack cannot have."""
+
+
+def default_scope(model: str, promoted: Mapping[str, str | None]) -> dict[str, str | None]:
+    """The stack of an environment for devices of ``model``: torch, CUDA, cuDNN, and on
+    the CPU the CPU's model."""
+    names = (*DEFAULT_STACK, "cpu_model") if model == CPU_MODEL else DEFAULT_STACK
+    return {name: promoted.get(name) for name in names}
+
+
+def check_scope(scope: Mapping[str, Any]) -> dict[str, str | None]:
+    """``scope`` as stored: an environment's, or a stack of known attributes (sorted)."""
+    if ENV_KEY in scope:
+        if set(scope) != {ENV_KEY} or not isinstance(scope[ENV_KEY], str):
+            raise ScopeError("an environment's scope is {\"env_key\": KEY} alone")
+        return {ENV_KEY: scope[ENV_KEY]}
+    unknown = sorted(set(scope) - set(STACK_ATTRIBUTES))
+    if unknown:
+        raise ScopeError(f"unknown stack attribute(s) {', '.join(unknown)}; a stack names "
+                         f"{', '.join(STACK_ATTRIBUTES)}")
+    if not scope:
+        raise ScopeError("a stack names at least one attribute")
+    bad = [name for name, value in scope.items() if value is not None
+           and not isinstance(value, str)]
+    if bad:
+        raise ScopeError(f"stack attribute {bad[0]} must be a string or null")
+    return {name: scope[name] for name in sorted(scope)}
+
+
+def subject(suite: str, model: str, scope: Scope) -> str:
+    """What the versions of one pin share: sha256 of the canonical JSON of suite, device
+    model and scope."""
+    canonical = json.dumps({"suite": suite, "model": model, "scope": dict(scope)},
+                           sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def in_scope(scope: Scope, env_key: str | None, promoted: Mapping[str, str | None]) -> bool:
+    if ENV_KEY in scope:
+        return env_key is not None and scope[ENV_KEY] == env_key
+    return all(promoted.get(name) == value for name, value in scope.items())
+
+
+def describe_scope(scope: Scope) -> str:
+    """A scope in words: ``environment 9f2c41d0a7b3`` or ``torch 2.13.0, cuda none``."""
+    if ENV_KEY in scope:
+        return f"environment {str(scope[ENV_KEY])[:12]}"
+    return ", ".join(f"{name} {value if value is not None else 'none'}"
+                     for name, value in scope.items())
+
+
+@dataclass(frozen=True)
+class PinnedAnswer:
+    workload: str
+    workload_version: int | None
+    variant: str
+    manifest_hash: str
+    input_hash: str | None
+    param_hash: str | None
+
+
+@dataclass(frozen=True)
+class Pin:
+    """The version of a pin in force (retired subjects have none)."""
+
+    id: int
+    version: int
+    suite: str
+    model: str
+    scope: Scope = field(hash=False)
+    answers: Mapping[AnswerKey, PinnedAnswer] = field(hash=False)
+
+    @property
+    def specificity(self) -> tuple[int, int]:
+        return (1 if ENV_KEY in self.scope else 0, len(self.scope))
+
+    def label(self) -> str:
+        return f"pin {self.id} (v{self.version}: {self.model}, {describe_scope(self.scope)})"
+
+
+def pin_in_force(pins: Iterable[Pin], *, suite: str, model: str, env_key: str | None,
+                 promoted: Mapping[str, str | None]) -> Pin | None:
+    """The pin whose scope holds the environment, for devices of ``model``: the most
+    specific (an environment's own, then the stack of most attributes), then the newest."""
+    holding = [pin for pin in pins if pin.suite == suite and pin.model == model
+               and in_scope(pin.scope, env_key, promoted)]
+    return max(holding, key=lambda pin: (pin.specificity, pin.id), default=None)
+
+
+# ---- the fleet's answers -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Holding:
+    """Latest results of one outcome on devices of one model in one environment (a
+    ``latest_counts`` row with its outcome)."""
+
+    environment_id: int
+    model: str
+    suite: str
+    workload: str
+    workload_version: int | None
+    variant: str
+    status: str
+    manifest_hash: str | None
+    input_hash: str | None
+    param_hash: str | None
+    repeats_agree: bool | None
+    devices: int
+    first_node: str
+    wall_s: float | None = None  # the mean wall time of those that have one
+
+    @property
+    def support(self) -> Support:
+        return Support(self.devices, self.first_node)
+
+
+@dataclass(frozen=True)
+class Majority:
+    """The answer more than half of the devices give (of the newest version, on the
+    fleet's input bytes); None when the devices split without one."""
+
+    answer: PinnedAnswer | None
+    holders: int
+    devices: int
+    note: str | None = None
+
+
+def majority_answers(holdings: Iterable[Holding]) -> dict[AnswerKey, Majority]:
+    """Per (workload, variant): the answer a strict majority of the devices holds among
+    their ok results of the newest workload version on the fleet's input bytes
+    (``consensus``'s rule); a split without a majority has ``answer`` None and a note."""
+    by_key: dict[AnswerKey, list[Holding]] = defaultdict(list)
+    for holding in holdings:
+        if holding.status == "ok" and holding.manifest_hash:
+            by_key[(holding.workload, holding.variant)].append(holding)
+    found: dict[AnswerKey, Majority] = {}
+    for key, held in sorted(by_key.items()):
+        kept, _left_out = comparable(held, version=newest_version(held),
+                                     support_of=lambda h: h.support)
+        by_manifest = tally((h.manifest_hash, h.support) for h in kept)
+        total = sum(support.nodes for support in by_manifest.values())
+        chosen = usual(by_manifest)
+        if chosen is None:
+            continue
+        holders = by_manifest[chosen].nodes
+        if 2 * holders <= total:
+            found[key] = Majority(None, holders, total,
+                                  f"split without a majority: the usual answer is held by "
+                                  f"{holders} of {total} devices")
+            continue
+        first = next(h for h in kept if h.manifest_hash == chosen)
+        found[key] = Majority(PinnedAnswer(first.workload, first.workload_version,
+                                           first.variant, chosen, first.input_hash,
+                                           first.param_hash), holders, total)
+    return found
+
+
+# ---- drift from a pin ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Drift:
+    """Devices of an environment in a pin's scope whose latest answer of a pinned key is
+    not the pinned one. ``usual``: the answer is their environment's usual one (the
+    peers agree: the fleet moved, not one device)."""
+
+    pin: Pin
+    environment_id: int
+    workload: str
+    workload_version: int | None
+    variant: str
+    pinned: str  # the pinned manifest
+    answer: str  # the manifest they hold
+    devices: int
+    first_node: str
+    environment_devices: int  # devices of the model with an ok result of the key there
+    usual: bool
+
+
+def drift(pins: Sequence[Pin], holdings: Iterable[Holding],
+          environments: Mapping[int, tuple[str, Mapping[str, str | None]]]) -> list[Drift]:
+    """Each pin against the latest results of the devices in force under it
+    (``pin_in_force``: an environment under a more specific pin is that pin's), per
+    pinned key of the pinned workload version: the answers that are not the pinned
+    one. ``environments``: id → (env_key, promoted attributes)."""
+    in_force: dict[tuple[int, str, str], Pin | None] = {}
+
+    def pin_of(environment_id: int, suite: str, model: str) -> Pin | None:
+        key = (environment_id, suite, model)
+        if key not in in_force:
+            env_key, promoted = environments.get(environment_id, (None, {}))
+            in_force[key] = pin_in_force(pins, suite=suite, model=model, env_key=env_key,
+                                         promoted=promoted)
+        return in_force[key]
+
+    by_env: dict[tuple[int, int, AnswerKey], list[Holding]] = defaultdict(list)
+    for holding in holdings:
+        if holding.status != "ok" or not holding.manifest_hash:
+            continue
+        pin = pin_of(holding.environment_id, holding.suite, holding.model)
+        if pin is None:
+            continue
+        pinned = pin.answers.get((holding.workload, holding.variant))
+        if pinned is None or pinned.workload_version != holding.workload_version:
+            continue
+        by_env[(pin.id, holding.environment_id, (holding.workload, holding.variant))
+               ].append(holding)
+    pins_by_id = {pin.id: pin for pin in pins}
+    found = []
+    for (pin_id, environment_id, key), held in by_env.items():
+        pin = pins_by_id[pin_id]
+        pinned = pin.answers[key]
+        answers = tally((h.manifest_hash or "", h.support) for h in held)
+        usual_answer = usual(answers)
+        total = sum(support.nodes for support in answers.values())
+        for answer, support in answers.items():
+            if answer == pinned.manifest_hash:
+                continue
+            found.append(Drift(pin, environment_id, key[0], pinned.workload_version, key[1],
+                               pinned.manifest_hash, answer, support.nodes,
+                               support.first_node, total, answer == usual_answer))
+    found.sort(key=lambda d: (d.pin.id, d.workload, d.variant, not d.usual, -d.devices,
+                              d.first_node))
+    return found
+
+
+# ---- what `check` runs ---------------------------------------------------------------
+
+# A check result is fingerprinted (hashes, statistics, sketches) after it is computed:
+# its cost is a multiple of the workload's wall time plus a floor (model building).
+CHECK_COST_FACTOR = 2.0
+CHECK_COST_FLOOR_S = 0.5
+MAX_CHECK_KEYS = 6
+MAX_CHECK_VARIANTS = 2
+
+
+@dataclass(frozen=True)
+class CheckCandidate:
+    """An answer `check` could compare: its key, where it comes from and what it costs."""
+
+    workload: str
+    variant: str
+    source: str  # "pin" | "fleet"
+    wall_s: float | None  # the environment's mean wall time of the key, when known
+    split: bool  # the key has more than one answer somewhere in the fleet
+    layered: bool  # the result records layers (a flipped bit in one shows)
+
+    def cost(self) -> float:
+        return CHECK_COST_FLOOR_S + CHECK_COST_FACTOR * (self.wall_s or 0.0)
+
+
+def choose_checks(candidates: Sequence[CheckCandidate], *, budget_s: float,
+                  child_s: float, max_keys: int = MAX_CHECK_KEYS,
+                  max_variants: int = MAX_CHECK_VARIANTS) -> list[CheckCandidate]:
+    """The answers `check` compares on each device, within ``budget_s`` seconds of a
+    device (each variant costs a child process, ``child_s``): `strict` first (the
+    deterministic variant, where peers must agree bit for bit), then pinned answers, keys
+    that split the fleet, results that record layers (where a corrupting device's flipped
+    bit shows), and the cheapest. The first is always chosen: one answer compared beats
+    none, and the agent's own deadline bounds the rest."""
+    ranked = sorted(candidates, key=lambda c: (c.variant != "strict", c.source != "pin",
+                                               not c.split, not c.layered, c.cost(),
+                                               c.workload, c.variant))
+    chosen: list[CheckCandidate] = []
+    variants: list[str] = []
+    spent = 0.0
+    for candidate in ranked:
+        if len(chosen) >= max_keys:
+            break
+        new_variant = candidate.variant not in variants
+        if new_variant and len(variants) >= max_variants:
+            continue
+        cost = candidate.cost() + (child_s if new_variant else 0.0)
+        if chosen and spent + cost > budget_s:
+            continue
+        chosen.append(candidate)
+        spent += cost
+        if new_variant:
+            variants.append(candidate.variant)
+    return chosen

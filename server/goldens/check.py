@@ -1,0 +1,119 @@
+"""What `numparity-agent check` is answered (design §2.12, §3.11): per device model the
+pin in force, else the fleet's majority on the environment, and the answers to compute."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from numparity_server.analysis import goldens as rules
+from numparity_server.goldens import repository
+from numparity_server.goldens.schemas import CheckAnswer, CheckDevice, CheckPlan
+from numparity_server.goldens.service import pin_ref, pins_in_force
+from numparity_server.reads.results import manifest_entries
+
+# The tensors' hashes `check` is given: 16 hex digits (64 bits) name a tensor's bytes
+# among a fleet's answers as surely as the whole hash, at a quarter of the size.
+CHECK_HASH_CHARS = 16
+
+
+@dataclass(frozen=True)
+class CheckQuestion:
+    """What an agent asks before `check` (the cache's key: every field)."""
+
+    suite: str
+    env_key: str
+    models: tuple[str, ...]
+    promoted: tuple[tuple[str, str | None], ...]  # used only for an unknown environment
+    workloads: tuple[str, ...]
+    variants: tuple[str, ...]
+    budget_s: float
+    child_s: float
+
+
+@dataclass(frozen=True)
+class _Expected:
+    """An answer `check` may compare: where it comes from and how many devices held it."""
+
+    source: str  # "pin" | "fleet"
+    answer: rules.PinnedAnswer
+    holders: int
+    devices: int
+
+
+def _expected(session: Session, question: CheckQuestion, force: rules.Pin | None,
+              own: Sequence[rules.Holding]) -> dict[tuple[str, str], _Expected]:
+    """The answers of the keys asked: the pin's where it has the key, else the fleet's
+    majority on the environment (keys whose repeats disagree there left out)."""
+    unsteady = {(h.workload, h.variant) for h in own if h.repeats_agree is False}
+    found = {key: _Expected("fleet", majority.answer, majority.holders, majority.devices)
+             for key, majority in rules.majority_answers(own).items()
+             if majority.answer is not None and key not in unsteady}
+    if force is not None:
+        rows = {(a.workload, a.variant): a for a in repository.answers_of(
+            session, [force.id]).get(force.id, [])}
+        found.update({key: _Expected("pin", answer, rows[key].holders, rows[key].devices)
+                      for key, answer in force.answers.items()})
+    return {key: expected for key, expected in found.items()
+            if (not question.workloads or key[0] in question.workloads)
+            and (not question.variants or key[1] in question.variants)}
+
+
+def check_plan(*, session: Session, question: CheckQuestion) -> CheckPlan:
+    """The answers `check` compares on the devices of each model: the pin in force's, else
+    the fleet's majority on this environment, of the workloads the agent named or, when
+    it named none, those the server chooses (``analysis.goldens.choose_checks``) among
+    the variants it named (all when none)."""
+    environment = repository.environment_by_key(session, question.env_key)
+    promoted = (repository.promoted(environment) if environment is not None
+                else dict(question.promoted))
+    pins = [p for p in pins_in_force(session) if p.suite == question.suite]
+    held = (repository.holdings(session, suite=question.suite, models=question.models,
+                                environment_ids=[environment.id])
+            if environment is not None else [])
+    # Named workloads are run as named; named variants only narrow the server's choice.
+    named = bool(question.workloads)
+    split = repository.split_keys(session, question.suite) if not named else set()
+    devices = []
+    for model in question.models:
+        force = rules.pin_in_force(pins, suite=question.suite, model=model,
+                                   env_key=question.env_key, promoted=promoted)
+        own = [h for h in held if h.model == model]
+        expected = _expected(session, question, force, own)
+        walls = {(h.workload, h.variant): h.wall_s for h in own if h.wall_s is not None}
+        entries = manifest_entries(session, {e.answer.manifest_hash
+                                             for e in expected.values()})
+        candidates = [rules.CheckCandidate(
+            key[0], key[1], found.source, walls.get(key), key in split,
+            any(e["kind"] == "layer" for e in entries.get(found.answer.manifest_hash, [])))
+            for key, found in expected.items()]
+        picked = (sorted(candidates, key=lambda c: (c.workload, c.variant)) if named
+                  else rules.choose_checks(candidates, budget_s=question.budget_s,
+                                           child_s=question.child_s))
+        checks = []
+        for candidate in picked:
+            found = expected[(candidate.workload, candidate.variant)]
+            answer = found.answer
+            checks.append(CheckAnswer(
+                workload=answer.workload, workload_version=answer.workload_version,
+                variant=answer.variant, source=found.source,  # type: ignore[arg-type]
+                manifest_hash=answer.manifest_hash, input_hash=answer.input_hash,
+                param_hash=answer.param_hash,
+                tensors=[(e["name"], e["hash"][:CHECK_HASH_CHARS])
+                         for e in entries.get(answer.manifest_hash, [])],
+                holders=found.holders, devices=found.devices))
+        source, note = ("pin" if force is not None else "fleet"), None
+        if not checks:
+            source = "none"
+            note = (f"no answer to compare with: the server knows no run on environment "
+                    f"{question.env_key[:12]}" if environment is None else
+                    f"no answer of {model} devices on environment {question.env_key[:12]} to "
+                    "compare with") + (" and no pin holds it" if force is None else "")
+        devices.append(CheckDevice(model=model, source=source,  # type: ignore[arg-type]
+                                   pin=pin_ref(session, force.id) if force else None,
+                                   note=note, checks=checks))
+    return CheckPlan(suite=question.suite, env_key=question.env_key,
+                     environment_known=environment is not None,
+                     chosen_by="agent" if named else "server", devices=devices)
