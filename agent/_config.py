@@ -59,6 +59,7 @@ KIND_HELP: dict[str, str] = {
     "seconds": "a number of seconds, more than 0",
     "delay": "a number of seconds, 0 or more",
     "flag": "true or false; in the variable also 1/0, yes/no, on/off",
+    "fail": "open or closed: what `check` does when it cannot tell",
 }
 # How a flag is written in a NUMPARITY_* variable.
 _FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True,

@@ -5,7 +5,7 @@
   help text as ``--help`` prints it, the default, the ``NUMPARITY_*`` variables it names;
 - ``reference/settings.md``: the server's settings (its pydantic ``Settings``: field,
   variable, type, default, constraints, description) and the agent's configuration keys
-  (``_config.KINDS``, each with the ``run`` option that sets it);
+  (``_config.KINDS``, each with the option that sets it, `run`'s where it has one);
 - ``reference/exit-codes.md``: both programs' exit codes, from their own definitions;
 - ``reference/metrics.md``: every metric ``GET /metrics`` answers, from its collectors;
 - ``reference/api-operations.md``: every operation of the served OpenAPI schema.
@@ -294,7 +294,7 @@ def settings_page() -> str:
         facts.append(f"default {value_text(field.get_default())}")
         body += [f"### {variable}", "", " · ".join(facts), "", text(field.description or ""),
                  ""]
-    options = {action.dest: action for action in documented(_run_parser())}
+    commands = [(c.prog, action) for c in agent_commands() for action in documented(c.parser)]
     body += [
         "## The agent's configuration keys", "",
         "The agent takes each setting from its command line, else the variable, else the "
@@ -305,14 +305,32 @@ def settings_page() -> str:
     ]
     rows = []
     for key, kind in _config.KINDS.items():
-        option = _config.option_name(key)
-        action = next(a for a in options.values() if option in a.option_strings)
-        rows.append((code(key), code(invocation(action)), code(_config.env_name(key)),
-                     text(_config.KIND_HELP[kind]),
-                     text(help_text(action, "numparity-agent run"))))
+        found = _key_options(commands, key)
+        rows.append((code(key), " / ".join(code(invocation(a)) for _, a in found),
+                     code(_config.env_name(key)), text(_config.KIND_HELP[kind]),
+                     text(" ".join(help_text(a, prog) for prog, a in found))))
     body += table(("key", "option", "variable", "value", "what it sets"), rows)
     body.append("")
     return lines_text(body)
+
+
+def _key_options(commands: list[tuple[str, argparse.Action]],
+                 key: str) -> list[tuple[str, argparse.Action]]:
+    """The options that set a config key: its own (``--upload-timeout``, `run`'s first),
+    else every option storing into it (``--fail-open`` / ``--fail-closed``)."""
+    from numparity_agent import _config
+
+    option = _config.option_name(key)
+    own = [(prog, a) for prog, a in commands if option in a.option_strings]
+    if own:
+        return own[:1]
+    found: list[tuple[str, argparse.Action]] = []
+    for prog, action in commands:
+        if action.dest == key and all(a is not action for _, a in found):
+            found.append((prog, action))
+    if not found:
+        raise SystemExit(f"docs-ref: the agent's config key {key!r} has no option")
+    return found
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -322,14 +340,14 @@ def _run_parser() -> argparse.ArgumentParser:
 # ---- exit codes -------------------------------------------------------------------------
 
 
-def agent_exit_codes() -> tuple[list[tuple[int, str]], list[str]]:
+def agent_exit_codes(help_text: str | None = None) -> tuple[list[tuple[int, str]], list[str]]:
     """(code, meaning) of each line of the agent's ``EXIT_CODES_HELP`` (what ``--help``
-    prints), and the notes after them."""
+    prints; or of ``help_text``, `check`'s), and the notes after them."""
     from numparity_agent import _cli
 
     codes: list[tuple[int, str]] = []
     notes: list[str] = []
-    for line in _cli.EXIT_CODES_HELP.splitlines()[1:]:
+    for line in (help_text or _cli.EXIT_CODES_HELP).splitlines()[1:]:
         entry = re.match(r"^ {2}(\d+) +(.*)$", line)
         if entry:
             codes.append((int(entry.group(1)), entry.group(2)))
@@ -346,6 +364,13 @@ def exit_codes_page() -> str:
 
     codes, notes = agent_exit_codes()
     body = ["## numparity-agent", ""]
+    body += table(("code", "meaning"), [(code(c), text(m)) for c, m in codes])
+    body += [""] + [text(note[:1].upper() + note[1:]) + "." for note in notes]
+    from numparity_agent._check_verdicts import CHECK_EXIT_CODES_HELP
+
+    codes, notes = agent_exit_codes(CHECK_EXIT_CODES_HELP)
+    body += ["", "## numparity-agent check", "",
+             "`check` (the preflight) has codes of its own, one per cause:", ""]
     body += table(("code", "meaning"), [(code(c), text(m)) for c, m in codes])
     body += [""] + [text(note[:1].upper() + note[1:]) + "." for note in notes]
     body += ["", "## numparity-server", ""]
