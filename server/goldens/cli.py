@@ -52,7 +52,8 @@ def add_commands(commands: argparse._SubParsersAction,  # type: ignore[type-arg]
     pin.add_argument("--match", action="append", default=[], metavar="ATTR=VALUE",
                      help="a stack attribute to add or override (driver=550.54.15, "
                           "cpu_capability=AVX2; ATTR= for none); repeatable")
-    pin.add_argument("--suite", default="standard")
+    pin.add_argument("--suite", default="standard",
+                     help="the suite whose answers are pinned (default %(default)s)")
     pin.add_argument("--workloads", nargs="+", metavar="W", help="only these workloads")
     pin.add_argument("--variants", nargs="+", metavar="V", help="only these variants")
     pin.add_argument("--reason", required=True, help="why: shown wherever the pin is used")
@@ -63,18 +64,19 @@ def add_commands(commands: argparse._SubParsersAction,  # type: ignore[type-arg]
     unpin = actions.add_parser("unpin", parents=[common],
                                help="unpin: a new version of the pin without answers")
     unpin.add_argument("id", type=int, help="a version's id of the pin (golden list)")
-    unpin.add_argument("--reason", required=True)
-    unpin.add_argument("--by", metavar="WHO")
+    unpin.add_argument("--reason", required=True, help="why: kept with the new version")
+    unpin.add_argument("--by", metavar="WHO",
+                       help="who unpins (default user@host of this shell)")
 
     listing = actions.add_parser("list", parents=[common], help="every version, newest first")
     listing.add_argument("--in-force", action="store_true", help="only the versions in force")
-    listing.add_argument("--suite")
-    listing.add_argument("--model")
-    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--suite", help="only the pins of this suite")
+    listing.add_argument("--model", metavar="MODEL", help="only the pins of this device model")
+    listing.add_argument("--json", action="store_true", help="print the versions as JSON")
 
     show = actions.add_parser("show", parents=[common], help="one version with its answers")
-    show.add_argument("id", type=int)
-    show.add_argument("--json", action="store_true")
+    show.add_argument("id", type=int, help="a version's id (golden list)")
+    show.add_argument("--json", action="store_true", help="print the version as JSON")
 
 
 def _who(args: argparse.Namespace) -> str:

@@ -165,18 +165,21 @@ def test_every_variable_a_help_names_exists(gen: ModuleType) -> None:
         assert named <= known, (prog, gen.invocation(action), sorted(named - known))
 
 
-def test_every_agent_config_key_has_its_run_option_naming_its_variable(
-        gen: ModuleType) -> None:
-    run = next(c.parser for c in gen.agent_commands() if c.prog == "numparity-agent run")
-    for key, kind in _config.KINDS.items():
-        option = _config.option_name(key)
-        action = next((a for a in run._actions if option in a.option_strings), None)
-        assert action is not None, f"config key {key} has no `run {option}`"
-        assert _config.env_name(key) in (action.help or ""), (key, action.help)
-        assert _config.KIND_HELP.get(kind), f"kind {kind} of {key} is not described"
+def test_every_agent_config_key_has_an_option_naming_its_variable(gen: ModuleType) -> None:
+    commands = [(c.prog, action) for c in gen.agent_commands()
+                for action in gen.documented(c.parser)]
     page = gen.settings_page()
-    for key in _config.KINDS:
-        assert f"| `{key}` | `{_config.option_name(key)}" in page, key
+    for key, kind in _config.KINDS.items():
+        found = gen._key_options(commands, key)
+        assert found, f"config key {key} has no option"
+        helps = " ".join(action.help or "" for _prog, action in found)
+        assert _config.env_name(key) in helps, (key, helps)
+        assert _config.KIND_HELP.get(kind), f"kind {kind} of {key} is not described"
+        # `run`'s own option where it has one (--upload-timeout), else every option that
+        # sets the key (check's --fail-open / --fail-closed).
+        assert f"| `{key}` | `{gen.invocation(found[0][1])}" in page, key
+    run = next(c.parser for c in gen.agent_commands() if c.prog == "numparity-agent run")
+    assert gen._key_options([("run", a) for a in run._actions], "server")
 
 
 def test_every_agent_exit_code_is_explained(gen: ModuleType) -> None:
