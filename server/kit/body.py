@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -29,8 +30,11 @@ def _too_large(limit: int) -> PayloadTooLarge:
                            "(setting NUMPARITY_MAX_BODY_BYTES)")
 
 
-def decode_body(body: bytes, *, encoding: str | None, limit: int) -> bytes:
+def decode_body(body: bytes, *, encoding: str | None, limit: int,
+                charge: Callable[[int], None] | None = None) -> bytes:
     """The body, decoded from gzip when ``Content-Encoding: gzip``; 413 past ``limit``.
+    ``charge`` is told the decoded size before anything reads it (the token's budget pays
+    decompressed bytes: ``kit.limits.charge_decoded``).
 
     The body arrives whole and within the limit (``kit.limits.BodyLimits``); this bounds
     what gzip makes of it. One gzip member only: anything after its end, another member
@@ -40,6 +44,13 @@ def decode_body(body: bytes, *, encoding: str | None, limit: int) -> bytes:
     encoding = (encoding or "identity").strip().lower()
     if encoding in ("", "identity"):
         return body
+    decoded = _gunzip(body, encoding, limit)
+    if charge is not None:
+        charge(len(decoded))
+    return decoded
+
+
+def _gunzip(body: bytes, encoding: str, limit: int) -> bytes:
     if encoding not in ("gzip", "x-gzip"):
         raise UnsupportedMediaType(f"unsupported Content-Encoding {encoding!r}; use gzip")
     # Bounded decompression: a small gzip bomb must not expand past the limit in memory.

@@ -6,6 +6,7 @@ them to responses.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -63,6 +64,8 @@ class TooManyRequests(DomainError):
     def __init__(self, detail: Any, *, wait: float) -> None:
         super().__init__(detail)
         self.wait = wait
+        # Whole seconds, at least 1 (a route's refusal; the middleware's says the same).
+        self.headers = {"Retry-After": str(max(1, math.ceil(wait)))}
 
 
 class Conflict(DomainError):

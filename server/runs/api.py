@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request, Response, status
@@ -18,6 +19,7 @@ from numparity_server.deps import (
     SettingsDep,
 )
 from numparity_server.kit.body import decode_body, parse_json_object
+from numparity_server.kit.limits import charge_decoded
 from numparity_server.kit.pagination import Page
 from numparity_server.kit.settings import Settings
 from numparity_server.runs import service
@@ -49,7 +51,8 @@ async def _document_reader(request: Request, settings: Settings) -> Callable[[],
     body = await request.body()
     encoding = request.headers.get("content-encoding")
     return lambda: parse_json_object(decode_body(body, encoding=encoding,
-                                                 limit=settings.max_body_bytes))
+                                                 limit=settings.max_body_bytes,
+                                                 charge=partial(charge_decoded, request.scope)))
 
 
 @router.post(
