@@ -22,6 +22,7 @@ from numparity_server.explain.api import OPENAPI_MODELS as EXPLAIN_MODELS
 from numparity_server.explain.api import router as explain_router
 from numparity_server.health.api import router as health_router
 from numparity_server.kit import migrate
+from numparity_server.kit.compute import Computations
 from numparity_server.kit.db import get_engine, session_factory
 from numparity_server.kit.handlers import install_error_handlers
 from numparity_server.kit.limits import BodyLimits
@@ -43,6 +44,8 @@ def create_app(settings: Settings) -> FastAPI:
         if settings.migrate_on_start:
             await run_in_threadpool(migrate.upgrade, settings.database_url)
         yield
+        # Stopping: no read starts another computation (kit.compute).
+        app.state.computations.stop()
 
     app = FastAPI(
         title="numparity",
@@ -63,6 +66,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.policy = load_policy(settings.policy_file)
     app.state.read_cache = ReadCache(fresh_s=settings.read_cache_seconds,
                                      max_age_s=settings.read_cache_max_age_s)
+    app.state.computations = Computations(slots=settings.compute_slots,
+                                          seconds=settings.compute_seconds)
     install_error_handlers(app, pages=(dashboard.is_page, dashboard.error_page))
     app.include_router(health_router)
     app.include_router(catalog_router)

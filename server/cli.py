@@ -18,6 +18,11 @@ from numparity_server.auth.schemas import CreatedToken, TokenOut, binding_text
 from numparity_server.kit.settings import Settings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# On SIGTERM, requests under way get this long to finish (seconds); then they are
+# cancelled and the app stops its computations (kit.compute), so the process ends within
+# about a computation's time more: a replacement never shares the port with a process
+# still working for minutes.
+GRACEFUL_S = 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -175,7 +180,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         from numparity_server.app import create_app
 
         uvicorn.run(create_app(settings), host=args.host, port=args.port,
-                    log_level=args.log_level)
+                    log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_S)
         return EXIT_OK
     from numparity_server.kit.settings import worker_environment
 
@@ -194,7 +199,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     try:
         uvicorn.run("numparity_server.app:create_app_from_environment", factory=True,
                     host=args.host, port=args.port, workers=args.workers,
-                    log_level=args.log_level)
+                    log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_S)
     finally:
         if metrics_dir is not None:
             import shutil

@@ -34,6 +34,7 @@ from numparity_server.deps import (
     KeptReads,
     Offset,
     PolicyDep,
+    ReadBudget,
     SettingsDep,
     require_reader,
 )
@@ -181,12 +182,14 @@ async def workloads_page(request: Request, session: DbSession, settings: Setting
 
 @router.get("/workloads/{workload}", response_class=HTMLResponse)
 async def workload_page(request: Request, workload: str, session: DbSession, policy: PolicyDep,
-                        _reader: PageReader, kept: KeptReads, suite: str = "standard",
-                        tensor: str | None = None) -> HTMLResponse:
-    page = await run_in_threadpool(kept, ("workload page", suite, workload, tensor), lambda: (
-        service.workload_page(session=session, policy=policy, suite=suite,
-                              workload=workload, tensor=tensor,
-                              members_limit=MAX_GROUP_NODES)))
+                        _reader: PageReader, kept: KeptReads, budget: ReadBudget,
+                        suite: str = "standard", tensor: str | None = None) -> HTMLResponse:
+    page = await run_in_threadpool(
+        kept, ("workload page", suite, workload, tensor), lambda: (
+            service.workload_page(session=session, policy=policy, suite=suite,
+                                  workload=workload, tensor=tensor,
+                                  members_limit=MAX_GROUP_NODES, budget=budget)),
+        lambda page: not page["pending"])
     return _aged(render(request, "workload.html", page=page, title=f"Workload {workload}"),
                  kept)
 

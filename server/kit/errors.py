@@ -22,6 +22,10 @@ class DomainError(Exception):
         super().__init__(detail if isinstance(detail, str) else repr(detail))
         self.detail = detail
 
+    def response_headers(self) -> dict[str, str] | None:
+        """The headers of its answer (a class's ``headers``, or the error's own)."""
+        return self.headers
+
 
 class BadRequest(DomainError):
     status_code = 400
@@ -64,8 +68,10 @@ class TooManyRequests(DomainError):
     def __init__(self, detail: Any, *, wait: float) -> None:
         super().__init__(detail)
         self.wait = wait
+
+    def response_headers(self) -> dict[str, str] | None:
         # Whole seconds, at least 1 (a route's refusal; the middleware's says the same).
-        self.headers = {"Retry-After": str(max(1, math.ceil(wait)))}
+        return {"Retry-After": str(max(1, math.ceil(self.wait)))}
 
 
 class Conflict(DomainError):

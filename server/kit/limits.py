@@ -197,6 +197,6 @@ async def _refuse(error: DomainError, scope: Scope, receive: Receive, send: Send
     """The error as the API's JSON body; the connection is closed after it (the rest of
     the body, if it ever comes, is not read)."""
     response = error_response(error.status_code, error.code, error.detail,
-                              {**(error.headers or {}), **(headers or {}),
+                              {**(error.response_headers() or {}), **(headers or {}),
                                "Connection": "close"})
     await response(scope, receive, send)

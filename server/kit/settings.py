@@ -52,6 +52,12 @@ class Settings(BaseSettings):
     # newest upload), and none is served once older than read_cache_max_age_s.
     read_cache_seconds: float = Field(default=0.0, ge=0)
     read_cache_max_age_s: float = Field(default=60.0, ge=0)
+    # The reads' heavy computations (an op-trace alignment, a result's tensors compared
+    # with their whole values: kit.compute): a request starts none after computing this
+    # many seconds (what is left is answered as pending and computed by the next asks:
+    # what was computed is kept), and a server process runs at most compute_slots at once.
+    compute_seconds: float = Field(default=1.0, ge=0)
+    compute_slots: int = Field(default=2, gt=0)
     # The URL browsers use to reach the server (e.g. https://numparity.lab.example) when a
     # proxy in front rewrites the Host header: the dashboard's sign-in and sign-out forms
     # are accepted from this origin as well as from the Host the browser asked for.
