@@ -213,19 +213,27 @@ async def node_page(request: Request, name: str, session: DbSession, settings: S
 
 @router.get("/compare", response_class=HTMLResponse)
 async def compare_page(request: Request, session: DbSession, policy: PolicyDep,
-                       _reader: PageReader,
+                       settings: SettingsDep, _reader: PageReader, budget: ReadBudget,
                        run_a: Annotated[str, Query(min_length=1)],
                        run_b: Annotated[str, Query(min_length=1)],
                        workload: str | None = None, variant: str | None = None,
                        device_a: Annotated[str | None, Query(max_length=64)] = None,
-                       device_b: Annotated[str | None, Query(max_length=64)] = None
-                       ) -> HTMLResponse:
+                       device_b: Annotated[str | None, Query(max_length=64)] = None,
+                       limit: Annotated[int | None, Query(ge=1)] = None,
+                       offset: Offset = 0) -> HTMLResponse:
+    # A page of tensor rows (page_max by default: most comparisons fit on one).
+    limit = min(limit or settings.page_max, settings.page_max)
     compared, charts = await run_in_threadpool(
         service.comparison, session=session, policy=policy, run_a=run_a, run_b=run_b,
         workload=workload or None, variant=variant or None, device_a=device_a or None,
-        device_b=device_b or None)
+        device_b=device_b or None, limit=limit, offset=offset, budget=budget)
+    here = request.url.include_query_params(limit=limit)
     return render(request, "compare.html", compared=compared,
                   pairs=list(zip(compared.pairs, charts, strict=True)),
+                  prev_url=str(here.include_query_params(offset=max(offset - limit, 0)))
+                  if offset > 0 else None,
+                  next_url=str(here.include_query_params(offset=offset + limit))
+                  if offset + limit < compared.tensors_total else None,
                   title=f"{compared.run_a.node} vs {compared.run_b.node}")
 
 

@@ -370,9 +370,10 @@ def _rel_error(metrics: dict[str, float | None]) -> float | None:
 
 def comparison(*, session: Session, policy: Policy, run_a: str, run_b: str,
                workload: str | None, variant: str | None, device_a: str | None = None,
-               device_b: str | None = None) -> tuple[CompareOut, list[Any]]:
+               device_b: str | None = None, limit: int = 500, offset: int = 0,
+               budget: Budget | None = None) -> tuple[CompareOut, list[Any]]:
     compared = compare_runs(session=session, policy=policy, run_a=run_a, run_b=run_b,
                             workload=workload, variant=variant, device_a=device_a,
-                            device_b=device_b)
+                            device_b=device_b, limit=limit, offset=offset, budget=budget)
     charts = [layer_chart(pair) if pair.compared else None for pair in compared.pairs]
     return compared, charts
