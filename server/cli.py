@@ -259,7 +259,8 @@ def _retention(settings: Settings, args: argparse.Namespace) -> int:
     print(f"{verb} {report.runs} runs ({report.results} results) received before "
           f"{report.cutoff:%Y-%m-%d %H:%M:%SZ}, {report.manifests} manifests, "
           f"{report.traces} op traces and {report.fingerprints} fingerprints no remaining "
-          f"result references, {report.comparisons} kept comparisons")
+          f"result references, {report.comparisons} kept comparisons, "
+          f"{report.environments} environments nothing refers to")
     return EXIT_OK
 
 
