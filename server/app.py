@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
@@ -41,6 +42,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = (
+            settings.worker_threads)
         if settings.migrate_on_start:
             await run_in_threadpool(migrate.upgrade, settings.database_url)
         yield

@@ -110,7 +110,13 @@ def require_reader(
     if settings.open_reads:
         # Trusted network: reads need no token (writes always do).
         return Principal(role="anonymous")
-    return authenticate(session=session, authorization=authorization, role="reader")
+    try:
+        return authenticate(session=session, authorization=authorization, role="reader")
+    finally:
+        # The connection goes back to the pool until the route runs: between two of a
+        # request's sync steps it waits for a worker thread, and holding a connection
+        # then, 45 readers held all 15 while the threads waited for connections.
+        release(session)
 
 
 def require_agent(session: DbSession, authorization: AuthorizationHeader = None) -> Principal:
@@ -199,7 +205,7 @@ def divergence_pages(
 DivergencePagesDep = Annotated[DivergencePages, Depends(divergence_pages)]
 
 
-def reject_nul(request: Request) -> None:
+async def reject_nul(request: Request) -> None:
     """No path or query value may hold a NUL character (``%00``), on every route (the app
     installs this for all of them).
 
@@ -207,6 +213,7 @@ def reject_nul(request: Request) -> None:
     the driver (a 500 before this check). No stored name can hold one, so in the path it
     names nothing (404); in the query it is a wrong value (422 naming the parameter).
     """
+    # async: it runs on the event loop, for /healthz too, never waiting for a thread.
     for name, value in request.path_params.items():
         if isinstance(value, str) and "\x00" in value:
             raise NotFound(f"path parameter {name} {value!r} names nothing: no name "

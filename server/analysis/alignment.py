@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
 # Steps one alignment may take (an element scanned or counted, a pair of a small stretch
-# compared): 0.5–0.8 s of one core here, 20 times what two 50,000-op traces that part at
+# compared): 0.3–0.5 s of one core here, 10 times what two 50,000-op traces that part at
 # every attention call take.
-WORK_BUDGET = 4_000_000
+WORK_BUDGET = 2_500_000
 # A stretch whose two lengths multiply to at most this goes to SequenceMatcher: its cost
 # is at most about that product, and it finds the longest blocks where anchors would
 # only find the unique ops.

@@ -21,6 +21,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ._arrays import DTYPES
 from ._json import json_safe
 from .bitflip import single_bit_flip
 from .compare import VERDICTS
@@ -47,11 +48,15 @@ SUMMARY, ROWS = "summary", "rows"
 FingerprintsOf = Callable[[Collection[str]], Mapping[str, Fingerprint]]
 
 
-def result_pair_key(kind: str, manifest_a: str, manifest_b: str, *, workload: str,
-                    policy_version: str) -> str:
+def result_pair_key(kind: str, manifest_a: str, manifest_b: str, *,
+                    tolerance_for: Callable[[str], Tolerance]) -> str:
     """The key of b's result against a's (``kind``: its summary, or its rows): the two
-    manifests, the workload (its tolerances) and the policy's version."""
-    return key_of(kind, COMPARISON_VERSION, manifest_a, manifest_b, workload, policy_version)
+    manifests and the tolerance of every dtype (what the workload and the policy make
+    them; not their names: 256 results of as many workloads holding one manifest each
+    side, under the same tolerances, are one comparison)."""
+    tolerances = [f"{dtype}:{t.rtol!r}:{t.atol!r}" for dtype in DTYPES
+                  for t in (tolerance_for(dtype),)]
+    return key_of(kind, COMPARISON_VERSION, manifest_a, manifest_b, *tolerances)
 
 
 @dataclass(frozen=True)

@@ -131,9 +131,10 @@ class _Work:
     def _keys(self, kind: str, sides: Sides) -> str:
         a, b = sides
         assert a.manifest_hash is not None and b.manifest_hash is not None
-        return analysis.result_pair_key(kind, a.manifest_hash, b.manifest_hash,
-                                        workload=a.workload,
-                                        policy_version=self.policy.version)
+        workload = a.workload
+        return analysis.result_pair_key(
+            kind, a.manifest_hash, b.manifest_hash,
+            tolerance_for=lambda dtype: self.policy.tolerance(workload, dtype))
 
     def summaries(self, pairs: dict[ResultKey, Sides]
                   ) -> dict[ResultKey, dict[str, Any] | None]:
@@ -141,6 +142,8 @@ class _Work:
         keys = {key: self._keys(analysis.SUMMARY, sides) for key, sides in pairs.items()}
         self.row_keys = {key: self._keys(analysis.ROWS, sides) for key, sides in pairs.items()}
         found, stale = usable_comparisons(self.session, set(keys.values()))
+        # Computing, or waiting for another request's computation, holds no connection.
+        release(self.session)
         records: list[analysis.ComparisonRecord] = []
         done: dict[str, dict[str, Any]] = {}
         for key, sides in pairs.items():
@@ -212,6 +215,7 @@ class _Work:
                   if sides[0].trace_hash is not None and sides[1].trace_hash is not None}
         keys = {key: self._origin_key(sides) for key, sides in traced.items()}
         found, stale = usable_comparisons(self.session, set(keys.values()))
+        release(self.session)
         records = []
         answers: dict[ResultKey, _Origin] = {}
         for key, sides in traced.items():

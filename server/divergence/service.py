@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
@@ -120,18 +121,25 @@ def comparisons(session: Session, plan: analysis.DivergencePlan,
     missing = (plan.keys() - found_values.keys()) | stale
     if not missing:
         return found_values, set()
-    hashes, trace_hashes = plan.needs(missing)
+    hashes, _traces = plan.needs(missing)
     fingerprints = load_fingerprints(session, hashes)
-    traces = load_traces(session, trace_hashes)
     release(session)
     origins = {pair.origin_key for pair in plan.pairs if pair.origin_key} & missing
     computed: list[analysis.ComparisonRecord] = []
     pending: set[str] = set()
+
+    def compute(unit: list[str]) -> list[analysis.ComparisonRecord]:
+        # An origin's two traces are read (and parsed) for it alone.
+        _fingerprints, trace_hashes = plan.needs(unit) if origins & set(unit) else ({}, set())
+        traces = load_traces(session, trace_hashes)
+        release(session)
+        return plan.compute(unit, fingerprints=fingerprints, traces=traces,
+                            tolerance_for=tolerance_for)
+
     units = [sorted(missing - origins), *([key] for key in sorted(origins))]
     for unit in filter(None, units):
         try:
-            computed += budget.run(("divergence", *unit), lambda unit=unit: plan.compute(
-                unit, fingerprints=fingerprints, traces=traces, tolerance_for=tolerance_for))
+            computed += budget.run(("divergence", *unit), partial(compute, unit))
         except Postponed:
             pending.update(unit)
     found_values.update((record.key, record.value) for record in computed)
