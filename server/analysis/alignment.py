@@ -40,7 +40,7 @@ SMALL = 16_384
 # What taking up a stretch costs besides its elements, in steps of about the same time:
 # any stretch, and one that goes to SequenceMatcher (its set-up).
 STEP = 40
-MATCHER_STEP = 100
+MATCHER_STEP = 60
 
 
 @dataclass(frozen=True)
