@@ -24,6 +24,17 @@ not listed by ``/api/v1/runs``; must be 0), and the hostile/quiet p99 ratio. Tar
 
     .venv/bin/python bench/abuse.py [--backend sqlite|postgresql] [--agents 20]
         [--seconds 40] [--stalled 30] [--postgres-url ...]
+
+With ``--reads`` it runs instead the cases of issue 30 (bench/_reads_abuse.py): uploads
+within every limit that made reads slow or huge (50,000-op traces, results pointing at
+a 4,096-tensor manifest, 5.5-million-element values, large environment documents, one
+token under 8 header spellings, made-up workload names), each read's time, size and the
+server's memory growth against the targets (<= 2 s, <= 16 MiB, <= 256 MiB), /healthz
+under 45 readers (<= 1 s), disk growth (<= 2x the decompressed bytes accepted) and
+SIGTERM (<= 5 s). ``--scale`` shrinks the sizes (1: the issue's).
+
+    .venv/bin/python bench/abuse.py --reads [--cases traces compare values environments
+        spellings metrics] [--scale 1] [--backend sqlite|postgresql]
 """
 
 from __future__ import annotations
@@ -49,6 +60,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import _reads_abuse
 import httpx
 from ingest import (
     _server_command,
@@ -347,10 +359,26 @@ def main() -> int:
                         help="turn the per-token byte budget off (to see what it buys)")
     parser.add_argument("--attacks", nargs="+", choices=ATTACKS, default=list(ATTACKS),
                         help="which attacks the hostile client makes (default: all)")
+    parser.add_argument("--reads", action="store_true",
+                        help="the read cases of issue 30 instead of the honest/hostile phases")
+    parser.add_argument("--cases", nargs="+", choices=tuple(_reads_abuse.CASES),
+                        default=list(_reads_abuse.CASES), help="with --reads: which cases")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="with --reads: the cases' sizes, as a share of the issue's")
     parser.add_argument("--postgres-url",
                         default=os.environ.get("NUMPARITY_TEST_DATABASE_URL",
                                                "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
     args = parser.parse_args()
+    if args.reads:
+        workdir = Path(tempfile.mkdtemp(prefix="numparity-abuse-reads-"))
+        print(f"{args.backend}: the read cases of issue 30 at scale {args.scale:g}, "
+              f"{os.cpu_count()} CPUs", flush=True)
+        code = _reads_abuse.run(args, workdir)  # logs kept on an exception
+        if code == 0:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"(the servers' logs: {workdir})")
+        return code
 
     template = suite_document("seed")
     workdir = Path(tempfile.mkdtemp(prefix="numparity-abuse-"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
@@ -23,6 +24,7 @@ from numparity_server.explain.api import router as explain_router
 from numparity_server.goldens.api import router as goldens_router
 from numparity_server.health.api import router as health_router
 from numparity_server.kit import migrate
+from numparity_server.kit.compute import Computations
 from numparity_server.kit.db import get_engine, session_factory
 from numparity_server.kit.handlers import install_error_handlers
 from numparity_server.kit.limits import BodyLimits
@@ -42,9 +44,13 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = (
+            settings.worker_threads)
         if settings.migrate_on_start:
             await run_in_threadpool(migrate.upgrade, settings.database_url)
         yield
+        # Stopping: no read starts another computation (kit.compute).
+        app.state.computations.stop()
 
     app = FastAPI(
         title="numparity",
@@ -69,6 +75,8 @@ def create_app(settings: Settings) -> FastAPI:
                                       max_age_s=max(settings.check_cache_seconds,
                                                     settings.read_cache_max_age_s),
                                       max_entries=1024)
+    app.state.computations = Computations(slots=settings.compute_slots,
+                                          seconds=settings.compute_seconds)
     install_error_handlers(app, pages=(dashboard.is_page, dashboard.error_page))
     app.include_router(health_router)
     app.include_router(catalog_router)

@@ -29,6 +29,11 @@ EXIT_CODES = {
                 "out of its bounds, a policy file or NUMPARITY_MANUAL_DIR that cannot be "
                 "used, --workers over 1 on SQLite",
 }
+# On SIGTERM, requests under way get this long to finish (seconds); then they are
+# cancelled and the app stops its computations (kit.compute), so the process ends within
+# about a computation's time more: a replacement never shares the port with a process
+# still working for minutes.
+GRACEFUL_S = 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -214,7 +219,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         from numparity_server.app import create_app
 
         uvicorn.run(create_app(settings), host=args.host, port=args.port,
-                    log_level=args.log_level)
+                    log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_S)
         return EXIT_OK
     from numparity_server.kit.settings import worker_environment
 
@@ -233,7 +238,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     try:
         uvicorn.run("numparity_server.app:create_app_from_environment", factory=True,
                     host=args.host, port=args.port, workers=args.workers,
-                    log_level=args.log_level)
+                    log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_S)
     finally:
         if metrics_dir is not None:
             import shutil
@@ -293,7 +298,8 @@ def _retention(settings: Settings, args: argparse.Namespace) -> int:
     print(f"{verb} {report.runs} runs ({report.results} results) received before "
           f"{report.cutoff:%Y-%m-%d %H:%M:%SZ}, {report.manifests} manifests, "
           f"{report.traces} op traces and {report.fingerprints} fingerprints no remaining "
-          f"result references, {report.comparisons} kept comparisons")
+          f"result references, {report.comparisons} kept comparisons, "
+          f"{report.environments} environments nothing refers to")
     return EXIT_OK
 
 

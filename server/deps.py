@@ -15,6 +15,8 @@ from sqlalchemy.orm import Session
 from numparity_server.analysis.policy import Policy
 from numparity_server.auth.schemas import Principal
 from numparity_server.auth.service import authenticate
+from numparity_server.kit.compute import Budget, Computations
+from numparity_server.kit.db import release
 from numparity_server.kit.errors import InvalidDocument, NotFound
 from numparity_server.kit.ingest_meter import IngestMeter
 from numparity_server.kit.pagination import MAX_OFFSET, PageParams
@@ -59,8 +61,12 @@ class Kept:
         self._cache, self._session, self._response = cache, session, response
         self.headers: dict[str, str] = {}
 
-    def __call__(self, key: Hashable, compute: Callable[[], T]) -> T:
-        cached = self._cache.get(key, fleet_version(self._session), compute)
+    def __call__(self, key: Hashable, compute: Callable[[], T],
+                 keep: Callable[[T], bool] | None = None) -> T:
+        version = fleet_version(self._session)
+        # Another asker of ``key`` may be computing it: wait holding no connection.
+        release(self._session)
+        cached = self._cache.get(key, version, compute, keep)
         self.headers["Age"] = str(int(cached.age_s))
         self._response.headers.update(self.headers)
         return cached.value  # type: ignore[no-any-return]
@@ -71,6 +77,15 @@ def kept_reads(request: Request, response: Response, session: DbSession) -> Kept
 
 
 KeptReads = Annotated[Kept, Depends(kept_reads)]
+
+
+def read_budget(request: Request) -> Budget:
+    """The request's budget of heavy computations (kit.compute)."""
+    computations: Computations = request.app.state.computations
+    return computations.request()
+
+
+ReadBudget = Annotated[Budget, Depends(read_budget)]
 
 class BearerToken(HTTPBearer):
     """The ``Authorization`` header as sent: ``authenticate`` tells a missing header from a
@@ -95,7 +110,13 @@ def require_reader(
     if settings.open_reads:
         # Trusted network: reads need no token (writes always do).
         return Principal(role="anonymous")
-    return authenticate(session=session, authorization=authorization, role="reader")
+    try:
+        return authenticate(session=session, authorization=authorization, role="reader")
+    finally:
+        # The connection goes back to the pool until the route runs: between two of a
+        # request's sync steps it waits for a worker thread, and holding a connection
+        # then, 45 readers held all 15 while the threads waited for connections.
+        release(session)
 
 
 def require_agent(session: DbSession, authorization: AuthorizationHeader = None) -> Principal:
@@ -184,7 +205,7 @@ def divergence_pages(
 DivergencePagesDep = Annotated[DivergencePages, Depends(divergence_pages)]
 
 
-def reject_nul(request: Request) -> None:
+async def reject_nul(request: Request) -> None:
     """No path or query value may hold a NUL character (``%00``), on every route (the app
     installs this for all of them).
 
@@ -192,6 +213,7 @@ def reject_nul(request: Request) -> None:
     the driver (a 500 before this check). No stored name can hold one, so in the path it
     names nothing (404); in the query it is a wrong value (422 naming the parameter).
     """
+    # async: it runs on the event loop, for /healthz too, never waiting for a thread.
     for name, value in request.path_params.items():
         if isinstance(value, str) and "\x00" in value:
             raise NotFound(f"path parameter {name} {value!r} names nothing: no name "

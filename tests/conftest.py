@@ -33,6 +33,11 @@ from helpers.processes import (
 )
 
 TEST_DATABASE_ENV = "NUMPARITY_TEST_DATABASE_URL"
+# A read computes comparisons for up to NUMPARITY_COMPUTE_SECONDS, then answers the rest
+# as pending (kit.compute): tests never depend on how fast the machine is, so every app
+# and server they start (all read the environment) computes all; the tests of the
+# deadline set their own.
+os.environ.setdefault("NUMPARITY_COMPUTE_SECONDS", "3600")
 TESTS = Path(__file__).resolve().parent
 POSTGRESQL_UNSET = (
     f"{TEST_DATABASE_ENV} is unset: the PostgreSQL case of each database test needs it, "

@@ -18,7 +18,7 @@ from .environment import (
     flatten_environment,
     short_difference,
 )
-from .fingerprint import Fingerprint, fingerprint_from_wire
+from .fingerprint import Fingerprint, StoredValues, fingerprint_from_wire
 from .groups import (
     Answer,
     Counted,
@@ -32,8 +32,16 @@ from .groups import (
 from .judge import Judgement, judge
 from .layers import compare_manifests, first_divergent_layer, first_nonfinite, largest_jump
 from .origin import Origins, no_trace_note, origin_ops
-from .pairs import COMPARISON_VERSION, ComparisonRecord
-from .report import DivergencePlan, PairsMode, divergence_report, plan_divergence, plan_groups
+from .pairs import COMPARISON_VERSION, ORIGIN, ComparisonRecord, origin_key_of
+from .report import (
+    PENDING,
+    DivergencePlan,
+    PairsMode,
+    divergence_report,
+    plan_divergence,
+    plan_groups,
+)
+from .result_pair import ROWS, SUMMARY, ResultComparison, compare_results, result_pair_key
 from .tolerance import DEFAULT_TOLERANCES, Tolerance, default_tolerance
 from .trace import Trace, trace_from_body
 from .ulp import ulp_distance
@@ -54,6 +62,7 @@ __all__ = [
     "Counted",
     "DivergencePlan",
     "Fingerprint",
+    "StoredValues",
     "Group",
     "Judgement",
     "Member",
@@ -98,4 +107,12 @@ __all__ = [
     "ulp_distance",
     "usual",
     "worst_verdict",
+    "ORIGIN",
+    "origin_key_of",
+    "PENDING",
+    "ROWS",
+    "SUMMARY",
+    "ResultComparison",
+    "compare_results",
+    "result_pair_key",
 ]

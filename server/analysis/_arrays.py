@@ -33,6 +33,8 @@ _ALIASES = {"half": "float16", "float": "float32", "double": "float64", "long": 
             "int": "int32", "short": "int16"}
 
 FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+# Every dtype name a fingerprint may carry.
+DTYPES = ("bfloat16", *_NUMPY_DTYPES)
 
 
 def canonical_dtype(dtype: str) -> str:

@@ -24,6 +24,7 @@ difference overflows.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -34,6 +35,7 @@ import numpy as np
 from ._arrays import FLOAT_DTYPES
 from ._json import json_safe
 from .closeness import close_count, promoted_dtype
+from .fingerprint import CHUNK as _VALUES_CHUNK
 from .fingerprint import Fingerprint
 from .tolerance import Tolerance, tolerance_for
 from .ulp import max_ulp_distance, rank_dtype
@@ -91,7 +93,7 @@ def no_evidence() -> Comparison:
 # Elements per chunk. The element-wise metrics go through the arrays a chunk at a time,
 # so each chunk's float64 scratch stays in a core's cache instead of a dozen full-size
 # float64 temporaries streaming through memory.
-_CHUNK = 1 << 16
+_CHUNK = _VALUES_CHUNK
 # From this many elements on, two threads share the chunks (numpy's loops release the
 # GIL); below, a thread costs more than it saves.
 _THREADS_MIN = 1 << 20
@@ -107,31 +109,45 @@ def _dot(x: np.ndarray, y: np.ndarray) -> float:
 class _Scan:
     """The shared, read-only side of one element-wise comparison, and its partial sums.
 
+    The two sides come as aligned chunks (``pairs``: both sides' i-th ``_CHUNK``
+    elements), taken by the workers one at a time under a lock: stored values are
+    decoded a chunk at a time, so a scan holds a chunk per worker, never the arrays.
     Every chunk writes its four float64 sums (noise, signal, ||a||², a·b) into its own
     row; they are added up in chunk order, so the result does not depend on which
     thread took which chunk.
     """
 
-    def __init__(self, a: np.ndarray, b: np.ndarray, dtype_a: str, dtype_b: str,
-                 tolerance: Tolerance, semantics: str = "cpu") -> None:
-        self.a, self.b, self.tolerance, self.semantics = a, b, tolerance, semantics
+    def __init__(self, size: int, pairs: Iterator[tuple[np.ndarray, np.ndarray]],
+                 dtype_a: str, dtype_b: str, tolerance: Tolerance,
+                 semantics: str = "cpu") -> None:
+        self.size, self.tolerance, self.semantics = size, tolerance, semantics
+        self._pairs = enumerate(pairs)
+        self._lock = threading.Lock()
         # Exact for integers beyond 2**53, which float64 would round together.
-        self.exact = a.dtype.kind in "iub" and b.dtype.kind in "iub"
+        self.exact = dtype_a not in FLOAT_DTYPES and dtype_b not in FLOAT_DTYPES
         self.ulp_dtype = dtype_a if dtype_a == dtype_b and dtype_a in FLOAT_DTYPES else None
         # The dtype isclose computes in: assert_close promotes two dtypes to one.
         self.close_dtype = promoted_dtype(dtype_a, dtype_b)
-        self.chunks = -(-a.size // _CHUNK)
+        self.chunks = -(-size // _CHUNK)
         # Per chunk, four scaled sums and their binary exponents (see _Worker._sums).
         self.sums = np.zeros((self.chunks, 4))
         self.exponents = np.zeros((self.chunks, 4), dtype=np.int64)
 
+    def take(self) -> tuple[int, np.ndarray, np.ndarray] | None:
+        """The next chunk of both sides with its index; None when none is left."""
+        with self._lock:
+            found = next(self._pairs, None)
+        if found is None:
+            return None
+        index, (a, b) = found
+        return index, a, b
+
     def run(self) -> _Tally:
-        chunks = iter(range(self.chunks))  # shared: each next() is atomic under the GIL
-        if self.a.size < _THREADS_MIN or _THREADS < 2:
-            return _Worker(self).run(chunks)
+        if self.size < _THREADS_MIN or _THREADS < 2:
+            return _Worker(self).run()
         with ThreadPoolExecutor(_THREADS - 1, thread_name_prefix="numparity-compare") as pool:
-            others = [pool.submit(_Worker(self).run, chunks) for _ in range(_THREADS - 1)]
-            tally = _Worker(self).run(chunks)
+            others = [pool.submit(_Worker(self).run) for _ in range(_THREADS - 1)]
+            tally = _Worker(self).run()
             for other in others:
                 tally.merge(other.result())
         return tally
@@ -174,18 +190,17 @@ class _Worker:
     def __init__(self, scan: _Scan) -> None:
         self.scan = scan
         self.tally = _Tally()
-        size = min(_CHUNK, scan.a.size)
+        size = min(_CHUNK, scan.size)
         self.a64, self.b64, self.work, self.spare = (np.empty(size) for _ in range(4))
         self.flags = np.empty(size, dtype=bool)
         if scan.ulp_dtype is not None:
             ranks = rank_dtype(scan.ulp_dtype)
             self.ranks_a, self.ranks_b, self.sign = (np.empty(size, ranks) for _ in range(3))
 
-    def run(self, chunks: Iterator[int]) -> _Tally:
+    def run(self) -> _Tally:
         with np.errstate(all="ignore"):  # per thread; 0/0 and inf are handled below
-            for index in chunks:
-                part = slice(index * _CHUNK, (index + 1) * _CHUNK)
-                self._chunk(self.scan.a[part], self.scan.b[part], index)
+            while (taken := self.scan.take()) is not None:
+                self._chunk(taken[1], taken[2], taken[0])
         return self.tally
 
     def _chunk(self, a: np.ndarray, b: np.ndarray, index: int) -> None:
@@ -270,10 +285,25 @@ class _Worker:
 
 def _elementwise(a: np.ndarray, b: np.ndarray, dtype_a: str, dtype_b: str,
                  tolerance: Tolerance, semantics: str = "cpu") -> _Elementwise:
-    """Element-wise comparison of two equally long arrays (values, or two samples)."""
-    scan = _Scan(np.ravel(a), np.ravel(b), dtype_a, dtype_b, tolerance, semantics)
+    """Element-wise comparison of two equally long arrays (two samples)."""
+    flat_a, flat_b = np.ravel(a), np.ravel(b)
+    pairs = ((flat_a[start:start + _CHUNK], flat_b[start:start + _CHUNK])
+             for start in range(0, flat_a.size, _CHUNK))
+    return _elementwise_chunks(flat_a.size, pairs, dtype_a, dtype_b, tolerance, semantics)
+
+
+def _elementwise_values(a: Fingerprint, b: Fingerprint, tolerance: Tolerance,
+                        semantics: str = "cpu") -> _Elementwise:
+    """Element-wise comparison of two tensors' whole values, a chunk at a time."""
+    pairs = zip(a.value_chunks(_CHUNK), b.value_chunks(_CHUNK), strict=True)
+    return _elementwise_chunks(a.count, pairs, a.dtype, b.dtype, tolerance, semantics)
+
+
+def _elementwise_chunks(n: int, pairs: Iterator[tuple[np.ndarray, np.ndarray]],
+                        dtype_a: str, dtype_b: str, tolerance: Tolerance,
+                        semantics: str = "cpu") -> _Elementwise:
+    scan = _Scan(n, pairs, dtype_a, dtype_b, tolerance, semantics)
     tally = scan.run()
-    n = scan.a.size
     metrics = _empty_metrics()
     metrics["mismatch_fraction"] = float(tally.mismatches) / n if n else None
     if tally.finite:
@@ -421,8 +451,8 @@ def _compare(a: Fingerprint, b: Fingerprint, tolerance: Tolerance | None,
     if a.shape != b.shape:
         return no_evidence()
 
-    if a.values is not None and b.values is not None:
-        result = _elementwise(a.values, b.values, a.dtype, b.dtype, tolerance, semantics)
+    if a.has_values and b.has_values:
+        result = _elementwise_values(a, b, tolerance, semantics)
         verdict = ("nonfinite" if result.nonfinite_mismatch
                    else "equivalent" if result.within else "divergent")
         return Comparison(verdict, "values", result.metrics)

@@ -3,13 +3,72 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import zlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ._arrays import canonical_dtype, decode_array
+from ._arrays import canonical_dtype, decode_array, itemsize
+
+# Elements a stored tensor's values are decoded in at once (design §3.3: "streaming"):
+# 256 KiB of float32, so a comparison's memory is two chunks, whatever the tensor's size.
+CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class StoredValues:
+    """A tensor's whole values as stored (raw little-endian bytes, or their zlib), read
+    only when a comparison needs them, and decoded a chunk at a time: comparing two
+    tensors of 5.5 million elements holds their stored bytes and a chunk of each, never
+    the decoded arrays (24 of them decoded at once took 970 MB)."""
+
+    dtype: str  # the wire dtype of the bytes
+    count: int  # elements
+    read: Callable[[], tuple[bytes, str | None]]  # (the stored bytes, their codec)
+
+    def chunks(self, elements: int = CHUNK) -> Iterator[np.ndarray]:
+        """Flat arrays of ``elements`` elements (the last one shorter), in order."""
+        blob, codec = self.read()
+        step = elements * itemsize(self.dtype)
+        pieces = _raw_pieces(blob, step) if codec is None else _inflated_pieces(blob, step)
+        seen = 0
+        for piece in pieces:
+            chunk = decode_array(self.dtype, piece)
+            seen += chunk.size
+            yield chunk
+        if seen != self.count:
+            raise ValueError(f"stored values hold {seen} elements, not {self.count}")
+
+    def array(self) -> np.ndarray:
+        """The whole values, flat (for the few uses that need them at once)."""
+        parts = list(self.chunks())
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.float32)
+
+
+def _raw_pieces(blob: bytes, step: int) -> Iterator[bytes]:
+    view = memoryview(blob)
+    for start in range(0, len(view), step):
+        yield bytes(view[start:start + step])
+
+
+def _inflated_pieces(blob: bytes, step: int) -> Iterator[bytes]:
+    """The zlib stream's bytes, ``step`` at a time (zlib never writes more than asked)."""
+    inflater = zlib.decompressobj()
+    pending = bytearray()
+    tail = blob
+    while True:
+        pending += inflater.decompress(tail, step)
+        tail = inflater.unconsumed_tail
+        while len(pending) >= step:
+            yield bytes(pending[:step])
+            del pending[:step]
+        if not tail:
+            break
+    pending += inflater.flush()
+    for start in range(0, len(pending), step):
+        yield bytes(pending[start:start + step])
 
 
 @dataclass(frozen=True)
@@ -23,11 +82,33 @@ class Fingerprint:
     sketch: np.ndarray | None = None
     sample: np.ndarray | None = None
     values: np.ndarray | None = None
+    # The whole values as stored, read when needed (the server's fingerprints): either
+    # this or ``values``, never both.
+    stored: StoredValues | None = None
 
     @property
     def count(self) -> int:
         # Python's integers: a stored shape whose int64 product would wrap stays positive.
         return math.prod(self.shape)
+
+    @property
+    def has_values(self) -> bool:
+        return self.values is not None or self.stored is not None
+
+    def value_chunks(self, elements: int = CHUNK) -> Iterator[np.ndarray]:
+        """The whole values, flat, ``elements`` at a time (nothing without them)."""
+        if self.stored is not None:
+            yield from self.stored.chunks(elements)
+        elif self.values is not None:
+            flat = np.ravel(self.values)
+            for start in range(0, flat.size, elements):
+                yield flat[start:start + elements]
+
+    def whole_values(self) -> np.ndarray | None:
+        """The whole values in their shape, decoded at once (None without them)."""
+        if self.stored is not None:
+            return self.stored.array().reshape(self.shape)
+        return self.values
 
 
 def _decode_field(entry: Mapping[str, Any], field: str, default_dtype: str,

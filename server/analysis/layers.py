@@ -133,11 +133,14 @@ def _nonfinite_counts(fingerprint: Fingerprint | None) -> tuple[int, int] | None
     stats = fingerprint.stats or {}
     if stats.get("nan") is not None and stats.get("inf") is not None:
         return int(stats["nan"]), int(stats["inf"])
-    if fingerprint.values is not None:
-        if fingerprint.values.dtype.kind != "f":
-            return 0, 0
-        return (int(np.count_nonzero(np.isnan(fingerprint.values))),
-                int(np.count_nonzero(np.isinf(fingerprint.values))))
+    if fingerprint.has_values:
+        nan = inf = 0
+        for chunk in fingerprint.value_chunks():
+            if chunk.dtype.kind != "f":
+                return 0, 0
+            nan += int(np.count_nonzero(np.isnan(chunk)))
+            inf += int(np.count_nonzero(np.isinf(chunk)))
+        return nan, inf
     return None
 
 

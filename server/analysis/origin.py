@@ -7,45 +7,32 @@ computed differently cannot come from anything before it. An op whose inputs alr
 differ only carries a difference on, and is never an origin.
 
 Ops are paired by their signature (op, module, phase, dtypes and shapes in and out;
-``trace.Signature``). Traces that run the same sequence pair one to one. Otherwise the
-**parting point** is the first position where the sequences differ (another SDPA
-backend runs another op there); the ops after it are paired by
-``difflib.SequenceMatcher`` (autojunk off) on signatures, after the common tail is
-paired from the end: sequences that part for a few ops (one attention call) meet again,
-and SequenceMatcher then only sees the few ops between.
-
-SequenceMatcher looks at every pair of equal elements of the two sides, again in each
-block it recurses into: on long stretches of few distinct signatures (a backward pass
-of identical layers) its time grows with the square of their count (20,000 ops took ten
-minutes). Past ``MATCH_BUDGET`` pairs of equal signatures the ops between are paired by
-occurrence instead: the k-th op of a signature in a with the k-th of it in b, keeping
-the longest chain that runs forward on both sides (n log n).
+``trace.Signature``) by ``alignment.align``, in bounded work: the **parting point** is
+the first position where the sequences differ (another SDPA backend runs another op
+there), and sequences that part for a few ops (one attention call) meet again. When the
+alignment's work budget runs out, ``aligned_up_to`` says from which op of run a's trace
+on nothing was aligned, and no origin op is looked for there.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from difflib import SequenceMatcher
 from typing import Any
 
 from ._json import json_safe
+from .alignment import align
 from .compare import Comparison
 from .fingerprint import Fingerprint
 from .layers import Manifest, compare_hashes
 from .tolerance import Tolerance
-from .trace import Signature, Trace, TraceOp
+from .trace import Trace, TraceOp
 
 # Origin ops listed per pair (the count covers them all): a difference from one setting
 # (a kernel, a thread count) usually starts at a handful of ops; hundreds mean every op
 # of a kind differs, and the first ones say so.
 MAX_LISTED = 20
 TRACE_HINT = "run the agent with --trace-ops"
-# Pairs of equal signatures SequenceMatcher may face (measured: at most 0.2 s here, for
-# any number of distinct signatures).
-MATCH_BUDGET = 50_000
 
 
 @dataclass(frozen=True)
@@ -121,6 +108,8 @@ class Origins:
     parting: Parting | None
     count: int  # origin ops in all
     listed: tuple[OriginOp, ...] = field(default=())  # the first MAX_LISTED of them
+    # None: every op aligned; else the first op of a the alignment's budget left out.
+    aligned_up_to: int | None = None
 
     @property
     def first(self) -> OriginOp | None:
@@ -130,74 +119,10 @@ class Origins:
         return json_safe({
             "trace_a": self.trace_a, "trace_b": self.trace_b, "ops_a": self.ops_a,
             "ops_b": self.ops_b, "same_sequence": self.parting is None,
-            "aligned": self.aligned,
+            "aligned": self.aligned, "aligned_up_to": self.aligned_up_to,
             "parting": self.parting.to_dict() if self.parting else None,
             "count": self.count, "ops": [origin.to_dict() for origin in self.listed],
         })
-
-
-def align(a: Sequence[Signature], b: Sequence[Signature]
-          ) -> tuple[list[tuple[int, int]], int | None]:
-    """Pairs (i, j) of positions with equal signatures, increasing in both, and the
-    parting point (None when the sequences are the same)."""
-    shorter = min(len(a), len(b))
-    part = next((i for i in range(shorter) if a[i] != b[i]), shorter)
-    if part == len(a) == len(b):
-        return [(i, i) for i in range(part)], None
-    pairs = [(i, i) for i in range(part)]
-    end_a, end_b = len(a), len(b)
-    while end_a > part and end_b > part and a[end_a - 1] == b[end_b - 1]:
-        end_a, end_b = end_a - 1, end_b - 1
-    # Signatures as small integers: SequenceMatcher hashes every element many times.
-    ids: dict[Signature, int] = {}
-    middle_a = [ids.setdefault(s, len(ids)) for s in a[part:end_a]]
-    middle_b = [ids.setdefault(s, len(ids)) for s in b[part:end_b]]
-    pairs.extend((part + i, part + j) for i, j in _align_middle(middle_a, middle_b))
-    pairs.extend(zip(range(end_a, len(a)), range(end_b, len(b)), strict=True))
-    return pairs, part
-
-
-def _align_middle(a: list[int], b: list[int]) -> list[tuple[int, int]]:
-    counts_b = Counter(b)
-    equal_pairs = sum(counts_b[s] * n for s, n in Counter(a).items())
-    if equal_pairs <= MATCH_BUDGET:
-        matcher = SequenceMatcher(None, a, b, autojunk=False)
-        return [(block.a + k, block.b + k) for block in matcher.get_matching_blocks()
-                for k in range(block.size)]
-    return _by_occurrence(a, b)
-
-
-def _by_occurrence(a: list[int], b: list[int]) -> list[tuple[int, int]]:
-    """The k-th of each signature in a with the k-th in b, then the longest chain of those
-    pairs increasing in b's position too (patience sorting)."""
-    where: defaultdict[int, list[int]] = defaultdict(list)
-    for j, s in enumerate(b):
-        where[s].append(j)
-    seen: Counter[int] = Counter()
-    candidates = []
-    for i, s in enumerate(a):
-        k = seen[s]
-        seen[s] += 1
-        if k < len(where[s]):
-            candidates.append((i, where[s][k]))
-    # tails[n]: the smallest b position ending a chain of n + 1 pairs; chain links back.
-    tails: list[int] = []
-    ends: list[int] = []  # index in candidates of the chain ending at tails[n]
-    back = [-1] * len(candidates)
-    for index, (_i, j) in enumerate(candidates):
-        n = bisect_left(tails, j)
-        back[index] = ends[n - 1] if n else -1
-        if n == len(tails):
-            tails.append(j)
-            ends.append(index)
-        else:
-            tails[n], ends[n] = j, index
-    chain = []
-    index = ends[-1] if ends else -1
-    while index >= 0:
-        chain.append(candidates[index])
-        index = back[index]
-    return chain[::-1]
 
 
 def origin_ops(a: Trace, b: Trace, *, manifest_a: Manifest = (), manifest_b: Manifest = (),
@@ -214,7 +139,8 @@ def origin_ops(a: Trace, b: Trace, *, manifest_a: Manifest = (), manifest_b: Man
     """
     if a.hash and a.hash == b.hash:  # the same trace: the same ops on the same bits
         return Origins(a.hash, b.hash, len(a.ops), len(b.ops), len(a.ops), None, 0)
-    pairs, part = align(a.signatures, b.signatures)
+    alignment = align(a.signatures, b.signatures)
+    pairs, part = alignment.pairs, alignment.parting
     parting = None
     if part is not None:
         parting = Parting(part, part, a.ops[part] if part < len(a.ops) else None,
@@ -230,9 +156,10 @@ def origin_ops(a: Trace, b: Trace, *, manifest_a: Manifest = (), manifest_b: Man
         count += 1
         if len(found) < listed:
             found.append(_describe(i, j, a, op_a, op_b, recorded_a, recorded_b,
-                                   fingerprints or {}, tolerance_for))
+                                   {} if fingerprints is None else fingerprints,
+                                   tolerance_for))
     return Origins(a.hash, b.hash, len(a.ops), len(b.ops), len(pairs), parting, count,
-                   tuple(found))
+                   tuple(found), alignment.through)
 
 
 def _recorded(manifest: Manifest, chars: int) -> dict[str, tuple[str, str]]:

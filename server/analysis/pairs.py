@@ -61,7 +61,7 @@ from .verdicts import result_verdict
 ToleranceFor = Callable[[str], Tolerance]
 
 # Part of every key: bump it when what a comparison computes changes.
-COMPARISON_VERSION = 1
+COMPARISON_VERSION = 3
 
 PAIR, ORIGIN, FP64 = "pair", "origin", "fp64"
 
@@ -86,9 +86,13 @@ class ComparisonRecord:
     complete: bool = True
 
 
-def _key(*parts: str | int) -> str:
+def key_of(*parts: str | int) -> str:
+    """The sha256 of the parts' canonical JSON: a kept comparison's key."""
     canonical = json.dumps(list(parts), separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+_key = key_of
 
 
 def pair_key(a: Group, b: Group, *, tensor: str | None, workload: str,
@@ -119,8 +123,17 @@ def origin_key(a: Group, b: Group, *, workload: str, policy_version: str) -> str
     trace_a, trace_b = a.representative.trace, b.representative.trace
     if trace_a is None or trace_b is None:
         return None
-    return _key(ORIGIN, COMPARISON_VERSION, trace_a, trace_b, _manifest(a.representative),
-                _manifest(b.representative), workload, policy_version)
+    return origin_key_of(trace_a, trace_b, _manifest(a.representative),
+                         _manifest(b.representative), workload=workload,
+                         policy_version=policy_version)
+
+
+def origin_key_of(trace_a: str, trace_b: str, manifest_a: str, manifest_b: str, *,
+                  workload: str, policy_version: str) -> str:
+    """The origin ops' key from its content: /divergence's representatives and /compare's
+    two results share it, so a pair of traces is aligned once for both."""
+    return _key(ORIGIN, COMPARISON_VERSION, trace_a, trace_b, manifest_a, manifest_b,
+                workload, policy_version)
 
 
 def fp64_key(group: Group, *, reference: str, baseline: str | None, workload: str,
@@ -236,10 +249,14 @@ def _tolerance(fingerprint: Fingerprint, tolerance_for: ToleranceFor | None) -> 
 
 
 def _rms(fingerprint: Fingerprint) -> float:
-    if fingerprint.values is not None:
-        finite = fingerprint.values[np.isfinite(fingerprint.values)].astype(np.float64)
-        if finite.size:
-            return float(np.sqrt(np.mean(finite * finite))) or 1.0
+    if fingerprint.has_values:
+        squares, count = 0.0, 0
+        for chunk in fingerprint.value_chunks():
+            finite = chunk[np.isfinite(chunk)].astype(np.float64)
+            squares += float(np.dot(finite, finite))
+            count += finite.size
+        if count:
+            return math.sqrt(squares / count) or 1.0
     l2, count = (fingerprint.stats or {}).get("l2"), fingerprint.count
     if l2 and count:
         return float(l2) / math.sqrt(count)
@@ -263,7 +280,7 @@ def _record(key: str, kind: str, hash_a: str, hash_b: str, value: dict[str, Any]
             ) -> ComparisonRecord:
     read = set(read)
     awaiting = tuple(sorted(digest for digest in read if digest in fingerprints
-                            and fingerprints[digest].values is None))
+                            and not fingerprints[digest].has_values))
     return ComparisonRecord(key, kind, hash_a, hash_b, json_safe(value), awaiting,
                             complete=all(digest in fingerprints for digest in read))
 

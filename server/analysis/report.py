@@ -52,6 +52,9 @@ ORIGIN_NOT_ASKED = ("not computed: origin ops are computed for the pairs with th
                     "baseline (group 1), and for the other pairs of a page of the full "
                     "matrix on request")
 TRACE_GONE = "the op trace of a representative is no longer stored"
+# A comparison a request's computing time did not reach (the server's kit.compute).
+PENDING = ("not computed yet: this request's computing time went to the comparisons "
+           "before it; ask again (what was computed is kept, so the next ask goes on)")
 
 
 @dataclass(frozen=True)
@@ -137,12 +140,14 @@ class DivergencePlan:
 
     def report(self, comparisons: Mapping[str, Mapping[str, Any]], *,
                members_limit: int | None = None, members_offset: int = 0,
-               flattened: Flattened | None = None) -> dict[str, Any]:
+               flattened: Flattened | None = None,
+               pending: Collection[str] = ()) -> dict[str, Any]:
         """The answer, from the comparisons by key (every key of ``keys`` that could be
         computed). Groups list ``members_limit`` members (all: None) from
         ``members_offset``.
         ``flattened``: every environment of the groups, flattened, by env_key (the
-        server keeps them; by default they are flattened from the groups' documents)."""
+        server keeps them; by default they are flattened from the groups' documents).
+        ``pending``: origin keys left for a later request (their note says so)."""
         group_rows = []
         for group in self.groups:
             row = group.to_dict(members_limit, members_offset)
@@ -162,7 +167,7 @@ class DivergencePlan:
                           or separating_devices(pair.a.model_counts, pair.b.model_counts))
             origin, note = None, None
             if self.traced:
-                origin, note = self._origin(pair, comparisons)
+                origin, note = self._origin(pair, comparisons, pending)
                 skipped |= not pair.origin
             pairs.append({
                 "a": pair.a.id,
@@ -190,8 +195,8 @@ class DivergencePlan:
                            if skipped else None,
         })
 
-    def _origin(self, pair: PlannedPair, comparisons: Mapping[str, Mapping[str, Any]]
-                ) -> tuple[Mapping[str, Any] | None, str | None]:
+    def _origin(self, pair: PlannedPair, comparisons: Mapping[str, Mapping[str, Any]],
+                pending: Collection[str] = ()) -> tuple[Mapping[str, Any] | None, str | None]:
         if not pair.origin:
             return None, ORIGIN_NOT_ASKED
         sides = ((pair.a, pair.a.representative), (pair.b, pair.b.representative))
@@ -200,6 +205,8 @@ class DivergencePlan:
         if without:
             return None, no_trace_note(without)
         found = comparisons.get(pair.origin_key or "")
+        if found is None and pair.origin_key in pending:
+            return None, PENDING
         return (found, None) if found is not None else (None, TRACE_GONE)
 
 

@@ -17,6 +17,7 @@ from numparity_server.auth.schemas import (
     TokenOut,
     binding_text,
 )
+from numparity_server.kit.bearer import bearer_token
 from numparity_server.kit.db import writing
 from numparity_server.kit.errors import BadRequest, Forbidden, NotFound, Unauthorized
 from numparity_server.models import Token, utcnow
@@ -79,10 +80,10 @@ def revoke_token(*, session: Session, token_id: int) -> TokenOut:
 def parse_bearer(authorization: str | None) -> str:
     if not authorization:
         raise Unauthorized(f"missing Authorization header: {AUTH_HEADER_HINT}")
-    scheme, _, token = authorization.strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = bearer_token(authorization)
+    if token is None:
         raise Unauthorized(f"malformed Authorization header: {AUTH_HEADER_HINT}")
-    return token.strip()
+    return token
 
 
 def authenticate(*, session: Session, authorization: str | None, role: Role) -> Principal:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from numparity_server.compare import service
 from numparity_server.compare.schemas import COMPARE_EXAMPLE, CompareOut
-from numparity_server.deps import DbSession, PolicyDep, ReaderAuth
+from numparity_server.deps import DbSession, Pagination, PolicyDep, ReadBudget, ReaderAuth
 
 router = APIRouter(prefix="/api/v1", tags=["analysis"])
 
@@ -27,6 +27,8 @@ def compare_runs(
     session: DbSession,
     policy: PolicyDep,
     _principal: ReaderAuth,
+    page: Pagination,
+    budget: ReadBudget,
     run_a: Annotated[str, Query(min_length=1, description="The reference run (expected)")],
     run_b: Annotated[str, Query(min_length=1, description="The candidate run")],
     workload: Annotated[str | None, Query(min_length=1)] = None,
@@ -43,7 +45,9 @@ def compare_runs(
     workload, variant and device; with device_a and device_b, two devices of one run or
     of two runs): verdicts and metrics under the lab's tolerance policy, the first
     divergent layer, the largest jump, the first NaN or Inf, and the environment
-    attributes that differ."""
+    attributes that differ. Every pair has its summary over all its tensors; the tensor
+    rows are listed `limit` at a time from `offset`, counted over the pairs in order."""
     return service.compare_runs(session=session, policy=policy, run_a=run_a, run_b=run_b,
                                 workload=workload, variant=variant, device_a=device_a,
-                                device_b=device_b)
+                                device_b=device_b, limit=page.limit, offset=page.offset,
+                                budget=budget)

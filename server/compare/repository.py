@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from numparity_server.kit.db import lookup
+from numparity_server.kit.db import chunked, lookup
 from numparity_server.models import Environment, Manifest, Node, Outcome, Result, Run
 
 ResultKey = tuple[str, str, str, str]  # suite, workload, variant, device
@@ -86,6 +86,14 @@ def results_of_runs(
     if variant is not None:
         query = query.where(Outcome.variant == variant)
     return [ResultRow(**row._asdict()) for row in session.execute(query)]
+
+
+def stored_manifests(session: Session, hashes: Iterable[str]) -> set[str]:
+    """Which of these manifests are stored (their entries not read)."""
+    found: set[str] = set()
+    for part in chunked(sorted(set(hashes))):
+        found.update(session.scalars(select(Manifest.hash).where(Manifest.hash.in_(part))))
+    return found
 
 
 def manifest_entries(session: Session, hashes: Iterable[str]

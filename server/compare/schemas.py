@@ -104,7 +104,9 @@ class PairSummary(BaseModel):
         description="The verdict of the whole result over every tensor compared (outputs, "
                     "layers, gradients, losses, probes): what torch.testing.assert_close over "
                     "all of them would say. None when no tensor is in both results")
-    outputs: list[OutputVerdict]
+    outputs: list[OutputVerdict] = Field(description="The tensors of kind output with their "
+                                                     "verdicts: the first 50")
+    outputs_total: int = Field(0, description="Tensors of kind output")
     output_verdict: str | None = Field(
         description="The worst verdict of the tensors of kind output; None for a workload "
                     "without one (train, probes): read result_verdict")
@@ -210,6 +212,10 @@ class OriginOut(BaseModel):
     ops_b: int = Field(description="Ops in run b's trace")
     same_sequence: bool = Field(description="Both traces ran the same op sequence")
     aligned: int = Field(description="Pairs of ops the alignment made")
+    aligned_up_to: int | None = Field(
+        None, description="Null when every op was aligned. Else the alignment's work "
+                          "budget ran out: the ops of run a's trace from this position on "
+                          "were not aligned, and no origin op was looked for among them")
     parting: PartingPoint | None = Field(description="Where the sequences part; null when "
                                                      "they are the same")
     count: int = Field(description="Origin ops in all")
@@ -241,9 +247,19 @@ class ResultPair(ResultKey):
     first_nonfinite: FirstNonfinite | None = None
     tolerances: dict[str, ToleranceOut] = Field(
         default_factory=dict, description="The policy's tolerance per dtype of the tensors")
-    tensors_only_in_a: list[str] = Field(default_factory=list)
-    tensors_only_in_b: list[str] = Field(default_factory=list)
-    tensors: list[TensorComparison] = Field(default_factory=list)
+    tensors_only_in_a: list[str] = Field(default_factory=list,
+                                         description="Tensors of a's result only: the first 50")
+    tensors_only_in_a_total: int = 0
+    tensors_only_in_b: list[str] = Field(default_factory=list,
+                                         description="Tensors of b's result only: the first 50")
+    tensors_only_in_b_total: int = 0
+    tensors_total: int = Field(0, description="Tensors compared (in both results): the "
+                                              "summary covers them all")
+    tensors: list[TensorComparison] = Field(
+        default_factory=list, description="This pair's tensors on the page (`limit` rows "
+                                          "from `offset`, counted over the pairs in order)")
+    pending: bool = Field(False, description="Its summary or its origin ops are not "
+                                             "computed yet (the note says which): ask again")
     origin: OriginOut | None = Field(
         None, description="The ops where the two results' numbers part, from their op "
                           "traces (both ok and traced)")
@@ -263,8 +279,18 @@ class CompareOut(BaseModel):
     workload: str | None = Field(description="The workload filter, if any")
     variant: str | None = Field(description="The variant filter, if any")
     environment: list[EnvironmentDifference] = Field(
-        description="Attributes whose values differ (empty when the env_key is the same)")
-    pairs: list[ResultPair]
+        description="Attributes whose values differ (empty when the env_key is the same): "
+                    "the first 500, each value cut at 4,096 characters")
+    environment_total: int = Field(0, description="Attributes whose values differ")
+    pairs: list[ResultPair] = Field(description="Every result both runs have, with its "
+                                                "summary; the tensor rows of the page only")
+    limit: int = Field(description="Tensor rows per page")
+    offset: int = Field(description="Tensor rows skipped, counted over the pairs in order")
+    tensors_total: int = Field(description="Tensor rows of every pair")
+    pending: int = Field(0, description="Summaries and origin ops not computed yet: this "
+                                        "request's computing time (NUMPARITY_COMPUTE_SECONDS)"
+                                        " ran out before them; ask again and the answer "
+                                        "goes on where it stopped")
     only_in_a: list[ResultKey]
     only_in_b: list[ResultKey]
 
@@ -291,6 +317,8 @@ COMPARE_EXAMPLE: dict[str, Any] = {
     "variant": None,
     "environment": [{"attribute": "env_vars.MKL_CBWR", "a": "unset", "b": "COMPATIBLE",
                      "a_short": "unset", "b_short": "COMPATIBLE"}],
+    "environment_total": 1,
+    "limit": 50, "offset": 0, "tensors_total": 4, "pending": 0,
     "pairs": [
         {
             "suite": "standard", "workload": "cnn", "variant": "default", "device": "cpu",
@@ -307,15 +335,16 @@ COMPARE_EXAMPLE: dict[str, Any] = {
                         "result_verdict": {"verdict": "divergent", "tensor": "conv2",
                                            "kind": "layer"},
                         "outputs": [{"name": "output", "verdict": "divergent"}],
-                        "output_verdict": "divergent"},
+                        "outputs_total": 1, "output_verdict": "divergent"},
             "first_divergent_layer": {"name": "conv2", "order": 1, "verdict": "divergent",
                                       "basis": "values", "metrics": _CONV2},
             "largest_jump": {"name": "conv2", "order": 1, "previous": "conv1",
                              "metric": "rel_l2", "rel_error": 0.000988, "ratio": 8289.7},
             "first_nonfinite": None,
             "tolerances": {"float32": {"rtol": 1.3e-06, "atol": 1e-05}},
-            "tensors_only_in_a": [],
-            "tensors_only_in_b": [],
+            "tensors_only_in_a": [], "tensors_only_in_a_total": 0,
+            "tensors_only_in_b": [], "tensors_only_in_b_total": 0,
+            "tensors_total": 4, "pending": False,
             "tensors": [
                 {"name": "conv1", "kind": "layer", "order": 0, "dtype": "float32",
                  "verdict": "identical", "basis": "hash",
@@ -334,7 +363,8 @@ COMPARE_EXAMPLE: dict[str, Any] = {
             ],
             "origin": {
                 "trace_a": "3c0e51a2…", "trace_b": "b81f07d4…", "ops_a": 27, "ops_b": 27,
-                "same_sequence": True, "aligned": 27, "parting": None, "count": 1,
+                "same_sequence": True, "aligned": 27, "aligned_up_to": None,
+                "parting": None, "count": 1,
                 "ops": [{"seq_a": 4, "seq_b": 4, "op": "aten.convolution.default",
                          "module": "conv2", "phase": "forward", "layer": "conv2",
                          "tensor": "conv2",
@@ -354,8 +384,9 @@ COMPARE_EXAMPLE: dict[str, Any] = {
             "inputs": {"input_hash_equal": None, "param_hash_equal": None, "broken": False},
             "notes": [], "summary": None, "first_divergent_layer": None,
             "largest_jump": None, "first_nonfinite": None, "tolerances": {},
-            "tensors_only_in_a": [], "tensors_only_in_b": [], "tensors": [],
-            "origin": None, "origin_note": None,
+            "tensors_only_in_a": [], "tensors_only_in_a_total": 0,
+            "tensors_only_in_b": [], "tensors_only_in_b_total": 0, "tensors_total": 0,
+            "tensors": [], "pending": False, "origin": None, "origin_note": None,
         },
     ],
     "only_in_a": [],

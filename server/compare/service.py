@@ -1,17 +1,25 @@
 """GET /compare: two runs side by side, result by result and tensor by tensor.
 
 Run a is the reference ("expected") and run b the candidate, as in ``analysis.compare``.
-Results are matched by (suite, workload, variant, device). Everything is read in a fixed
-number of queries (runs, results, manifests, fingerprints), whatever the runs' size.
+Results are matched by (suite, workload, variant, device). The answer is bounded by its
+page, not by what was uploaded (design §3.3.15): every pair carries its summary over all
+its tensors, and the tensor rows are listed ``limit`` at a time from ``offset``, counted
+across the pairs in order. What reads content only — a pair's summary and rows (two
+manifests under the workload's tolerances), the origin ops of two traces — is computed
+once, within the request's computing time (``kit.compute``), and kept by content; a
+page reads the kept rows of its pairs only. Whatever the computing time did not reach is
+answered as pending, and the next ask goes on from there.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from numparity_server import analysis
@@ -27,20 +35,35 @@ from numparity_server.compare.schemas import (
     RunInfo,
 )
 from numparity_server.compare.schemas import ResultKey as ResultKeyOut
+from numparity_server.kit.compute import Budget, Postponed, unbounded
+from numparity_server.kit.db import release, writing
 from numparity_server.kit.errors import NotFound
 from numparity_server.reads.explanations import explanations_among
-from numparity_server.reads.fingerprints import load_fingerprints
+from numparity_server.reads.fingerprints import FingerprintsOnDemand, load_fingerprints
+from numparity_server.reads.kept import keep_comparisons, kept_comparisons, usable_comparisons
 from numparity_server.reads.traces import load_traces
+
+log = logging.getLogger(__name__)
+PENDING = analysis.PENDING
+
+
+# Environment attributes listed, and the characters of each value shown: the documents are
+# bounded (runs.schemas), but two of them may differ in every one of 10,000 attributes.
+ENVIRONMENT_LISTED = 500
+VALUE_CHARS = 4096
 
 
 def compare_runs(
     *, session: Session, policy: Policy, run_a: str, run_b: str,
     workload: str | None = None, variant: str | None = None,
     device_a: str | None = None, device_b: str | None = None,
+    limit: int = 50, offset: int = 0, budget: Budget | None = None,
 ) -> CompareOut:
     """With ``device_a`` (``device_b``) only run a's (b's) results on that device count,
     and run a's are matched with run b's of the same suite, workload and variant on
-    ``device_b``: two GPUs of one node's run compare like two runs."""
+    ``device_b``: two GPUs of one node's run compare like two runs. The tensor rows of
+    the page ``limit``/``offset``; summaries and origins of every pair."""
+    budget = budget or unbounded()
     runs = repository.runs_by_id(session, {run_a, run_b})
     missing = [run_id for run_id in dict.fromkeys((run_a, run_b)) if run_id not in runs]
     if missing:
@@ -57,31 +80,209 @@ def compare_runs(
         raise NotFound(_nothing_in_common(a, b, results_a, results_b, workload, variant))
 
     ok = [key for key in common if _has_tensors(results_a[key]) and _has_tensors(results_b[key])]
-    manifests = repository.manifest_entries(
+    stored = repository.stored_manifests(
         session, {digest for key in ok for side in (results_a, results_b)
                   if (digest := side[key].manifest_hash) is not None})
-    fingerprints = load_fingerprints(
-        session, {digest for entries in manifests.values() for _n, _k, digest in entries})
-    traces = load_traces(session, {digest for key in ok for side in (results_a, results_b)
-                                   if (digest := side[key].trace_hash) is not None})
+    compared = [key for key in ok if results_a[key].manifest_hash in stored
+                and results_b[key].manifest_hash in stored]
+    work = _Work(session, policy, budget)
+    summaries = work.summaries({key: (results_a[key], results_b[key]) for key in compared})
+    rows = work.rows_of_page(summaries, limit=limit, offset=offset)
+    origins = work.origins({key: (results_a[key], results_b[key]) for key in compared})
 
-    pairs = [
-        _pair(results_a[key], results_b[key], manifests, fingerprints, traces, policy)
-        for key in common
-    ]
+    pairs = []
+    for key in common:
+        pair = _pair(results_a[key], results_b[key], key in ok, key in compared,
+                     summaries.get(key), rows.get(key, []), origins.get(key), policy)
+        pairs.append(pair)
     # What explain found between the two nodes, beside each result's split (one query).
     found = explanations_among(session=session, nodes={a.node, b.node},
                                keys={key[:3] for key in common})
     for pair in pairs:
         pair.explanations = [e for e in found.get((pair.suite, pair.workload, pair.variant), [])
                              if {e.node, e.against_node} <= {a.node, b.node}]
+    environment = _environment_differences(a, b)
     return CompareOut(
         run_a=_run_info(a), run_b=_run_info(b), workload=workload, variant=variant,
-        environment=_environment_differences(a, b),
-        pairs=pairs,
+        environment=environment[:ENVIRONMENT_LISTED], environment_total=len(environment),
+        pairs=pairs, limit=limit, offset=offset,
+        tensors_total=sum(summary["tensors_total"] for summary in summaries.values()
+                          if summary is not None),
+        pending=work.pending,
         only_in_a=[_key(key) for key in results_a if key not in results_b],
         only_in_b=[_key(key) for key in results_b if key not in results_a],
     )
+
+
+Sides = tuple[ResultRow, ResultRow]
+
+
+class _Work:
+    """The kept comparisons of one request: read by key, the missing ones computed within
+    its budget (each a unit of ``kit.compute``) and kept; ``pending`` counts those left."""
+
+    def __init__(self, session: Session, policy: Policy, budget: Budget) -> None:
+        self.session, self.policy, self.budget = session, policy, budget
+        self.pending = 0
+        self.row_keys: dict[ResultKey, str] = {}
+        # Rows computed by this request but not kept (a fingerprint they read is gone).
+        self._unkept_rows: dict[str, dict[str, Any]] = {}
+
+    def _keys(self, kind: str, sides: Sides) -> str:
+        a, b = sides
+        assert a.manifest_hash is not None and b.manifest_hash is not None
+        workload = a.workload
+        return analysis.result_pair_key(
+            kind, a.manifest_hash, b.manifest_hash,
+            tolerance_for=lambda dtype: self.policy.tolerance(workload, dtype),
+            semantics=analysis.semantics_of(a.device, b.device))
+
+    def summaries(self, pairs: dict[ResultKey, Sides]
+                  ) -> dict[ResultKey, dict[str, Any] | None]:
+        """Each pair's summary (None: pending, or a fingerprint it needs is gone)."""
+        keys = {key: self._keys(analysis.SUMMARY, sides) for key, sides in pairs.items()}
+        self.row_keys = {key: self._keys(analysis.ROWS, sides) for key, sides in pairs.items()}
+        found, stale = usable_comparisons(self.session, set(keys.values()))
+        # Computing, or waiting for another request's computation, holds no connection.
+        release(self.session)
+        records: list[analysis.ComparisonRecord] = []
+        done: dict[str, dict[str, Any]] = {}
+        for key, sides in pairs.items():
+            if keys[key] in found or keys[key] in done:
+                continue
+            try:
+                summary, rows = self.budget.run(keys[key], partial(self._compare, sides))
+            except Postponed:
+                self.pending += 1
+                continue
+            done[keys[key]] = summary.value
+            if summary.complete:
+                records += [summary, rows]
+            else:
+                self._unkept_rows[self.row_keys[key]] = rows.value
+        self._keep(records, refreshed=stale | {self.row_keys[key] for key in keys
+                                               if keys[key] in stale})
+        found.update(done)
+        return {key: found.get(keys[key]) for key in pairs}
+
+    def _compare(self, sides: Sides) -> tuple[analysis.ComparisonRecord,
+                                              analysis.ComparisonRecord]:
+        a, b = sides
+        assert a.manifest_hash is not None and b.manifest_hash is not None
+        manifests = repository.manifest_entries(self.session, {a.manifest_hash,
+                                                               b.manifest_hash})
+        release(self.session)
+        workload = a.workload
+        compared = analysis.compare_results(
+            manifests[a.manifest_hash], manifests[b.manifest_hash],
+            partial(load_fingerprints, self.session),
+            tolerance_for=lambda dtype: self.policy.tolerance(workload, dtype),
+            # Two results of CUDA devices are judged in CUDA's isclose arithmetic.
+            semantics=analysis.semantics_of(a.device, b.device))
+        release(self.session)
+
+        def record(kind: str, value: dict[str, Any]) -> analysis.ComparisonRecord:
+            assert a.manifest_hash is not None and b.manifest_hash is not None
+            return analysis.ComparisonRecord(
+                self._keys(kind, sides), kind, a.manifest_hash, b.manifest_hash, value,
+                compared.awaiting, compared.complete)
+
+        return (record(analysis.SUMMARY, compared.summary),
+                record(analysis.ROWS, {"rows": compared.rows}))
+
+    def rows_of_page(self, summaries: dict[ResultKey, dict[str, Any] | None], *,
+                     limit: int, offset: int) -> dict[ResultKey, list[dict[str, Any]]]:
+        """The rows of the page, by pair: only the kept rows of the pairs it reaches are
+        read."""
+        wanted: dict[ResultKey, slice] = {}
+        start = 0
+        for key, summary in summaries.items():
+            if summary is None:
+                continue
+            total = summary["tensors_total"]
+            low, high = max(offset - start, 0), min(offset + limit - start, total)
+            if low < high:
+                wanted[key] = slice(low, high)
+            start += total
+        kept = {found_key: value for found_key, value in self._unkept_rows.items()}
+        needed = {self.row_keys[key] for key in wanted} - kept.keys()
+        if needed:
+            kept.update({found_key: found.value for found_key, found in
+                         kept_comparisons(self.session, needed).items()})
+        return {key: kept[self.row_keys[key]]["rows"][cut] for key, cut in wanted.items()
+                if self.row_keys[key] in kept}
+
+    def origins(self, pairs: dict[ResultKey, Sides]) -> dict[ResultKey, _Origin]:
+        """Each traced pair's origin ops (kept, or computed within the budget)."""
+        traced = {key: sides for key, sides in pairs.items()
+                  if sides[0].trace_hash is not None and sides[1].trace_hash is not None}
+        keys = {key: self._origin_key(sides) for key, sides in traced.items()}
+        found, stale = usable_comparisons(self.session, set(keys.values()))
+        release(self.session)
+        records = []
+        answers: dict[ResultKey, _Origin] = {}
+        for key, sides in traced.items():
+            if keys[key] in found:
+                answers[key] = _Origin(found[keys[key]])
+                continue
+            try:
+                record = self.budget.run(keys[key], partial(self._align, keys[key], sides))
+            except Postponed:
+                self.pending += 1
+                answers[key] = _Origin(None, PENDING)
+                continue
+            if record is None:
+                answers[key] = _Origin(None, "the op trace of a result is no longer stored")
+                continue
+            found[keys[key]] = record.value
+            answers[key] = _Origin(record.value)
+            if record.complete:
+                records.append(record)
+        self._keep(records, refreshed=stale)
+        return answers
+
+    def _origin_key(self, sides: Sides) -> str:
+        a, b = sides
+        assert a.trace_hash and b.trace_hash and a.manifest_hash and b.manifest_hash
+        return analysis.origin_key_of(a.trace_hash, b.trace_hash, a.manifest_hash,
+                                      b.manifest_hash, workload=a.workload,
+                                      policy_version=self.policy.version)
+
+    def _align(self, key: str, sides: Sides) -> analysis.ComparisonRecord | None:
+        a, b = sides
+        assert a.trace_hash and b.trace_hash and a.manifest_hash and b.manifest_hash
+        traces = load_traces(self.session, {a.trace_hash, b.trace_hash})
+        manifests = repository.manifest_entries(self.session, {a.manifest_hash,
+                                                               b.manifest_hash})
+        release(self.session)  # aligning holds no connection
+        if a.trace_hash not in traces or b.trace_hash not in traces:
+            return None
+        fingerprints = FingerprintsOnDemand(self.session)
+        workload = a.workload
+        found = analysis.origin_ops(
+            traces[a.trace_hash], traces[b.trace_hash], manifest_a=manifests[a.manifest_hash],
+            manifest_b=manifests[b.manifest_hash], fingerprints=fingerprints,
+            tolerance_for=lambda dtype: self.policy.tolerance(workload, dtype))
+        release(self.session)
+        return analysis.ComparisonRecord(
+            key, analysis.ORIGIN, a.trace_hash, b.trace_hash, analysis.json_safe(
+                found.to_dict()), fingerprints.awaiting(), fingerprints.complete())
+
+    def _keep(self, records: list[analysis.ComparisonRecord], *, refreshed: set[str]) -> None:
+        if not records:
+            return
+        try:
+            with writing(self.session):
+                keep_comparisons(self.session, records, refreshed=refreshed)
+        except OperationalError as exc:
+            # As /divergence: the next request computes them again.
+            log.warning("compare: %d comparisons not kept: %s", len(records), exc)
+
+
+@dataclass(frozen=True)
+class _Origin:
+    value: dict[str, Any] | None
+    note: str | None = None
 
 
 def _on_device(results: Sequence[ResultRow], device: str | None, run_id: str, *,
@@ -135,10 +336,16 @@ def _environment_differences(a: RunRow, b: RunRow) -> list[EnvironmentDifference
         return []
     differences = analysis.environment_diff(analysis.flatten_environment(a.environment),
                                             analysis.flatten_environment(b.environment))
-    return [EnvironmentDifference(**difference, **dict(zip(
-                ("a_short", "b_short"),
-                analysis.short_difference(difference["a"], difference["b"]), strict=True)))
+    return [EnvironmentDifference(
+                attribute=difference["attribute"], a=_cut(difference["a"]),
+                b=_cut(difference["b"]), **dict(zip(
+                    ("a_short", "b_short"),
+                    analysis.short_difference(difference["a"], difference["b"]), strict=True)))
             for difference in differences]
+
+
+def _cut(value: str) -> str:
+    return value if len(value) <= VALUE_CHARS else value[:VALUE_CHARS] + "…"
 
 
 def _side(result: ResultRow) -> ResultSide:
@@ -167,92 +374,29 @@ def _inputs(a: ResultRow, b: ResultRow) -> tuple[Inputs, list[str]]:
     return inputs, notes
 
 
-def _pair(a: ResultRow, b: ResultRow, manifests: dict[str, list[tuple[str, str, str]]],
-          fingerprints: dict[str, analysis.Fingerprint], traces: dict[str, analysis.Trace],
-          policy: Policy) -> ResultPair:
+def _pair(a: ResultRow, b: ResultRow, ok: bool, stored: bool,
+          summary: dict[str, Any] | None, rows: list[dict[str, Any]],
+          origin: _Origin | None, policy: Policy) -> ResultPair:
     inputs, notes = _inputs(a, b)
     pair: dict[str, Any] = {
         "suite": a.suite, "workload": a.workload, "variant": a.variant, "device": a.device,
         "a": _side(a), "b": _side(b), "inputs": inputs, "notes": notes, "compared": False,
     }
-    manifest_a = manifests.get(a.manifest_hash or "")
-    manifest_b = manifests.get(b.manifest_hash or "")
-    if not (_has_tensors(a) and _has_tensors(b)):
+    if not ok:
         return ResultPair.model_validate(pair)
-    if manifest_a is None or manifest_b is None:
+    if not stored:
         notes.append("the tensors of a result are no longer stored")
         return ResultPair.model_validate(pair)
-
-    workload = a.workload
-    # Two results of CUDA devices are judged in CUDA's isclose arithmetic (closeness).
-    semantics = analysis.semantics_of(a.device, b.device)
-    rows = analysis.compare_manifests(
-        manifest_b, manifest_a, fingerprints,
-        tolerance_for=lambda dtype: policy.tolerance(workload, dtype), semantics=semantics)
-    layers = [row for row in rows if row["kind"] == "layer"]
-    names_a = {name for name, _kind, _hash in manifest_a}
-    names_b = {name for name, _kind, _hash in manifest_b}
-    dtypes = sorted({row["dtype"] for row in rows if row["dtype"] is not None})
-    pair.update(
-        compared=True,
-        semantics=semantics,
-        summary=_summary(rows),
-        first_divergent_layer=_with_bit_flip(analysis.first_divergent_layer(layers),
-                                             manifest_a, manifest_b, fingerprints),
-        largest_jump=analysis.json_safe(analysis.largest_jump(layers)),
-        first_nonfinite=analysis.first_nonfinite(manifest_b, manifest_a, fingerprints),
-        tolerances={dtype: asdict(policy.tolerance(workload, dtype)) for dtype in dtypes},
-        tensors_only_in_a=[name for name, _k, _h in manifest_a if name not in names_b],
-        tensors_only_in_b=[name for name, _k, _h in manifest_b if name not in names_a],
-        tensors=rows,
-    )
-    pair["origin"], pair["origin_note"] = _origin(
-        a, b, manifest_a, manifest_b, fingerprints, traces,
-        tolerance_for=lambda dtype: policy.tolerance(workload, dtype))
-    return ResultPair.model_validate(pair)
-
-
-def _origin(a: ResultRow, b: ResultRow, manifest_a: list[tuple[str, str, str]],
-            manifest_b: list[tuple[str, str, str]],
-            fingerprints: dict[str, analysis.Fingerprint], traces: dict[str, analysis.Trace],
-            tolerance_for: Callable[[str], analysis.Tolerance]
-            ) -> tuple[dict[str, Any] | None, str | None]:
-    """The origin ops of b's result against a's from their op traces, or why there are
-    none (design §3.3.14)."""
+    if summary is None:
+        notes.append(PENDING)
+        pair["pending"] = True
+        return ResultPair.model_validate(pair)
+    pair.update(compared=True, **summary, tensors=rows)
     without = [f"run {side}'s result" for side, row in (("a", a), ("b", b))
                if row.trace_hash is None]
     if without:
-        return None, analysis.no_trace_note(without)
-    assert a.trace_hash is not None and b.trace_hash is not None
-    if a.trace_hash not in traces or b.trace_hash not in traces:
-        return None, "the op trace of a result is no longer stored"
-    found = analysis.origin_ops(traces[a.trace_hash], traces[b.trace_hash],
-                                manifest_a=manifest_a, manifest_b=manifest_b,
-                                fingerprints=fingerprints, tolerance_for=tolerance_for)
-    return found.to_dict(), None
-
-
-def _with_bit_flip(first: dict[str, Any] | None, manifest_a: list[tuple[str, str, str]],
-                   manifest_b: list[tuple[str, str, str]],
-                   fingerprints: dict[str, analysis.Fingerprint]) -> dict[str, Any] | None:
-    """The first divergent layer, with the one flipped bit when that is all that differs."""
-    if first is None:
-        return None
-    hash_a = next((h for name, _k, h in manifest_a if name == first["name"]), None)
-    hash_b = next((h for name, _k, h in manifest_b if name == first["name"]), None)
-    if hash_a in fingerprints and hash_b in fingerprints:
-        first["bit_flip"] = analysis.single_bit_flip(fingerprints[hash_b],
-                                                     fingerprints[hash_a])
-    return first
-
-
-def _summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    counts = Counter(row["verdict"] for row in rows)
-    outputs = [{"name": row["name"], "verdict": row["verdict"]}
-               for row in rows if row["kind"] == "output"]
-    decided = analysis.result_verdict(rows)
-    return {"tensors": len(rows),
-            "verdicts": {verdict: counts[verdict] for verdict in analysis.VERDICTS},
-            "result_verdict": decided.to_dict() if decided is not None else None,
-            "outputs": outputs,
-            "output_verdict": analysis.worst_verdict(o["verdict"] for o in outputs)}
+        pair["origin_note"] = analysis.no_trace_note(without)
+    elif origin is not None:
+        pair["origin"], pair["origin_note"] = origin.value, origin.note
+        pair["pending"] = origin.note == PENDING
+    return ResultPair.model_validate(pair)

@@ -35,6 +35,7 @@ from numparity_server.deps import (
     KeptReads,
     Offset,
     PolicyDep,
+    ReadBudget,
     SettingsDep,
     require_reader,
 )
@@ -185,12 +186,14 @@ async def workloads_page(request: Request, session: DbSession, settings: Setting
 
 @router.get("/workloads/{workload}", response_class=HTMLResponse)
 async def workload_page(request: Request, workload: str, session: DbSession, policy: PolicyDep,
-                        _reader: PageReader, kept: KeptReads, suite: str = "standard",
-                        tensor: str | None = None) -> HTMLResponse:
-    page = await run_in_threadpool(kept, ("workload page", suite, workload, tensor), lambda: (
-        service.workload_page(session=session, policy=policy, suite=suite,
-                              workload=workload, tensor=tensor,
-                              members_limit=MAX_GROUP_NODES)))
+                        _reader: PageReader, kept: KeptReads, budget: ReadBudget,
+                        suite: str = "standard", tensor: str | None = None) -> HTMLResponse:
+    page = await run_in_threadpool(
+        kept, ("workload page", suite, workload, tensor), lambda: (
+            service.workload_page(session=session, policy=policy, suite=suite,
+                                  workload=workload, tensor=tensor,
+                                  members_limit=MAX_GROUP_NODES, budget=budget)),
+        lambda page: not page["pending"])
     return _aged(render(request, "workload.html", page=page, title=f"Workload {workload}"),
                  kept)
 
@@ -214,19 +217,27 @@ async def node_page(request: Request, name: str, session: DbSession, settings: S
 
 @router.get("/compare", response_class=HTMLResponse)
 async def compare_page(request: Request, session: DbSession, policy: PolicyDep,
-                       _reader: PageReader,
+                       settings: SettingsDep, _reader: PageReader, budget: ReadBudget,
                        run_a: Annotated[str, Query(min_length=1)],
                        run_b: Annotated[str, Query(min_length=1)],
                        workload: str | None = None, variant: str | None = None,
                        device_a: Annotated[str | None, Query(max_length=64)] = None,
-                       device_b: Annotated[str | None, Query(max_length=64)] = None
-                       ) -> HTMLResponse:
+                       device_b: Annotated[str | None, Query(max_length=64)] = None,
+                       limit: Annotated[int | None, Query(ge=1)] = None,
+                       offset: Offset = 0) -> HTMLResponse:
+    # A page of tensor rows (page_max by default: most comparisons fit on one).
+    limit = min(limit or settings.page_max, settings.page_max)
     compared, charts = await run_in_threadpool(
         service.comparison, session=session, policy=policy, run_a=run_a, run_b=run_b,
         workload=workload or None, variant=variant or None, device_a=device_a or None,
-        device_b=device_b or None)
+        device_b=device_b or None, limit=limit, offset=offset, budget=budget)
+    here = request.url.include_query_params(limit=limit)
     return render(request, "compare.html", compared=compared,
                   pairs=list(zip(compared.pairs, charts, strict=True)),
+                  prev_url=str(here.include_query_params(offset=max(offset - limit, 0)))
+                  if offset > 0 else None,
+                  next_url=str(here.include_query_params(offset=offset + limit))
+                  if offset + limit < compared.tensors_total else None,
                   title=f"{compared.run_a.node} vs {compared.run_b.node}")
 
 

@@ -23,6 +23,7 @@ from numparity_server.compare.service import compare_runs
 from numparity_server.dashboard import repository
 from numparity_server.dashboard.heatmap import DeviceRow, HeatCell, node_rows, slot_order
 from numparity_server.divergence.service import answer_accuracy, comparisons, divergence
+from numparity_server.kit.compute import Budget
 from numparity_server.kit.errors import NotFound
 from numparity_server.reads import results as reads_results
 
@@ -266,8 +267,8 @@ def _verdicts(session: Session, policy: Policy,
                   for number, cell in enumerate((base, *judged), start=1)]
         plan = analysis.plan_groups(groups, [], tensor=None, workload=column[0],
                                     policy_version=policy.version, traced=False)
-        kept = comparisons(session, plan,
-                           lambda dtype, workload=column[0]: policy.tolerance(workload, dtype))
+        kept, _pending = comparisons(
+            session, plan, lambda dtype, workload=column[0]: policy.tolerance(workload, dtype))
         for pair in plan.pairs:
             found[column + (pair.b.hash,)] = (kept[pair.key]["verdict"], how)
     return found
@@ -285,7 +286,8 @@ class VariantView:
 
 
 def workload_page(*, session: Session, policy: Policy, suite: str, workload: str,
-                  tensor: str | None, members_limit: int = 50) -> dict[str, Any]:
+                  tensor: str | None, members_limit: int = 50,
+                  budget: Budget | None = None) -> dict[str, Any]:
     """Every variant's /divergence of ``tensor`` (each group against the baseline, its
     first ``members_limit`` nodes listed): the comparisons are kept, so a view after the
     first reads them."""
@@ -306,7 +308,7 @@ def workload_page(*, session: Session, policy: Policy, suite: str, workload: str
         try:
             report = divergence(session=session, suite=suite, workload=workload,
                                 variant=variant, tensor=chosen, policy=policy,
-                                members_limit=members_limit)
+                                members_limit=members_limit, budget=budget)
         except NotFound as exc:
             views.append(VariantView(variant, None, str(exc.detail)))
             continue
@@ -314,7 +316,8 @@ def workload_page(*, session: Session, policy: Policy, suite: str, workload: str
             group.id: group.representative.run_id for group in report.groups}))
     fp64_reference = any(v.variant == "fp64-reference" and v.report for v in views)
     return {"suite": suite, "workload": workload, "tensor": chosen, "tensor_reason": why,
-            "tensors": tensors, "variants": views, "fp64_reference": fp64_reference}
+            "tensors": tensors, "variants": views, "fp64_reference": fp64_reference,
+            "pending": sum((view.report or {}).get("pending", 0) for view in views)}
 
 
 def _default_tensor(workload: str, tensors: Sequence[tuple[str, str]]
@@ -403,9 +406,10 @@ def _rel_error(metrics: dict[str, float | None]) -> float | None:
 
 def comparison(*, session: Session, policy: Policy, run_a: str, run_b: str,
                workload: str | None, variant: str | None, device_a: str | None = None,
-               device_b: str | None = None) -> tuple[CompareOut, list[Any]]:
+               device_b: str | None = None, limit: int = 500, offset: int = 0,
+               budget: Budget | None = None) -> tuple[CompareOut, list[Any]]:
     compared = compare_runs(session=session, policy=policy, run_a=run_a, run_b=run_b,
                             workload=workload, variant=variant, device_a=device_a,
-                            device_b=device_b)
+                            device_b=device_b, limit=limit, offset=offset, budget=budget)
     charts = [layer_chart(pair) if pair.compared else None for pair in compared.pairs]
     return compared, charts

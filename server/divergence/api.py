@@ -11,6 +11,7 @@ from numparity_server.deps import (
     DivergencePagesDep,
     KeptReads,
     PolicyDep,
+    ReadBudget,
     ReaderAuth,
 )
 from numparity_server.divergence import service
@@ -27,6 +28,7 @@ def get_divergence(
     _principal: ReaderAuth,
     pages: DivergencePagesDep,
     kept: KeptReads,
+    budget: ReadBudget,
     workload: Annotated[str, Query(min_length=1)],
     variant: Annotated[str, Query(min_length=1)],
     tensor: Annotated[str | None, Query(
@@ -48,4 +50,5 @@ def get_divergence(
             workload_version=workload_version, policy=policy, pairs=pages.pairs,
             pairs_limit=pages.pairs_limit, pairs_offset=pages.pairs_offset,
             pairs_origin=pages.pairs_origin, members_limit=pages.members_limit,
-            members_offset=pages.members_offset))
+            members_offset=pages.members_offset, budget=budget),
+        keep=lambda answer: not answer.pending)

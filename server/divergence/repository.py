@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from numparity_server.analysis import Answer, ComparisonRecord
-from numparity_server.kit.db import chunked, codepoint_order, insert_ignoring_conflicts, lookup
+from numparity_server.analysis import Answer
+from numparity_server.kit.db import chunked, codepoint_order, lookup
 from numparity_server.models import (
     Environment,
-    KeptComparison,
     Latest,
     LatestCount,
     Manifest,
     Node,
     Outcome,
-    utcnow,
 )
 from numparity_server.reads.results import run_ids_of_results
 
@@ -127,43 +125,3 @@ def outcomes_of_nodes(session: Session, *, suite: str, workload: str, variant: s
     return found
 
 
-@dataclass(frozen=True)
-class Kept:
-    value: dict[str, Any]
-    awaiting: list[str]  # fingerprints it read without their whole values
-
-
-def kept_comparisons(session: Session, keys: Collection[str]) -> dict[str, Kept]:
-    """The comparisons kept under these keys (one query per 500)."""
-    found: dict[str, Kept] = {}
-    for part in chunked(sorted(keys)):
-        for key, value, awaiting in session.execute(
-                select(KeptComparison.key, KeptComparison.value, KeptComparison.awaiting)
-                .where(KeptComparison.key.in_(part))):
-            found[key] = Kept(value, awaiting)
-    return found
-
-
-def keep_comparisons(session: Session, records: Sequence[ComparisonRecord], *,
-                     refreshed: Collection[str] = ()) -> None:
-    """Store new comparisons, and replace those in ``refreshed`` (computed again once the
-    values they lacked arrived).
-
-    Two requests computing the same key both insert it: ON CONFLICT DO NOTHING keeps the
-    first (they computed the same content), on SQLite and PostgreSQL alike; keys go in
-    sorted, so concurrent inserts lock in one order.
-    """
-    now = utcnow()
-    rows = sorted(({"key": r.key, "kind": r.kind, "hash_a": r.hash_a, "hash_b": r.hash_b,
-                    "value": r.value, "awaiting": list(r.awaiting), "created_at": now}
-                   for r in records), key=lambda row: row["key"])
-    fresh = [row for row in rows if row["key"] not in refreshed]
-    insert_ignoring_conflicts(session, KeptComparison.__table__, fresh, keys=["key"])
-    again = [{"k": row["key"], "v": row["value"], "w": row["awaiting"], "t": now}
-             for row in rows if row["key"] in refreshed]
-    if again:
-        session.execute(
-            update(KeptComparison.__table__)
-            .where(KeptComparison.__table__.c.key == bindparam("k"))
-            .values(value=bindparam("v"), awaiting=bindparam("w"), created_at=bindparam("t")),
-            again)

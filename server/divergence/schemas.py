@@ -174,7 +174,8 @@ EXAMPLE: dict[str, Any] = {
         "indistinguishable": False,
         "origin": {
             "trace_a": "3c0e51a2…", "trace_b": "b81f07d4…", "ops_a": 27, "ops_b": 27,
-            "same_sequence": True, "aligned": 27, "parting": None, "count": 1,
+            "same_sequence": True, "aligned": 27, "aligned_up_to": None,
+            "parting": None, "count": 1,
             "ops": [{"seq_a": 16, "seq_b": 16, "op": "aten.addmm.default", "module": "fc1",
                      "phase": "forward", "layer": "fc1", "tensor": "fc1",
                      "inputs": [{"dtype": "float32", "shape": [512]},
@@ -242,3 +243,7 @@ class DivergenceOut(BaseModel):
         default_factory=list, description="Each pin in force with an answer for the key "
         "(design §3.11): the group giving the pinned answer (null when no device does now: "
         "the fleet moved) and the devices in its scope that give another")
+    pending: int = Field(0, description="Origin ops not computed yet: this request's "
+                                        "computing time (NUMPARITY_COMPUTE_SECONDS) ran out "
+                                        "before them (their `origin_note` says so); ask "
+                                        "again and the answer goes on where it stopped")

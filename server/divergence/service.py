@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
@@ -16,11 +17,13 @@ from numparity_server.analysis.policy import Policy
 from numparity_server.divergence import repository
 from numparity_server.divergence.schemas import DivergenceKey, DivergenceOut, Excluded
 from numparity_server.goldens import drift as goldens
-from numparity_server.kit.db import writing
+from numparity_server.kit.compute import Budget, Postponed, unbounded
+from numparity_server.kit.db import release, writing
 from numparity_server.kit.errors import NotFound
 from numparity_server.reads import environments as reads_environments
 from numparity_server.reads.explanations import explanations_of_key
-from numparity_server.reads.fingerprints import load_fingerprints, with_values
+from numparity_server.reads.fingerprints import load_fingerprints
+from numparity_server.reads.kept import keep_comparisons, usable_comparisons
 from numparity_server.reads.traces import load_traces
 
 log = logging.getLogger(__name__)
@@ -36,7 +39,7 @@ def divergence(
     workload_version: int | None = None, policy: Policy | None = None,
     pairs: PairsMode = "baseline", pairs_limit: int | None = None, pairs_offset: int = 0,
     pairs_origin: bool = False, members_limit: int | None = MEMBERS_LIMIT,
-    members_offset: int = 0,
+    members_offset: int = 0, budget: Budget | None = None,
 ) -> DivergenceOut:
     """Groups by ``tensor``, or by the whole result when None (never a default tensor a
     workload may lack); NotFound naming the tensors there are when none has ``tensor``.
@@ -83,10 +86,12 @@ def divergence(
         workload=workload, policy_version=policy.version, pairs=pairs, limit=pairs_limit,
         offset=pairs_offset, origins=pairs_origin, reference=reference_hash,
         baseline=baseline_hash, without_total=sum(answer.devices for answer in lacking))
-    kept = comparisons(session, plan, lambda dtype: policy.tolerance(workload, dtype))
+    kept, pending = comparisons(session, plan, lambda dtype: policy.tolerance(workload, dtype),
+                                budget)
     report = plan.report(kept, members_limit=members_limit, members_offset=members_offset,
                          flattened=reads_environments.flattened(
-                             session, {a.env_key: a.environment_id for a in answers}))
+                             session, {a.env_key: a.environment_id for a in answers}),
+                         pending=pending)
     _with_explanations(session, report, ranked, (suite, workload, variant))
     key = DivergenceKey(suite=suite, workload=workload, workload_version=version,
                         variant=variant, tensor=tensor)
@@ -103,7 +108,8 @@ def divergence(
         "pins": goldens.divergence_pins(
             session=session, policy=policy, suite=suite, workload=workload, variant=variant,
             workload_version=version, tensor=tensor,
-            groups=[(group.id, group.hash) for group in groups])})
+            groups=[(group.id, group.hash) for group in groups]),
+        "pending": len(pending)})
 
 
 @dataclass(frozen=True)
@@ -151,8 +157,8 @@ def answer_accuracy(*, session: Session, policy: Policy, suite: str, workload: s
     plan = analysis.plan_groups([group], [], tensor=tensor, workload=workload,
                                 policy_version=policy.version, traced=False,
                                 reference=reference, baseline=baseline)
-    judged = comparisons(session, plan, lambda dtype: policy.tolerance(workload, dtype)
-                         ).get(plan.fp64[group.id])
+    kept, _pending = comparisons(session, plan, lambda dtype: policy.tolerance(workload, dtype))
+    judged = kept.get(plan.fp64[group.id])
     if judged is None:
         return None
     return AnswerAccuracy(tensor, judged.get("acceptable"), judged.get("rmse"),
@@ -160,36 +166,53 @@ def answer_accuracy(*, session: Session, policy: Policy, suite: str, workload: s
 
 
 def comparisons(session: Session, plan: analysis.DivergencePlan,
-                 tolerance_for: Callable[[str], Tolerance]) -> dict[str, dict[str, Any]]:
+                tolerance_for: Callable[[str], Tolerance], budget: Budget | None = None
+                ) -> tuple[dict[str, dict[str, Any]], set[str]]:
     """Every comparison the plan shows, by key: the kept ones read, the others (and those
-    whose fingerprints' values have arrived since) computed and kept.
+    whose fingerprints' values have arrived since) computed and kept; and the origin
+    keys left for a later request (``budget``'s time ran out before them).
 
-    Only the comparisons to compute load fingerprints and traces: a question asked
-    before reads a row per comparison, whatever the manifests' sizes."""
-    keys = plan.keys()
-    kept = repository.kept_comparisons(session, keys)
-    awaited = {digest for found in kept.values() for digest in found.awaiting}
-    arrived = with_values(session, awaited) if awaited else set()
-    stale = {key for key, found in kept.items() if arrived.intersection(found.awaiting)}
-    found_values = {key: found.value for key, found in kept.items() if key not in stale}
-    missing = (keys - kept.keys()) | stale
+    Only the comparisons to compute load fingerprints (without their whole values,
+    read a tensor at a time when compared) and traces, and they compute holding no
+    database connection (``kit.db.release``): first the answers' comparisons and fp64
+    judgements, one unit; then each origin, a unit of its own (an alignment)."""
+    budget = budget or unbounded()
+    found_values, stale = usable_comparisons(session, plan.keys())
+    missing = (plan.keys() - found_values.keys()) | stale
     if not missing:
-        return found_values
-    hashes, trace_hashes = plan.needs(missing)
-    computed = plan.compute(missing, fingerprints=load_fingerprints(session, hashes),
-                            traces=load_traces(session, trace_hashes),
+        return found_values, set()
+    hashes, _traces = plan.needs(missing)
+    fingerprints = load_fingerprints(session, hashes)
+    release(session)
+    origins = {pair.origin_key for pair in plan.pairs if pair.origin_key} & missing
+    computed: list[analysis.ComparisonRecord] = []
+    pending: set[str] = set()
+
+    def compute(unit: list[str]) -> list[analysis.ComparisonRecord]:
+        # An origin's two traces are read (and parsed) for it alone.
+        _fingerprints, trace_hashes = plan.needs(unit) if origins & set(unit) else ({}, set())
+        traces = load_traces(session, trace_hashes)
+        release(session)
+        return plan.compute(unit, fingerprints=fingerprints, traces=traces,
                             tolerance_for=tolerance_for)
+
+    units = [sorted(missing - origins), *([key] for key in sorted(origins))]
+    for unit in filter(None, units):
+        try:
+            computed += budget.run(("divergence", *unit), partial(compute, unit))
+        except Postponed:
+            pending.update(unit)
     found_values.update((record.key, record.value) for record in computed)
     complete = [record for record in computed if record.complete]
     if complete:
         try:
             with writing(session):
-                repository.keep_comparisons(session, complete, refreshed=stale)
+                keep_comparisons(session, complete, refreshed=stale)
         except OperationalError as exc:
             # A database that cannot take the write now (SQLite busy past its timeout, a
             # read-only replica) costs the next request a computation, not this answer.
             log.warning("divergence: %d comparisons not kept: %s", len(complete), exc)
-    return found_values
+    return found_values, pending
 
 
 # Findings beside one pair of groups: the newest per direction and pair of nodes.

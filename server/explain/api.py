@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, status
@@ -18,6 +19,7 @@ from numparity_server.explain.schemas import (
     ReferenceOut,
 )
 from numparity_server.kit.body import decode_body, parse_json_object
+from numparity_server.kit.limits import charge_decoded
 from numparity_server.kit.pagination import Page
 
 router = APIRouter(prefix="/api/v1", tags=["explain"])
@@ -66,7 +68,8 @@ async def post_explanations(request: Request, session: DbSession, settings: Sett
 
     def store() -> ExplanationsStored:
         document = parse_json_object(decode_body(body, encoding=encoding,
-                                                 limit=settings.max_body_bytes))
+                                                 limit=settings.max_body_bytes,
+                                                 charge=partial(charge_decoded, request.scope)))
         require_node(principal, service.node_name(document), what="explanations")
         return service.store_explanations(session=session, document=document)
 

@@ -25,7 +25,9 @@ class Ready(BaseModel):
 
 
 @router.get("/healthz", response_model=Health)
-def healthz() -> Health:
+async def healthz() -> Health:
+    """Answered on the event loop, never queued behind the worker threads: a process
+    whose threads all serve (or wait on) long reads is alive all the same."""
     return Health(status="ok")
 
 

@@ -32,9 +32,11 @@ def _too_large(limit: int) -> PayloadTooLarge:
 
 
 def decode_body(body: bytes, *, encoding: str | None, limit: int,
-                too_large: Callable[[int], DomainError] = _too_large) -> bytes:
+                too_large: Callable[[int], DomainError] = _too_large,
+                charge: Callable[[int], None] | None = None) -> bytes:
     """The body, decoded from gzip when ``Content-Encoding: gzip``; ``too_large(limit)``
-    (a 413) past ``limit``.
+    (a 413) past ``limit``. ``charge`` is told the decoded size before anything reads it
+    (the token's budget pays decompressed bytes: ``kit.limits.charge_decoded``).
 
     The body arrives whole and within the limit (``kit.limits.BodyLimits``); this bounds
     what gzip makes of it. One gzip member only: anything after its end, another member
@@ -44,6 +46,14 @@ def decode_body(body: bytes, *, encoding: str | None, limit: int,
     encoding = (encoding or "identity").strip().lower()
     if encoding in ("", "identity"):
         return body
+    decoded = _gunzip(body, encoding, limit, too_large)
+    if charge is not None:
+        charge(len(decoded))
+    return decoded
+
+
+def _gunzip(body: bytes, encoding: str, limit: int,
+            too_large: Callable[[int], DomainError]) -> bytes:
     if encoding not in ("gzip", "x-gzip"):
         raise UnsupportedMediaType(f"unsupported Content-Encoding {encoding!r}; use gzip")
     # Bounded decompression: a small gzip bomb must not expand past the limit in memory.

@@ -1,18 +1,22 @@
 """What one token may send: a byte budget per token, so no token takes the server from the
 others (design §3.2, "Limits").
 
-A token bucket per ``Authorization`` header: it holds up to ``burst`` bytes and refills at
-``rate`` bytes a second. A request with a body costs its size, and at least
-``MIN_REQUEST_COST`` (a flood of small documents costs its validation too); one that the
-bucket cannot pay is refused with 429 and a ``Retry-After`` saying when it could be,
-before its body is read when its ``Content-Length`` says the size. The agent keeps a
+A token bucket per token: it holds up to ``burst`` bytes and refills at ``rate`` bytes a
+second. A request with a body costs its size, and at least ``MIN_REQUEST_COST`` (a flood
+of small documents costs its validation too); one that the bucket cannot pay is refused
+with 429 and a ``Retry-After`` saying when it could be, before its body is read when its
+``Content-Length`` says the size. A gzip body then pays what it decompresses to beyond
+that, before it is parsed (``kit.limits.charge_decoded``): the server works on and
+stores the decompressed bytes, so those are what a token spends. The agent keeps a
 refused run in its spool and retries after that time (design §2.8), so throttling delays
 runs, never loses them.
 
-The key is the sha256 of the header as sent: no database look-up (the token is checked
-later, once the body is in), and a header that is not a valid token still pays for what
-it sends. The buckets live in the worker process: with ``--workers N`` a token may send up
-to N times the rate. A bucket that has refilled is the same as none, so full buckets are
+The key is the sha256 of the token as authentication reads it (``kit.bearer``: the scheme
+in any case, spaces around), so every spelling of one header is one bucket: no database
+look-up (the token is checked later, once the body is in), and a header that is not a
+valid token still pays for what it sends (malformed headers all share one bucket). The
+buckets live in the worker process: with ``--workers N`` a token may send up to N times
+the rate. A bucket that has refilled is the same as none, so full buckets are
 dropped and the table stays as large as the number of tokens recently over their burst.
 """
 
@@ -20,9 +24,12 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from numparity_server.kit.bearer import bearer_token
 
 # What a request with a body costs at least: a run document of a known environment is a
 # few KiB, so this is a few runs' worth; 100 spooled runs flushed at once cost 6.4 MiB.
@@ -46,6 +53,8 @@ class TokenBudget:
         self.burst = burst
         self.clock = clock
         self._buckets: dict[bytes, _Bucket] = {}
+        # The event loop spends bodies' sizes; worker threads spend what gzip decoded to.
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         """How many tokens are in debt (have a bucket that is not full)."""
@@ -55,12 +64,16 @@ class TokenBudget:
     def enabled(self) -> bool:
         return self.rate > 0
 
-    def spend(self, key: bytes, size: int) -> float:
-        """Take the cost of a ``size``-byte body from ``key``'s bucket: 0.0 when paid, else
-        the seconds until it could be (nothing is taken then)."""
+    def spend(self, key: bytes, size: int, *, least: int = MIN_REQUEST_COST) -> float:
+        """Take the cost of a ``size``-byte body (at least ``least``) from ``key``'s
+        bucket: 0.0 when paid, else the seconds until it could be (nothing is taken
+        then)."""
         if not self.enabled:
             return 0.0
-        cost = min(max(size, MIN_REQUEST_COST), self.burst)
+        with self._lock:
+            return self._spend(key, min(max(size, least), self.burst))
+
+    def _spend(self, key: bytes, cost: float) -> float:
         now = self.clock()
         bucket = self._buckets.get(key)
         level = self.burst if bucket is None else min(
@@ -86,9 +99,10 @@ class TokenBudget:
 
 
 def budget_key(authorization: bytes | None) -> bytes:
-    """The bucket of a request: the sha256 of its ``Authorization`` header (one bucket for
-    requests without one)."""
-    return hashlib.sha256(authorization or b"").digest()
+    """The bucket of a request: the sha256 of its bearer token (one bucket for requests
+    without one or with a malformed header)."""
+    token = bearer_token(authorization.decode("latin-1")) if authorization else None
+    return hashlib.sha256(token.encode("latin-1") if token else b"").digest()
 
 
 def retry_after(seconds: float) -> str:

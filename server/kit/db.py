@@ -109,6 +109,13 @@ def _sqlite_engine(url: URL, settings: Settings, *, pooled: bool) -> Engine:
     return engine
 
 
+def release(session: Session) -> None:
+    """End the session's (read) transaction and give its connection back to the pool,
+    before a long computation: a request that computes holds no connection others wait
+    for. The session begins a new transaction when next used. Only reads come before."""
+    session.rollback()
+
+
 @contextlib.contextmanager
 def writing(session: Session) -> Iterator[Session]:
     """A write transaction: committed when the block ends, rolled back on an exception.

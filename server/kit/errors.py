@@ -6,6 +6,7 @@ them to responses.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -20,6 +21,10 @@ class DomainError(Exception):
     def __init__(self, detail: Any) -> None:
         super().__init__(detail if isinstance(detail, str) else repr(detail))
         self.detail = detail
+
+    def response_headers(self) -> dict[str, str] | None:
+        """The headers of its answer (a class's ``headers``, or the error's own)."""
+        return self.headers
 
 
 class BadRequest(DomainError):
@@ -63,6 +68,10 @@ class TooManyRequests(DomainError):
     def __init__(self, detail: Any, *, wait: float) -> None:
         super().__init__(detail)
         self.wait = wait
+
+    def response_headers(self) -> dict[str, str] | None:
+        # Whole seconds, at least 1 (a route's refusal; the middleware's says the same).
+        return {"Retry-After": str(max(1, math.ceil(self.wait)))}
 
 
 class Conflict(DomainError):

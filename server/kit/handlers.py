@@ -93,7 +93,7 @@ def install_error_handlers(app: FastAPI, pages: PageErrors | None = None) -> Non
 
     async def on_domain_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, DomainError)
-        return respond(request, exc.status_code, exc.code, exc.detail, exc.headers)
+        return respond(request, exc.status_code, exc.code, exc.detail, exc.response_headers())
 
     async def on_validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)

@@ -12,7 +12,8 @@ gzip and hash the document).
 
 A body sent to the API is paid for from its token's byte budget (``kit.budget``): over
 it, 429 with ``Retry-After``, before the body is read when ``Content-Length`` gives its
-size, so one token cannot take the server's time from the others.
+size, so one token cannot take the server's time from the others. A route that decodes
+gzip pays the rest of the decompressed size (``charge_decoded``) before it parses.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from typing import Any
 
 import anyio
 
-from numparity_server.kit.budget import TokenBudget, budget_key, retry_after
+from numparity_server.kit.budget import (
+    MIN_REQUEST_COST,
+    TokenBudget,
+    budget_key,
+    retry_after,
+)
 from numparity_server.kit.errors import (
     DomainError,
     PayloadTooLarge,
@@ -72,6 +78,9 @@ class BodyLimits:
         path = scope.get("path", "")
         limit, source = self.limit(path)
         paid = not (self.budget.enabled and path.startswith("/api/"))
+        if not paid:
+            scope.setdefault("state", {})[_CHARGE] = _Charge(
+                self.budget, budget_key(_header(scope, b"authorization")))
         try:
             declared = _content_length(scope)
             if declared is not None and declared > limit:
@@ -114,14 +123,38 @@ class BodyLimits:
 
     def _pay(self, scope: Scope, size: int) -> None:
         """Take a body's cost from its token's budget; TooManyRequests when it cannot pay."""
+        scope["state"][_CHARGE].pay(size)
+
+
+# Where the middleware leaves a request's budget for the route (Starlette's request.state).
+_CHARGE = "numparity_budget_charge"
+
+
+class _Charge:
+    """One request's token budget: what it has paid, and what it can still be charged."""
+
+    def __init__(self, budget: TokenBudget, key: bytes) -> None:
+        self.budget, self.key, self.paid = budget, key, 0
+
+    def pay(self, size: int, *, least: int = MIN_REQUEST_COST, what: str = "sent") -> None:
         if size <= 0:
             return
-        wait = self.budget.spend(budget_key(_header(scope, b"authorization")), size)
+        wait = self.budget.spend(self.key, size, least=least)
         if wait > 0:
             raise TooManyRequests(
-                f"this token has sent more than its budget of {self.budget.rate:g} bytes a "
-                f"second (setting NUMPARITY_TOKEN_BYTES_PER_S); retry in {wait:.0f} s",
+                f"this token has {what} more than its budget of {self.budget.rate:g} bytes "
+                f"a second (setting NUMPARITY_TOKEN_BYTES_PER_S); retry in {wait:.0f} s",
                 wait=wait)
+        self.paid += max(size, least)
+
+
+def charge_decoded(scope: Scope, decoded: int) -> None:
+    """Charge a request's token for the bytes its body decompressed to beyond what the
+    body paid on arrival (TooManyRequests, with the wait, when the budget cannot pay:
+    the body is then not parsed). Nothing without a budget (pages, a budget turned off)."""
+    charge = scope.get("state", {}).get(_CHARGE)
+    if charge is not None and decoded > charge.paid:
+        charge.pay(decoded - charge.paid, least=0, what="sent (decompressed)")
 
 
 def _header(scope: Scope, wanted: bytes) -> bytes | None:
@@ -167,6 +200,6 @@ async def _refuse(error: DomainError, scope: Scope, receive: Receive, send: Send
     """The error as the API's JSON body; the connection is closed after it (the rest of
     the body, if it ever comes, is not read)."""
     response = error_response(error.status_code, error.code, error.detail,
-                              {**(error.headers or {}), **(headers or {}),
+                              {**(error.response_headers() or {}), **(headers or {}),
                                "Connection": "close"})
     await response(scope, receive, send)

@@ -64,8 +64,10 @@ class ReadCache:
         self._lock = threading.Lock()
         self._computing: dict[Hashable, threading.Lock] = {}
 
-    def get(self, key: Hashable, version: Version, compute: Callable[[], T]) -> Cached:
-        """The answer to `key` at `version`: kept, or computed once by whoever asks first."""
+    def get(self, key: Hashable, version: Version, compute: Callable[[], T],
+            keep: Callable[[T], bool] | None = None) -> Cached:
+        """The answer to `key` at `version`: kept, or computed once by whoever asks first.
+        An answer ``keep`` refuses (one with comparisons still pending) is not kept."""
         found = self._usable(key, version)
         if found is not None:
             return found
@@ -77,6 +79,9 @@ class ReadCache:
                 return found
             value = compute()
             with self._lock:
+                if keep is not None and not keep(value):
+                    self._computing.pop(key, None)
+                    return Cached(value, 0.0, hit=False)
                 self._entries[key] = _Entry(version, self._clock(), value)
                 self._entries.move_to_end(key)
                 while len(self._entries) > self.max_entries:

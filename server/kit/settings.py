@@ -100,6 +100,22 @@ class Settings(BaseSettings):
         default=60.0, ge=0,
         description="No kept answer of a fleet-wide read is served once it is older than "
         "this many seconds.")
+    compute_seconds: float = Field(
+        default=1.0, ge=0,
+        description="The reads' heavy computations (an op-trace alignment, a result's "
+        "tensors compared with their whole values): a request starts none after computing "
+        "this many seconds; what is left is answered as pending and computed by the next "
+        "asks (what was computed is kept).")
+    compute_slots: int = Field(
+        default=2, gt=0,
+        description="How many of the reads' heavy computations a server process runs at "
+        "once.")
+    worker_threads: int = Field(
+        default=16, gt=0,
+        description="Requests a server process serves at once on worker threads (every "
+        "route that reads the database); more wait their turn without taking the GIL from "
+        "the event loop (45 clients hammering one read kept /healthz waiting 5.6 s with "
+        "anyio's default of 40).")
     check_cache_seconds: float = Field(
         default=30.0, ge=0,
         description="What `numparity-agent check` is answered (GET /api/v1/agent/check) is "

@@ -34,12 +34,29 @@ AGE_BUCKETS = (3600.0, 6 * 3600.0, 24 * 3600.0, 48 * 3600.0, 7 * 86400.0, 30 * 8
 # The nodes whose newest run is oldest get a series each (the dashboard's "longest since
 # a run" panel); a series per node of a 100,000-node lab would be the whole scrape.
 OLDEST_NODES = 100
+# Keys (suite, workload, variant) that get a numparity_groups series each: those held by
+# the most devices. Any token may send any workload name, so the keys are the nodes' to
+# make up; the rest are one series (issue 30: 40 uploads of made-up names added 9,472
+# series). The standard suites hold ~100 keys.
+GROUP_KEYS = 200
+# The labels of that one series: empty, which no key's are (each name has a character).
+OTHER = ""
+
+
+@dataclass(frozen=True)
+class KeyGroups:
+    """Distinct whole results (/divergence's groups) per key, for the GROUP_KEYS keys
+    held by the most devices (ties by key); of the others, how many and their most."""
+
+    listed: dict[Key, int]
+    keys: int = 0  # every key with an ok result
+    others_most: int = 0  # the largest number of groups among the keys not listed
 
 
 @dataclass(frozen=True)
 class FleetSnapshot:
     summary: NodeStatusCounts  # nodes, environments, nodes per status
-    groups: dict[Key, int]  # distinct whole results per key (/divergence's groups)
+    groups: KeyGroups
     last_runs: list[tuple[str, datetime]]  # the OLDEST_NODES nodes' newest runs
     taken_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     # Nodes whose newest run started within each of AGE_BUCKETS of ``taken_at``, then all.
@@ -56,15 +73,20 @@ def fleet_snapshot(*, session: Session, policy: Policy) -> FleetSnapshot:
                                                              buckets=AGE_BUCKETS))
 
 
-def result_groups(session: Session) -> dict[Key, int]:
+def result_groups(session: Session) -> KeyGroups:
     """Per key, the number of groups ``GET /divergence`` reports without a tensor: distinct
     whole results (manifests) among the nodes' latest ok results of the newest workload
-    version, leaving out results on other input or parameter bytes than the fleet's."""
+    version, leaving out results on other input or parameter bytes than the fleet's.
+    Listed for the ``GROUP_KEYS`` keys held by the most devices."""
     by_key: dict[Key, list[Any]] = defaultdict(list)
     for row in repository.latest_ok_answers(session):
         by_key[(row.suite, row.workload, row.variant)].append(row)
-    return {key: len({row.manifest_hash for row in _comparable(rows)})
-            for key, rows in sorted(by_key.items())}
+    held = sorted(by_key, key=lambda key: (-sum(int(row.nodes) for row in by_key[key]), key))
+    counts = {key: len({row.manifest_hash for row in _comparable(by_key[key])})
+              for key in held}
+    return KeyGroups(listed={key: counts[key] for key in sorted(held[:GROUP_KEYS])},
+                     keys=len(held),
+                     others_most=max((counts[key] for key in held[GROUP_KEYS:]), default=0))
 
 
 def _comparable(rows: Sequence[Any]) -> list[Any]:
@@ -113,9 +135,15 @@ def fleet_metrics(snapshot: FleetSnapshot, now: datetime | None = None) -> list[
         "numparity_groups",
         "Distinct answers (whole results: every tensor) among the nodes' latest results "
         "of a workload and variant (the groups of GET /api/v1/divergence without a "
-        "tensor); 1 is a fleet that agrees bit for bit.", labels=["suite", "workload", "variant"])
-    for (suite, workload, variant), count in snapshot.groups.items():
+        f"tensor); 1 is a fleet that agrees bit for bit. For the {GROUP_KEYS} keys held by "
+        "the most devices; the others are one series with empty suite, workload and "
+        "variant: their largest number of groups.",
+        labels=["suite", "workload", "variant"])
+    for (suite, workload, variant), count in snapshot.groups.listed.items():
         groups.add_metric([suite, workload, variant], count)
+    unlisted = snapshot.groups.keys - len(snapshot.groups.listed)
+    if unlisted:
+        groups.add_metric([OTHER, OTHER, OTHER], snapshot.groups.others_most)
     ages = GaugeMetricFamily(
         "numparity_node_last_run_age_seconds",
         f"Seconds since the node's newest run started (its started_at), for the "
@@ -137,6 +165,12 @@ def fleet_metrics(snapshot: FleetSnapshot, now: datetime | None = None) -> list[
         GaugeMetricFamily("numparity_fleet_environments",
                           "Distinct environments (env_key) the nodes' newest runs ran on.",
                           value=snapshot.summary.environments),
+        GaugeMetricFamily("numparity_group_keys",
+                          "Keys (suite, workload, variant) with an ok latest result.",
+                          value=snapshot.groups.keys),
+        GaugeMetricFamily("numparity_group_keys_unlisted",
+                          f"Keys past the {GROUP_KEYS} held by the most devices: the "
+                          'series numparity_groups{workload=""}.', value=unlisted),
         nodes, devices, groups, ages, histogram,
     ]
 

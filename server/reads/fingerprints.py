@@ -1,28 +1,61 @@
-"""Stored fingerprints as the pure analysis sees them: blobs decoded to
-numpy arrays, whole values decompressed (design §2.4). ``/divergence`` and ``/compare`` load theirs
-here, in one batch per request."""
+"""Stored fingerprints as the pure analysis sees them: blobs decoded to numpy arrays,
+whole values left in the database until a comparison reads them, a chunk at a time
+(``analysis.StoredValues``, design §2.4). ``/divergence`` and ``/compare`` load theirs
+here, in batches."""
 
 from __future__ import annotations
 
+import math
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from numparity_server import analysis
-from numparity_server.kit.db import chunked
+from numparity_server.kit.db import chunked, release
 from numparity_server.models import STAT_FIELDS, Fingerprint
+
+# Every column but the whole values, and whether there are any.
+_WITHOUT_VALUES = (*(getattr(Fingerprint, name) for name in (
+    "hash", "dtype", "shape", *STAT_FIELDS, "sketch", "sketch_dtype", "sample",
+    "sample_dtype", "values_dtype")), Fingerprint.values.is_not(None).label("has_values"))
 
 
 def load_fingerprints(session: Session, hashes: Iterable[str]
                       ) -> dict[str, analysis.Fingerprint]:
-    """Hash -> fingerprint of every stored hash among ``hashes`` (unknown ones absent)."""
-    rows: list[Fingerprint] = []
+    """Hash -> fingerprint of every stored hash among ``hashes`` (unknown ones absent).
+    Whole values are not read: a comparison that needs them reads a fingerprint's when
+    it does (and gives the session's connection back after each read)."""
+    found: dict[str, analysis.Fingerprint] = {}
     for part in chunked(sorted(set(hashes))):
-        rows.extend(session.scalars(select(Fingerprint).where(Fingerprint.hash.in_(part))))
-    return {row.hash: to_analysis(row) for row in rows}
+        for row in session.execute(select(*_WITHOUT_VALUES).where(Fingerprint.hash.in_(part))):
+            found[row.hash] = _without_values(session, row)
+    return found
+
+
+def _without_values(session: Session, row: Any) -> analysis.Fingerprint:
+    shape = tuple(int(n) for n in row.shape)
+    stats: dict[str, Any] | None = None
+    if row.count is not None:
+        stats = {field: getattr(row, field) for field in STAT_FIELDS}
+    stored = None
+    if row.has_values and row.values_dtype is not None:
+        stored = analysis.StoredValues(row.values_dtype, math.prod(shape),
+                                       partial(_read_values, session, row.hash))
+    return analysis.Fingerprint(
+        hash=row.hash, dtype=row.dtype, shape=shape, stats=stats,
+        sketch=_decode(row.sketch_dtype, row.sketch),
+        sample=_decode(row.sample_dtype, row.sample), stored=stored)
+
+
+def _read_values(session: Session, digest: str) -> tuple[bytes, str | None]:
+    values, codec = session.execute(select(Fingerprint.values, Fingerprint.values_codec)
+                                    .where(Fingerprint.hash == digest)).one()
+    release(session)  # the bytes are in; the comparison holds no connection
+    return bytes(values), codec
 
 
 def with_values(session: Session, hashes: Iterable[str]) -> set[str]:
@@ -59,3 +92,44 @@ def _decode(dtype: str | None, raw: bytes | None, shape: tuple[int, ...] | None 
     if raw is None or dtype is None:
         return None
     return analysis.decode_array(dtype, bytes(raw), shape)
+
+
+class FingerprintsOnDemand(Mapping[str, analysis.Fingerprint]):
+    """Fingerprints read one at a time, when a computation first asks for one (an
+    origin's few recorded outputs among a trace's thousands of ops), the connection
+    given back after each read. Remembers what was asked: a kept comparison's
+    ``awaiting`` and whether everything it read was stored."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self._asked: dict[str, analysis.Fingerprint | None] = {}
+
+    def _get(self, digest: str) -> analysis.Fingerprint | None:
+        if digest not in self._asked:
+            self._asked[digest] = load_fingerprints(self._session, {digest}).get(digest)
+            release(self._session)
+        return self._asked[digest]
+
+    def __getitem__(self, digest: str) -> analysis.Fingerprint:
+        found = self._get(digest)
+        if found is None:
+            raise KeyError(digest)
+        return found
+
+    def __contains__(self, digest: object) -> bool:
+        return isinstance(digest, str) and self._get(digest) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([digest for digest, found in self._asked.items() if found is not None])
+
+    def __len__(self) -> int:
+        return sum(found is not None for found in self._asked.values())
+
+    def awaiting(self) -> tuple[str, ...]:
+        """The fingerprints asked for that have no whole values."""
+        return tuple(sorted(digest for digest, found in self._asked.items()
+                            if found is not None and not found.has_values))
+
+    def complete(self) -> bool:
+        """Every fingerprint asked for is stored."""
+        return all(found is not None for found in self._asked.values())

@@ -10,12 +10,15 @@ from sqlalchemy import ColumnElement, delete, exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from numparity_server.models import (
+    Environment,
+    Explanation,
     Fingerprint,
     GoldenAnswer,
     KeptComparison,
     Latest,
     LatestCount,
     Manifest,
+    Node,
     Outcome,
     Result,
     Run,
@@ -77,6 +80,41 @@ def delete_outcomes(session: Session, ids: Sequence[int]) -> int:
     session.execute(delete(LatestCount).where(
         LatestCount.outcome_id.in_(ids),
         ~exists(select(Outcome.id).where(Outcome.id == LatestCount.outcome_id))))
+    return int(getattr(deleted, "rowcount", 0) or 0)
+
+
+def _unreferenced_environment(before: datetime) -> ColumnElement[bool]:
+    """No run, latest result, count of devices, node or finding refers to it (the empty
+    counts it keeps go with it), and it is older than ``before`` (an upload that has
+    just found it keeps it)."""
+    return (Environment.first_seen < before) & ~or_(*(
+        exists(select(column).where(column == Environment.id))
+        for column in (Run.environment_id, Latest.environment_id, Node.environment_id,
+                       Explanation.environment_id)
+    ), exists(select(LatestCount.id).where(LatestCount.environment_id == Environment.id,
+                                           LatestCount.devices > 0)))
+
+
+def orphan_environments(session: Session, before: datetime, *, limit: int) -> list[int]:
+    return list(session.scalars(
+        select(Environment.id).where(_unreferenced_environment(before))
+        .order_by(Environment.id).limit(limit)))
+
+
+def count_orphan_environments(session: Session, before: datetime) -> int:
+    return session.scalar(select(func.count()).select_from(Environment)
+                          .where(_unreferenced_environment(before))) or 0
+
+
+def delete_environments(session: Session, ids: Sequence[int], before: datetime) -> int:
+    """Checked again in the statement: a run stored since the batch was chosen keeps its
+    environment."""
+    chosen = select(Environment.id).where(Environment.id.in_(ids),
+                                          _unreferenced_environment(before))
+    session.execute(delete(LatestCount).where(LatestCount.environment_id.in_(chosen),
+                                              LatestCount.devices == 0))
+    deleted = session.execute(delete(Environment).where(Environment.id.in_(ids),
+                                                        _unreferenced_environment(before)))
     return int(getattr(deleted, "rowcount", 0) or 0)
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import writing
@@ -40,6 +41,7 @@ class RetentionReport:
     fingerprints: int
     traces: int = 0
     comparisons: int = 0  # kept /divergence comparisons
+    environments: int = 0  # environments no run, node or latest result refers to
 
 
 def apply_retention(*, sessions: Callable[[], Session], days: int, batch_size: int = 500,
@@ -91,6 +93,7 @@ def apply_retention(*, sessions: Callable[[], Session], days: int, batch_size: i
             break
 
     fingerprints = _drop_orphan_fingerprints(sessions, batch_size)
+    environments = _drop_orphan_environments(sessions, batch_size)
 
     # Kept comparisons (design §3.3.7) whose answers are gone, or computed before the
     # cutoff (another policy's, or of answers nobody asks about: /divergence computes
@@ -104,7 +107,29 @@ def apply_retention(*, sessions: Callable[[], Session], days: int, batch_size: i
             comparisons += repository.delete_comparisons(session, keys)
     return RetentionReport(cutoff=cutoff, dry_run=False, runs=runs, results=results,
                            manifests=manifests, fingerprints=fingerprints, traces=traces,
-                           comparisons=comparisons)
+                           comparisons=comparisons, environments=environments)
+
+
+def _drop_orphan_environments(sessions: Callable[[], Session], batch_size: int) -> int:
+    """Environments (whole documents, up to 256 KiB each) kept only while something
+    refers to them: a node that sent a new env_key per upload leaves none behind."""
+    before = utcnow() - _INGEST_MARGIN
+    dropped = 0
+    while True:
+        try:
+            with sessions() as session, writing(session):
+                ids = repository.orphan_environments(session, before, limit=batch_size)
+                if not ids:
+                    break
+                deleted = repository.delete_environments(session, ids, before)
+        except IntegrityError:
+            # PostgreSQL: an upload took one of them back between the check and the
+            # delete; the next retention drops what is still unreferenced then.
+            break
+        dropped += deleted
+        if deleted == 0:
+            break
+    return dropped
 
 
 def _referenced(session: Session, *, skip: Collection[str] = (),
@@ -142,6 +167,9 @@ def _dry_run(sessions: Callable[[], Session], cutoff: datetime) -> RetentionRepo
         # Those computed before the cutoff or whose answers are gone now; more go once
         # the content above does.
         comparisons = repository.count_dead_comparisons(session, cutoff)
+        # Those unreferenced now; those of the runs above go once they do.
+        environments = repository.count_orphan_environments(session,
+                                                            utcnow() - _INGEST_MARGIN)
     return RetentionReport(cutoff=cutoff, dry_run=True, runs=runs, results=results,
                            manifests=len(doomed), fingerprints=fingerprints, traces=traces,
-                           comparisons=comparisons)
+                           comparisons=comparisons, environments=environments)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request, Response, status
@@ -21,6 +22,7 @@ from numparity_server.deps import (
 )
 from numparity_server.kit.body import decode_body, parse_json_object
 from numparity_server.kit.ingest_meter import IngestMeter
+from numparity_server.kit.limits import charge_decoded
 from numparity_server.kit.pagination import Page
 from numparity_server.kit.settings import Settings
 from numparity_server.runs import service
@@ -52,7 +54,8 @@ async def _document_reader(request: Request, settings: Settings) -> Callable[[],
     body = await request.body()
     encoding = request.headers.get("content-encoding")
     return lambda: parse_json_object(decode_body(body, encoding=encoding,
-                                                 limit=settings.max_body_bytes))
+                                                 limit=settings.max_body_bytes,
+                                                 charge=partial(charge_decoded, request.scope)))
 
 
 @router.post(

@@ -15,6 +15,7 @@ import math
 from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar, Literal
 
+import orjson
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -85,6 +86,9 @@ Dimension = Annotated[int, Field(le=INT64_MAX), BeforeValidator(_integral)]
 # may hold and how long a string in it may be. The agent's environment holds ~150 values,
 # the longest string (torch's build configuration) ~3,000 characters.
 MAX_ENVIRONMENT_VALUES = 10_000
+# The agent's environment documents are 5–50 KiB (a GPU node's with its libraries);
+# each new env_key stores one whole (issue 30: 32 MiB documents, ×523 on disk).
+MAX_ENVIRONMENT_BYTES = 256 * 1024
 MAX_KNOBS_VALUES = 1_000
 # A result's self-consistency checks (design §2.2): a few per workload, each a verdict
 # and what it names (the decoder's backends and skipped ones: a few dozen values).
@@ -377,12 +381,27 @@ class NodeDoc(_Wire):
 
 
 class EnvironmentDoc(_FreeForm):
-    """The environment document: free-form, but keyed by ``env_key`` (design §2.5)."""
+    """The environment document: free-form, but keyed by ``env_key`` (design §2.5), and at
+    most ``MAX_ENVIRONMENT_BYTES`` as compact JSON: it is stored whole for each new
+    env_key, so its size is what a new environment costs the disk."""
 
     model_config = ConfigDict(extra="allow")
     max_values = MAX_ENVIRONMENT_VALUES
 
     env_key: str = Field(pattern=SHA256_HEX)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _small(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            try:
+                size = len(orjson.dumps(value))
+            except (TypeError, orjson.JSONEncodeError):
+                return value  # a value the fields refuse with their own message
+            if size > MAX_ENVIRONMENT_BYTES:
+                raise ValueError(f"the environment document is {size:,} bytes as compact "
+                                 f"JSON; at most {MAX_ENVIRONMENT_BYTES:,}")
+        return value
 
 
 def check_free_form(section: dict[str, Any], *, max_values: int) -> None:

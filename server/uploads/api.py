@@ -3,6 +3,7 @@ a complete document as a run (design §3.2, "uploads in parts")."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request, Response, status
@@ -11,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from numparity_server.deps import AgentAuth, DbSession, MeteredIngest, SettingsDep
 from numparity_server.kit.body import decode_body, parse_json_object
 from numparity_server.kit.errors import DomainError, UploadTooLarge
+from numparity_server.kit.limits import charge_decoded
 from numparity_server.kit.settings import Settings
 from numparity_server.runs.api import ingest_document
 from numparity_server.runs.schemas import SHA256_HEX, RunCreated
@@ -44,7 +46,8 @@ async def _part(request: Request, settings: Settings) -> bytes:
     body = await request.body()
     encoding = request.headers.get("content-encoding")
     return await run_in_threadpool(decode_body, body, encoding=encoding,
-                                   limit=settings.max_body_bytes)
+                                   limit=settings.max_body_bytes,
+                                   charge=partial(charge_decoded, request.scope))
 
 
 @router.put("/uploads/{sha256}", response_model=UploadState, openapi_extra=_PART_BODY,
@@ -76,9 +79,9 @@ async def put_document_part(sha256: Digest, offset: Offset,
                               "description": "The same document was already stored"},
                         409: {"description": "The upload is incomplete (Upload-Offset) or "
                                              "another document is stored under its run_id"}})
-async def ingest_uploaded_run(sha256: Digest, response: Response, ingest: MeteredIngest,
-                              session: DbSession, settings: SettingsDep,
-                              principal: AgentAuth) -> RunCreated:
+async def ingest_uploaded_run(sha256: Digest, request: Request, response: Response,
+                              ingest: MeteredIngest, session: DbSession,
+                              settings: SettingsDep, principal: AgentAuth) -> RunCreated:
     """Store the run document uploaded in parts under ``sha256``, as POST /runs stores
     one; its parts are then dropped."""
     token_id = _token(principal.token_id)
@@ -90,9 +93,12 @@ async def ingest_uploaded_run(sha256: Digest, response: Response, ingest: Metere
         encoding = "gzip" if whole[:2] == b"\x1f\x8b" else None
         if encoding is None and len(whole) > settings.max_document_bytes:
             raise _document_too_large(settings.max_document_bytes)
+        # The parts paid what they carried; the document pays what it decompresses to
+        # (the budget counts decompressed bytes, kit.limits).
         return parse_json_object(decode_body(whole, encoding=encoding,
                                              limit=settings.max_document_bytes,
-                                             too_large=_document_too_large))
+                                             too_large=_document_too_large,
+                                             charge=partial(charge_decoded, request.scope)))
 
     try:
         created = await ingest_document(read_document, response=response, ingest=ingest,

@@ -17,6 +17,7 @@ from numparity_server.divergence import repository
 from numparity_server.divergence.service import divergence as divergence_service
 from numparity_server.kit.db import get_engine, session_factory, writing
 from numparity_server.models import KeptComparison
+from numparity_server.reads import kept as kept_store
 
 
 def get(api, **params):
@@ -270,14 +271,14 @@ def test_two_requests_keeping_the_same_comparison_both_succeed(api):
         inserted.wait(10)
         try:  # waits for the first transaction (the row, or SQLite's writer lock)
             with sessions() as other, writing(other):
-                repository.keep_comparisons(other, [record])
+                kept_store.keep_comparisons(other, [record])
         except Exception as exc:  # noqa: BLE001 (the test reports whatever it was)
             errors.append(exc)
 
     thread = threading.Thread(target=second)
     thread.start()
     with sessions() as session, writing(session):
-        repository.keep_comparisons(session, [record])
+        kept_store.keep_comparisons(session, [record])
         inserted.set()
         thread.join(0.5)  # the second insert is now waiting on this one
     thread.join(10)

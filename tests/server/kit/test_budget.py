@@ -4,6 +4,7 @@ budget is refused while another token still uploads."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from typing import Any
 
@@ -151,3 +152,54 @@ def test_the_app_throttles_one_token_and_not_another(make_api):
                            headers=other).status_code == 201
     # Reads are not budgeted.
     assert api.client.get("/api/v1/runs", headers=api.reader).status_code == 200
+
+
+# Spellings of one header that authenticate as the same token (issue 30, finding 5).
+SPELLINGS = ("Bearer {}", "bearer {}", "BEARER {}", "Bearer  {}", " Bearer {}", "Bearer {} ",
+             "bEaReR   {}", "BeArEr {}  ")
+
+
+def test_every_spelling_of_a_token_is_one_budget():
+    token = "np_abc"
+    keys = {budget_key(spelling.format(token).encode()) for spelling in SPELLINGS}
+    assert len(keys) == 1
+    assert budget_key(b"Bearer np_other") not in keys
+
+
+def test_the_app_charges_every_spelling_of_a_token_to_one_budget(make_api):
+    """Authentication reads the scheme in any case and strips spaces: so does the budget.
+    Before, each spelling had a bucket of its own (8 spellings, 8 bursts)."""
+    api = make_api(token_bytes_per_s=1024.0, max_body_bytes=MIB)
+    token = api.agent["Authorization"].split()[1]
+    statuses = []
+    for i in range(20):  # at least 64 KiB each: a 1 MiB burst pays 16 of them
+        headers = {"Authorization": SPELLINGS[i % len(SPELLINGS)].format(token)}
+        statuses.append(api.client.post("/api/v1/fingerprints/missing",
+                                        json={"hashes": ["0" * 64]},
+                                        headers=headers).status_code)
+        if statuses[-1] == 429:
+            break
+    assert statuses == [200] * 16 + [429]
+
+
+def test_a_gzip_body_pays_its_decompressed_size(make_api):
+    """What the server works on and stores is the decompressed body: a few KiB of gzip
+    that decompress to 800 KiB cost 800 KiB (before, the 64 KiB minimum)."""
+    api = make_api(token_bytes_per_s=1024.0, max_body_bytes=MIB)
+    body = json.dumps({"hashes": ["0" * 64] * 12_000}).encode()
+    assert len(body) > 790_000
+    packed = gzip.compress(body)
+    assert len(packed) < 16 * 1024
+    headers = {**api.agent, "Content-Type": "application/json", "Content-Encoding": "gzip"}
+    first = api.client.post("/api/v1/fingerprints/missing", content=packed, headers=headers)
+    assert first.status_code == 200, first.text
+    second = api.client.post("/api/v1/fingerprints/missing", content=packed, headers=headers)
+    assert second.status_code == 429, second.text
+    assert "decompressed" in second.json()["detail"]
+    # ~720 KiB of decompressed bytes at 1 KiB/s, less the ~180 KiB the bucket still held.
+    assert int(second.headers["Retry-After"]) >= 500
+    # Small plain bodies of another token still pass.
+    with session_factory(get_engine(api.settings))() as session:
+        other = auth_service.create_token(session=session, role="agent", label="other").token
+    assert api.client.post("/api/v1/fingerprints/missing", json={"hashes": ["0" * 64]},
+                           headers={"Authorization": f"Bearer {other}"}).status_code == 200

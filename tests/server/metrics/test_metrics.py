@@ -497,3 +497,43 @@ def test_the_prometheus_example_scrapes_metrics_with_a_token():
     assert job["authorization"]["type"] == "Bearer"
     assert job["authorization"]["credentials_file"]
     assert job["static_configs"][0]["targets"]
+
+
+def test_groups_of_keys_a_node_made_up_are_bounded(make_api, monkeypatch):
+    """A token may send any workload name: only the GROUP_KEYS keys held by the most
+    devices get a series each; the rest are one series (their largest number of
+    groups) and a count (issue 30, finding 6: 40 uploads added 9,472 series)."""
+    from numparity_server.metrics import service as metrics_service
+
+    monkeypatch.setattr(metrics_service, "GROUP_KEYS", 5, raising=False)
+    api = make_api(metrics_cache_seconds=0)
+    honest = ("cnn", "mlp")
+    for i in range(3):
+        document = run_document(f"honest-{i}", workloads=honest, variants=("default", "strict"))
+        assert api.post_run(document).status_code == 201
+    with session_factory(get_engine(api.settings))() as session:
+        token = auth_service.create_token(session=session, role="agent", label="hostile",
+                                          node_names=["hostile"]).token
+    hostile = {"Authorization": f"Bearer {token}"}
+    for i in range(3):
+        made_up = tuple(f"made-up-{i}-{j}" for j in range(4))
+        response = api.client.post("/api/v1/runs", headers=hostile, json=run_document(
+            "hostile", workloads=made_up, shift=1e-3 * i, started_at=at(3 - i)))
+        assert response.status_code == 201, response.text
+    # Another node answers one made-up key differently: that key has two groups.
+    assert api.post_run(run_document("honest-0", workloads=("made-up-0-0",), shift=0.5,
+                                     started_at=at(0.5))).status_code == 201
+    found = scrape(api)
+    series = {(labels["suite"], labels["workload"], labels["variant"]): value
+              for labels, value in ((dict(pairs), value) for pairs, value in
+                                    found.series("numparity_groups").items())}
+    # The four keys every honest node holds, the made-up key two nodes hold, the rest as
+    # one series: the largest number of groups among them (1: each is one node's).
+    assert series == {
+        ("standard", "cnn", "default"): 1, ("standard", "cnn", "strict"): 1,
+        ("standard", "mlp", "default"): 1, ("standard", "mlp", "strict"): 1,
+        ("standard", "made-up-0-0", "default"): 2,
+        ("", "", ""): 1,
+    }
+    assert found.value("numparity_group_keys") == 4 + 12
+    assert found.value("numparity_group_keys_unlisted") == 11

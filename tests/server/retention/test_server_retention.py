@@ -13,6 +13,7 @@ from numparity_server.analysis.groups import manifest_digest
 from numparity_server.cli import main
 from numparity_server.kit.db import get_engine, session_factory
 from numparity_server.models import (
+    Environment,
     Fingerprint,
     KeptComparison,
     Latest,
@@ -259,3 +260,38 @@ def test_an_outcome_retention_drops_takes_its_empty_counts(aged, capsys):
     after = held()
     assert set(after) <= outcomes and 0 not in after.values()
     assert after == {outcome: n for outcome, n in before.items() if n}
+
+
+def environment_keys(api) -> set[str]:
+    with session_factory(get_engine(api.settings))() as session:
+        return set(session.scalars(select(Environment.env_key)))
+
+
+def test_retention_drops_environments_nothing_refers_to(make_api, monkeypatch, capsys):
+    """A node that sends a new environment with every run (issue 30 finding 4: each one
+    stored whole, never deleted) leaves only the environments its kept runs ran on."""
+    monkeypatch.delenv("NUMPARITY_RETENTION_DAYS", raising=False)
+    api = make_api()
+    monkeypatch.setenv("NUMPARITY_DATABASE_URL", api.settings.database_url)
+    documents = [run_document("churn", run_id=f"churn-{i}", env_vars={"CHURN": str(i)},
+                              started_at=f"2026-09-0{i + 1}T08:00:00Z") for i in range(5)]
+    documents.append(run_document("steady", run_id="steady-0"))
+    for document in documents:
+        assert api.post_run(document).status_code == 201
+    keys = {document["environment"]["env_key"] for document in documents}
+    assert environment_keys(api) == keys and len(keys) == 6
+    with session_factory(get_engine(api.settings))() as session, session.begin():
+        session.execute(update(Run).where(Run.run_id.like("churn-%"))
+                        .values(received_at=utcnow() - timedelta(days=60)))
+        # Found more than the ingest margin ago.
+        session.execute(update(Environment).values(first_seen=utcnow() - timedelta(days=60)))
+    assert retention(api, "--days", "30", "--dry-run") == 0
+    assert "0 environments nothing refers to" in capsys.readouterr().out
+    assert retention(api, "--days", "30") == 0
+    assert "4 environments nothing refers to" in capsys.readouterr().out
+    kept = {documents[4]["environment"]["env_key"], documents[5]["environment"]["env_key"]}
+    assert environment_keys(api) == kept
+    # The environments left still answer: the node pages and /divergence read them.
+    response = api.client.get("/api/v1/divergence", headers=api.reader,
+                              params={"workload": "cnn", "variant": "default"})
+    assert response.status_code == 200, response.text

@@ -338,3 +338,16 @@ def test_unknown_fields_are_ignored(api):
     changed = dict(document, comment="something else")
     assert api.post_run(changed).status_code == 409  # ignored, but part of the document
     assert row_counts(api)["runs"] == 1
+
+
+def test_an_environment_document_past_its_bound_is_refused(api):
+    """Each new env_key stores its document whole: one of 300 KiB (within the body limit,
+    10,000 values and 64 KiB strings) is a 422 naming the bound (issue 30 finding 4:
+    32 MiB documents took 523 times the bytes sent)."""
+    document = run_document("node-1")
+    document["environment"]["padding"] = ["x" * 60_000 for _ in range(5)]
+    response = api.post_run(document)
+    assert response.status_code == 422, response.text
+    assert "262,144" in response.text and "environment" in response.text
+    document["environment"]["padding"] = ["x" * 60_000]
+    assert api.post_run(document).status_code == 201
