@@ -388,11 +388,18 @@ def metric_families() -> list[Any]:
     from a snapshot with one value of each kind so that every family shows its labels."""
     from numparity_server.audit.schemas import NodeStatusCounts
     from numparity_server.kit.ingest_meter import REGISTRY
-    from numparity_server.metrics.service import AGE_BUCKETS, FleetSnapshot, fleet_metrics
+    from numparity_server.metrics.service import (
+        AGE_BUCKETS,
+        FleetSnapshot,
+        KeyGroups,
+        fleet_metrics,
+    )
 
     summary = NodeStatusCounts(**dict.fromkeys(NodeStatusCounts.model_fields, 0))
     now = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    snapshot = FleetSnapshot(summary=summary, groups={("suite", "workload", "variant"): 1},
+    # One key listed and one not: the series of both show.
+    groups = KeyGroups(listed={("suite", "workload", "variant"): 1}, keys=2, others_most=1)
+    snapshot = FleetSnapshot(summary=summary, groups=groups,
                              last_runs=[("node", now)], taken_at=now,
                              age_counts=[0] * (len(AGE_BUCKETS) + 1))
     return [*REGISTRY.collect(), *fleet_metrics(snapshot, now=now)]
