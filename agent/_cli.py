@@ -114,7 +114,8 @@ def _parser() -> argparse.ArgumentParser:
                        f"upload_timeout; default {_upload.DEFAULT_TIMEOUT_S:g})")
         p.add_argument("--max-wait", metavar="S",
                        help="retry an unreachable or busy server with backoff for at most S "
-                       "seconds, then leave the rest spooled (NUMPARITY_MAX_WAIT, config "
+                       "seconds without progress (an upload that moves forward goes on), "
+                       "then leave the rest spooled (NUMPARITY_MAX_WAIT, config "
                        f"max_wait; default {_flush.DEFAULT_MAX_WAIT_S:g}; 0: no retries)")
         p.add_argument("--ca-bundle", metavar="FILE",
                        help="PEM file with the CA that signed the server's certificate, "

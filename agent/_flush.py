@@ -8,10 +8,13 @@ What becomes of a spooled file:
 - 2xx: deleted (the server has it; sending the same run again answers 200, not a copy).
 - No answer, 5xx, 408, 429: retried with exponential backoff (1, 2, 4 ... 30 s, each
   between half and all of that, never sooner than the server's Retry-After) for at most
-  `max_wait` seconds after the first failure (attempts included), then the flush stops
-  and the rest stays spooled: the next run tries again, and a server that is down is
-  not hammered with every file. A TLS failure stops at once (waiting fixes no
-  certificate).
+  `max_wait` seconds and `MAX_FAILURES` failures without progress (attempts included),
+  then the flush stops and the rest stays spooled: the next run tries again, and a server
+  that is down is not hammered with every file. Uploads in parts resume where the last
+  attempt left them, and an attempt after which the server holds more of one than before
+  starts the count again: a large upload that the server's byte budget throttles with
+  429 goes on while each attempt moves it forward. A TLS failure stops at once (waiting
+  fixes no certificate).
 - 401/403: the token is bad, revoked, or bound to other nodes than the run's. The
   document stays in the spool, the flush stops (every other document would be refused
   the same way) and says so loudly, with the server's reason.
@@ -39,13 +42,14 @@ import httpx
 from numparity_agent import _spool
 from numparity_agent._answer import ServerAnswer, Verify, server_message
 from numparity_agent._log import log
+from numparity_agent._parts import Held
 from numparity_agent._upload import DEFAULT_TIMEOUT_S, upload_document
 from numparity_agent._values import ValuesStore, values_dir
 
 DEFAULT_MAX_WAIT_S = 60.0
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 30.0
-MAX_FAILURES = 20  # per flush, however long max_wait is
+MAX_FAILURES = 20  # in a row without progress, however long max_wait is
 
 
 @dataclass
@@ -55,9 +59,12 @@ class Backoff:
     max_wait: float = DEFAULT_MAX_WAIT_S
     sleep: Callable[[float], None] = time.sleep
     rng: random.Random = field(default_factory=random.Random)
-    spent: float = 0.0  # seconds waited or spent failing since the first failure
+    spent: float = 0.0  # seconds waited or spent failing since the last progress
     streak: int = 0  # failures since the last success
-    failures: int = 0
+    failures: int = 0  # since the last progress
+    # How far the server got with each upload in parts: attempts resume there, and an
+    # attempt after which it holds more than before made progress.
+    held: Held = field(default_factory=dict)
 
     def next_delay(self, outcome: ServerAnswer, attempt_s: float) -> float | None:
         """Seconds to wait before the next attempt, or None to give up."""
@@ -81,6 +88,13 @@ class Backoff:
 
     def succeeded(self) -> None:
         self.streak = 0
+
+    def progressed(self, before: Held) -> None:
+        """After a failed attempt: when the server holds more of an upload than ``before``
+        it, the count starts again (a bounded number of times: ``held`` only grows, up to
+        each upload's size)."""
+        if any(size > before.get(upload, 0) for upload, size in self.held.items()):
+            self.spent, self.streak, self.failures = 0.0, 0, 0
 
 
 @dataclass
@@ -111,17 +125,20 @@ def _describe(outcome: ServerAnswer) -> str:
 
 
 def attempt_with_backoff(
-    send: Callable[[], ServerAnswer], *, name: str, backoff: Backoff,
+    send: Callable[[Held], ServerAnswer], *, name: str, backoff: Backoff,
     log_line: Callable[[str], None],
 ) -> ServerAnswer:
-    """`send()` until it answers something not worth retrying or the backoff gives up."""
+    """`send(held)` until it answers something not worth retrying or the backoff gives
+    up; `held` (the backoff's) is where its uploads in parts resume."""
     while True:
         started = time.monotonic()
-        outcome = send()
+        before = dict(backoff.held)
+        outcome = send(backoff.held)
         if outcome.ok:
             backoff.succeeded()
         if not outcome.retry or outcome.cause == "tls":
             return outcome
+        backoff.progressed(before)
         delay = backoff.next_delay(outcome, time.monotonic() - started)
         if delay is None:
             log_line(f"{name}: giving up after {backoff.streak} attempt(s) and "
@@ -223,9 +240,9 @@ def flush_spool(
                 quarantine(path, str(exc), result, log_line)
                 continue
 
-            def send(document: dict[str, Any] = document) -> ServerAnswer:
+            def send(held: Held, document: dict[str, Any] = document) -> ServerAnswer:
                 return upload_document(document, server=server, token=token, client=client,
-                                       known=known, values=store)
+                                       known=known, values=store, held=held)
 
             outcome = attempt_with_backoff(send, name=path.name, backoff=backoff,
                                            log_line=log_line)
@@ -269,7 +286,8 @@ def upload_unspooled(
     backoff = Backoff(max_wait=max_wait, sleep=sleep)
     with httpx.Client(timeout=timeout, verify=verify) as client:
         outcome = attempt_with_backoff(
-            lambda: upload_document(document, server=server, token=token, client=client),
+            lambda held: upload_document(document, server=server, token=token,
+                                         client=client, held=held),
             name=f"run {document.get('run_id')}", backoff=backoff, log_line=log_line)
     if outcome.ok:
         log_line(f"uploaded run {document.get('run_id')} directly (HTTP {outcome.status})")

@@ -6,7 +6,9 @@ whose JSON would pass it goes as the parts of its gzip, named by their sha256, a
 server then stores the whole as the run; a large tensor's values, which the server asked
 for, go in parts of their own after the run. Each part continues what the server holds:
 its answer says how many bytes that is, so an interrupted upload resumes there, and a
-part sent twice changes nothing.
+part sent twice changes nothing. `Held` carries that across attempts: a retry starts at
+the bytes the server held when the last attempt stopped, not at 0 again (which, under a
+token's byte budget, would pay for the same part on every attempt).
 
 A 413 without the header (a proxy's) halves the parts, down to PART_MIN; a 413 saying the
 whole upload is over the server's own setting (`upload_too_large`) cannot be helped by
@@ -35,6 +37,9 @@ PART_MIN = 4 << 10
 # A part refused with 409 (the server holds other bytes than the agent thought) is sent
 # again from where the server says; this many times in a row at most.
 RESYNCS = 3
+
+# Upload (its URL, without the query) -> the most bytes of it the server said it held.
+Held = dict[str, int]
 
 
 @dataclass
@@ -83,11 +88,13 @@ def too_large_for_parts(response: httpx.Response) -> bool:
 
 
 def send_parts(client: httpx.Client, url: Callable[[int], str], data: bytes,
-               headers: dict[str, str], limit: BodyLimit) -> ServerAnswer:
+               headers: dict[str, str], limit: BodyLimit, held: Held) -> ServerAnswer:
     """PUT ``data`` in parts to ``url(offset)`` until the server holds all of it; the
-    last answer (2xx when it does)."""
+    last answer (2xx when it does). It starts where ``held`` says an earlier attempt
+    left the server (a 409 puts it right) and records there how far the server got."""
     headers = {**headers, "Content-Type": "application/octet-stream"}
-    offset, resyncs = 0, 0
+    upload = url(0).split("?", 1)[0]
+    offset, resyncs = min(held.get(upload, 0), len(data)), 0
     while True:
         chunk = data[offset:offset + limit.part]
         target = url(offset)
@@ -99,9 +106,9 @@ def send_parts(client: httpx.Client, url: Callable[[int], str], data: bytes,
             if limit.refused(response, len(chunk)):
                 continue
             return answer_of(response)
-        held = _int(response.headers.get("Upload-Offset"))
-        if response.status_code == 409 and held is not None and resyncs < RESYNCS:
-            offset, resyncs = min(max(held, 0), len(data)), resyncs + 1
+        there = _int(response.headers.get("Upload-Offset"))
+        if response.status_code == 409 and there is not None and resyncs < RESYNCS:
+            offset, resyncs = min(max(there, 0), len(data)), resyncs + 1
             continue
         if response.status_code != 200:
             return answer_of(response)
@@ -111,6 +118,7 @@ def send_parts(client: httpx.Client, url: Callable[[int], str], data: bytes,
         except (ValueError, KeyError, TypeError):
             return ServerAnswer(response.status_code,
                                 f"{target}: an answer that is not an upload's state")
+        held[upload] = max(held.get(upload, 0), received)
         if complete:
             return answer_of(response)
         if received <= offset and chunk:
@@ -124,7 +132,8 @@ def send_parts(client: httpx.Client, url: Callable[[int], str], data: bytes,
 
 
 def send_document_in_parts(client: httpx.Client, base: str, gzipped: bytes,
-                           headers: dict[str, str], limit: BodyLimit) -> ServerAnswer:
+                           headers: dict[str, str], limit: BodyLimit, held: Held
+                           ) -> ServerAnswer:
     """The gzip of a run document in parts, then stored as a run (POST .../run): the
     answer POST /runs would give (201, or 200 for a document already stored)."""
     digest = hashlib.sha256(gzipped).hexdigest()
@@ -133,7 +142,7 @@ def send_document_in_parts(client: httpx.Client, base: str, gzipped: bytes,
     for _attempt in range(2):  # once more if the parts went meanwhile (a day untouched)
         answer = send_parts(client, lambda offset: f"{upload}?offset={offset}&total="
                                                    f"{len(gzipped)}",
-                            gzipped, headers, limit)
+                            gzipped, headers, limit, held)
         if not answer.ok:
             return answer
         try:
@@ -155,8 +164,8 @@ def _names_run_conflict(response: httpx.Response) -> bool:
 
 
 def send_values(client: httpx.Client, base: str, digest: str, raw: bytes,
-                headers: dict[str, str], limit: BodyLimit) -> ServerAnswer:
+                headers: dict[str, str], limit: BodyLimit, held: Held) -> ServerAnswer:
     """A large tensor's values in parts; once complete the server checks them against
     the hash and keeps them."""
     return send_parts(client, lambda offset: f"{base}{VALUES_PATH}/{digest}?offset={offset}",
-                      raw, headers, limit)
+                      raw, headers, limit, held)

@@ -29,6 +29,7 @@ from numparity_agent._answer import ServerAnswer, Verify, answer_of, no_answer, 
 from numparity_agent._log import log
 from numparity_agent._parts import (
     BodyLimit,
+    Held,
     send_document_in_parts,
     send_values,
     too_large_for_parts,
@@ -197,16 +198,19 @@ def _ask_missing(
 
 
 class _Exchange:
-    """One upload's requests: the client, the server, the token's headers, and what the
-    server said of its body limit (a server that says takes uploads in parts)."""
+    """One upload's requests: the client, the server, the token's headers, what the
+    server said of its body limit (a server that says takes uploads in parts) and how
+    far earlier attempts got with the parts (`held`, kept by the caller)."""
 
-    def __init__(self, client: httpx.Client, server: str, token: str | None) -> None:
+    def __init__(self, client: httpx.Client, server: str, token: str | None,
+                 held: Held | None = None) -> None:
         self.client = client
         self.base = server.rstrip("/")
         self.headers = _headers(token)
         self.auth = {k: v for k, v in self.headers.items() if k == "Authorization"}
         self.limit = BodyLimit()
         self.parts = False
+        self.held: Held = {} if held is None else held
 
     def learn(self, answer: _Missing) -> None:
         if answer.max_body_bytes is not None:
@@ -229,7 +233,7 @@ class _Exchange:
             if not split:
                 return outcome, response.text if response is not None else ""
         outcome = send_document_in_parts(self.client, self.base, _gzip(raw), self.auth,
-                                         self.limit)
+                                         self.limit, self.held)
         return outcome, outcome.detail
 
     def send_values(self, wanted: Sequence[str], large: dict[str, dict[str, Any]],
@@ -242,7 +246,8 @@ class _Exchange:
             raw = store.raw(digest) if digest in large else None
             if raw is None:
                 continue
-            answer = send_values(self.client, self.base, digest, raw, self.auth, self.limit)
+            answer = send_values(self.client, self.base, digest, raw, self.auth, self.limit,
+                                 self.held)
             if answer.retry or answer.refused:
                 return answer
             if not answer.ok:
@@ -273,6 +278,7 @@ def upload_document(
     known: KnownManifests | None = None,
     verify: Verify = True,
     values: ValuesStore | None = None,
+    held: Held | None = None,
 ) -> ServerAnswer:
     """Upload a run document, sending only what the server lacks (design §3.2).
 
@@ -287,13 +293,15 @@ def upload_document(
     told which it holds, and those it asks for follow the run in parts of their own
     (`_parts`; a server that predates them takes them in the document, `_values`).
     Nothing is sent in a body the server said it would refuse: a document too large
-    for one goes in parts.
+    for one goes in parts. `held`, kept by a caller that retries, is how far earlier
+    attempts got with the parts: they resume there, and it grows as the server takes more.
     """
     if client is None:
         with httpx.Client(timeout=timeout, verify=verify) as own:
             return upload_document(document, server=server, token=token, client=own,
-                                   gzipped_full=gzipped_full, known=known, values=values)
-    exchange = _Exchange(client, server, token)
+                                   gzipped_full=gzipped_full, known=known, values=values,
+                                   held=held)
+    exchange = _Exchange(client, server, token, held)
     manifests = _manifests(document)
     traces = _traces(document)
     stored = set(manifests.values()) | set(traces)  # a server that took this run has these
@@ -438,4 +446,6 @@ def _dumps(document: dict[str, Any]) -> bytes:
 
 def _gzip(body: bytes) -> bytes:
     # Level 6: nearly level 9's ratio on JSON with base64 at a fraction of the time.
-    return gzip.compress(body, compresslevel=6)
+    # mtime 0: the same document gzips to the same bytes, so an upload in parts (named
+    # by the gzip's sha256) resumes where the last attempt stopped instead of anew.
+    return gzip.compress(body, compresslevel=6, mtime=0)

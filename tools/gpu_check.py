@@ -104,9 +104,13 @@ class Check:
         if upload and args and args[0] in ("run", "explain"):
             flags += ["--server", self.server, "--token-file", str(self.work / "agent.token"),
                       "--spool", str(self.work / f"spool-{node}")]
-        return subprocess.run([sys.executable, "-m", "numparity_agent", *args, *flags],
+        done = subprocess.run([sys.executable, "-m", "numparity_agent", *args, *flags],
                               env=env or self.agent_env(), capture_output=True, text=True,
                               timeout=timeout, check=False)
+        # Each agent's log, whole, beside the database (--keep): a row shows its last line.
+        with (self.work / f"agent-{node}.log").open("a") as log:
+            log.write(f"$ numparity-agent {' '.join(args)}\n{done.stderr}")
+        return done
 
     def server_cli(self, *args: str) -> str:
         env = {**os.environ, "NUMPARITY_DATABASE_URL": self.database_url}

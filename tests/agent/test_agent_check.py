@@ -19,8 +19,6 @@ from helpers.documents import audit_document, environment
 
 from numparity_agent import _check, _cli, _suite
 from numparity_agent._upload import manifest_hash
-from numparity_server.runs.devices import SeenDevice
-from numparity_server.runs.service import promoted_columns
 
 SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
@@ -87,6 +85,11 @@ def test_the_node_cause_and_fail_open() -> None:
 
 
 def test_device_models_and_stacks_are_the_servers() -> None:
+    # The server's own code is the oracle; where only the agent is installed, skip.
+    devices = pytest.importorskip("numparity_server.runs.devices", reason="the server's "
+                                  "packages are not installed (pip install '.[server]')")
+    service = pytest.importorskip("numparity_server.runs.service")
+    SeenDevice, promoted_columns = devices.SeenDevice, service.promoted_columns
     for device in ({"type": "cpu", "name": "AMD EPYC 7B13"},
                    {"type": "cuda", "name": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"},
                    {"type": "cuda", "name": "NVIDIA A100 MIG 1g.10gb", "compute_capability":

@@ -18,6 +18,7 @@ import pytest
 import torch
 from helpers.agent_upload import agent_document
 
+from numparity_agent import _cli  # patched: the backoff's sleep
 from numparity_agent.testing import (
     MISSING_PATH,
     RUNS_PATH,
@@ -39,18 +40,27 @@ _CLIENT_INIT = httpx.Client.__init__
 
 class Proxy(httpx.BaseTransport):
     """Forwards to the server; a body over ``limit`` gets a bare 413 (no JSON, no limit
-    header). ``old``: the server predates parts (no max_body_bytes, no part routes)."""
+    header). ``old``: the server predates parts (no max_body_bytes, no part routes).
+    ``throttle``: every so many-th part gets 429 with Retry-After (a byte budget)."""
 
-    def __init__(self, limit: int, *, old: bool = False) -> None:
-        self.limit, self.old = limit, old
+    def __init__(self, limit: int, *, old: bool = False, throttle: int = 0) -> None:
+        self.limit, self.old, self.throttle = limit, old, throttle
         self.inner = httpx.HTTPTransport()
         self.sent: list[tuple[str, int, int]] = []  # (path, body bytes, status)
+        self.parts = 0
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         body = request.read()
         path = request.url.path
+        # Parts that pass the size limit count towards the throttle.
+        part = (path.startswith((UPLOADS_PATH, VALUES_PATH)) and request.method == "PUT"
+                and len(body) <= self.limit)
+        self.parts += part
         if len(body) > self.limit:
             response = httpx.Response(413, text="<html>413 Request Entity Too Large</html>")
+        elif part and self.throttle and self.parts % self.throttle == 0:
+            response = httpx.Response(429, headers={"Retry-After": "2"},
+                                      json={"error": "too_many_bytes"})
         elif self.old and path.startswith((UPLOADS_PATH, VALUES_PATH)):
             response = httpx.Response(404, json={"detail": "Not Found"})
         else:
@@ -115,3 +125,62 @@ def test_a_document_too_large_for_an_older_server_stays_in_the_spool(
     assert [path.name for path in spooled(tmp_path)] != []  # kept, for a newer server
     assert not (tmp_path / "rejected").exists()
     assert any(path == RUNS_PATH and status == 413 for path, _size, status in proxy.sent)
+
+
+@pytest.fixture
+def unmetered(monkeypatch):
+    """The live server started after this has no byte budget of its own: the proxy's
+    429s are the only throttle (the backoff's sleeps are not slept here)."""
+    monkeypatch.setenv("NUMPARITY_TOKEN_BYTES_PER_S", "0")
+
+
+def test_a_throttled_upload_goes_on_while_each_attempt_moves_it_forward(
+        unmetered, live_server, tmp_path, monkeypatch):
+    """A server's byte budget answers 429 every third part: each attempt gets two parts
+    further, so the flush goes on past --max-wait until the run and its values are whole
+    (waits add up to far more than --max-wait), and each attempt resumes where the last
+    one stopped."""
+    document = agent_document("throttled")
+    _spool(document, tmp_path)
+    proxy = Proxy(limit=8_000, throttle=3)
+    delays: list[float] = []
+    monkeypatch.setattr(_cli, "sleep", delays.append)
+
+    def init(self: httpx.Client, *args: Any, **kwargs: Any) -> None:
+        kwargs["transport"] = proxy
+        _CLIENT_INIT(self, *args, **kwargs)
+
+    monkeypatch.setattr(httpx.Client, "__init__", init)
+    code = main(["flush", "--server", live_server.base_url, "--token",
+                 live_server.agent_token, "--spool", str(tmp_path), "--max-wait", "5"])
+    assert code == 0
+    assert spooled(tmp_path) == []
+    throttled = [sent for sent in proxy.sent if sent[2] == 429]
+    assert len(throttled) > 3 and sum(delays) > 5 and min(delays) >= 2
+    # Each retry resumed where the server stood: no byte of the values was sent twice.
+    assert sum(size for path, size, status in proxy.sent
+               if path.startswith(VALUES_PATH) and status == 200) == 8 * 16 * 12 * 12 * 4
+    conv1 = next(t["hash"] for t in document["results"][0]["tensors"] if t["name"] == "conv1")
+    asked = httpx.post(f"{live_server.base_url}{MISSING_PATH}", json={"values": [conv1]},
+                       headers=live_server.headers("agent"), timeout=30).json()
+    assert asked["missing_values"] == []
+
+
+def test_a_throttle_that_lets_nothing_through_still_gives_up_at_max_wait(
+        unmetered, live_server, tmp_path, monkeypatch):
+    document = agent_document("throttled-shut")
+    _spool(document, tmp_path)
+    proxy = Proxy(limit=8_000, throttle=1)  # every part refused: no progress
+    delays: list[float] = []
+    monkeypatch.setattr(_cli, "sleep", delays.append)
+
+    def init(self: httpx.Client, *args: Any, **kwargs: Any) -> None:
+        kwargs["transport"] = proxy
+        _CLIENT_INIT(self, *args, **kwargs)
+
+    monkeypatch.setattr(httpx.Client, "__init__", init)
+    code = main(["flush", "--server", live_server.base_url, "--token",
+                 live_server.agent_token, "--spool", str(tmp_path), "--max-wait", "5"])
+    assert code != 0
+    assert len(spooled(tmp_path)) == 1  # kept for the next run
+    assert sum(delays) <= 5

@@ -95,18 +95,30 @@ def newest_run(server: Any, node: str) -> str:
     return str(runs[-1]["run_id"])
 
 
+PAGE = 100
+
+
 def test_every_verdict_is_assert_closes_and_every_reported_metric_is_exact(
         live_server: Any, tmp_path: Path, oracle: dict[str, Any]) -> None:
     run_node(live_server, "crafted-a", "a", tmp_path / "spool-a")
     run_node(live_server, "crafted-b", "b", tmp_path / "spool-b")
-    response = httpx.get(
-        f"{live_server.base_url}/api/v1/compare",
-        params={"run_a": newest_run(live_server, "crafted-a"),
-                "run_b": newest_run(live_server, "crafted-b")},
-        headers={"Authorization": f"Bearer {live_server.reader_token}"}, timeout=120)
-    assert response.status_code == 200, response.text
-    (pair,) = response.json()["pairs"]
-    tensors = {row["name"]: row for row in pair["tensors"]}
+    runs = {"run_a": newest_run(live_server, "crafted-a"),
+            "run_b": newest_run(live_server, "crafted-b")}
+    # The tensor rows come a page at a time: read every page (bounded by the total).
+    tensors: dict[str, Any] = {}
+    offset, total = 0, None
+    while total is None or offset < total:
+        response = httpx.get(
+            f"{live_server.base_url}/api/v1/compare",
+            params={**runs, "limit": PAGE, "offset": offset},
+            headers={"Authorization": f"Bearer {live_server.reader_token}"}, timeout=120)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        (pair,) = body["pairs"]
+        total = body["tensors_total"]
+        assert pair["tensors"] and offset < 10 * len(oracle)
+        tensors.update((row["name"], row) for row in pair["tensors"])
+        offset += len(pair["tensors"])
     assert tensors.keys() == oracle.keys()
 
     wrong = {name: (row["verdict"], oracle[name][0], row["basis"])

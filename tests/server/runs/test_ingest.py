@@ -157,7 +157,8 @@ def test_known_hashes_travel_bare(api):
                               headers=api.agent)
     assert missing.status_code == 200
     assert missing.json() == {"missing": ["f" * 64], "missing_manifests": [], "missing_values": [],
-                              "missing_traces": []}
+                              "missing_traces": [],
+                              "max_body_bytes": api.settings.max_body_bytes}
     response = api.post_run(bare(second))
     assert response.status_code == 201, response.text
     assert count(api, Fingerprint) == 4 and count(api, Manifest) == 1

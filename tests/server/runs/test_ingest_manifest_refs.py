@@ -47,11 +47,13 @@ def test_the_missing_question_answers_for_manifests(api):
     asked = {"hashes": [], "manifests": [digest]}
     before = api.client.post("/api/v1/fingerprints/missing", json=asked, headers=api.agent)
     assert before.json() == {"missing": [], "missing_manifests": [digest], "missing_values": [],
-                             "missing_traces": []}
+                             "missing_traces": [],
+                              "max_body_bytes": api.settings.max_body_bytes}
     assert api.post_run(document).status_code == 201
     after = api.client.post("/api/v1/fingerprints/missing", json=asked, headers=api.agent)
     assert after.json() == {"missing": [], "missing_manifests": [], "missing_values": [],
-                            "missing_traces": []}
+                            "missing_traces": [],
+                              "max_body_bytes": api.settings.max_body_bytes}
 
 
 def test_an_unknown_manifest_is_422_naming_it(api):

@@ -182,8 +182,9 @@ def test_values_in_parts_become_the_tensors_values_once_checked(make_api):
     # What the comparisons read: the whole values, element for element.
     with session_factory(get_engine(api.settings))() as session:
         (stored,) = load_fingerprints(session, {digest}).values()
-    assert stored.values is not None
-    np.testing.assert_array_equal(stored.values.ravel(), np.frombuffer(raw, dtype=np.float32))
+        whole = stored.whole_values()
+    assert whole is not None
+    np.testing.assert_array_equal(whole.ravel(), np.frombuffer(raw, dtype=np.float32))
 
 
 @pytest.mark.parametrize("path", [f"{UPLOADS}/{'a' * 64}?offset=0&total=10",
