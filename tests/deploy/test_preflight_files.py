@@ -1,4 +1,4 @@
-"""The preflight's deploy files (issue "Preflight", README "Preflight"): the Kubernetes
+"""The preflight's deploy files (issue "Preflight", the manual's docs/how-to/preflight.md): the Kubernetes
 manifests validated offline against a current Kubernetes release's schema (strict: an
 unknown field fails), their structure, every numparity command in them parsed by the real
 CLIs; the Slurm prolog/health-check script run with the real agent and with stand-ins
