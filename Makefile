@@ -55,7 +55,7 @@ $(STAMP): pyproject.toml setup.py
 	touch $(STAMP)
 	@echo "==> $(VENV) is ready"
 
-# numparity's CUDA paths on this machine's GPU, in one table (README "GPU check";
+# numparity's CUDA paths on this machine's GPU, in one table (docs/how-to/gpu-type.md;
 # tools/gpu_check.py). GPU_PYTHON: the Python whose torch has CUDA (default .venv's once
 # it is made, else python3). No network: where the server's packages are missing, they
 # are installed from wheels/ (`make wheels`, where there is network) into .gpu-check/.

@@ -2,7 +2,7 @@
 
 Settings come from the command line, then NUMPARITY_* variables, then the config file
 (`_config`). `run` and `flush` hold the spool's lock (`_lock`) while they work. The exit
-codes are EXIT_CODES_HELP below (also printed by --help and listed in the README).
+codes are EXIT_CODES_HELP below (also printed by --help and listed in docs/reference/exit-codes.md).
 """
 
 from __future__ import annotations

@@ -515,7 +515,7 @@ def install_from_wheels() -> str:
     why not."""
     if not WHEELS.is_dir() or not any(WHEELS.glob("*.whl")):
         return (f"no {WHEELS.name}/ folder of wheels: run `make wheels` where there is "
-                "network and bring the folder (README, \"GPU check\")")
+                "network and bring the folder (docs/how-to/gpu-type.md)")
     requirements = WHEELS / "requirements.txt"
     pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
            str(WHEELS), "--target", str(SITE), "--upgrade"]

@@ -1,6 +1,6 @@
 #!/bin/bash
 # numparity preflight for Slurm: `numparity-agent check` on this node's GPUs before a job
-# starts (Prolog) and between jobs (HealthCheckProgram). README: "Preflight".
+# starts (Prolog) and between jobs (HealthCheckProgram). Manual: docs/how-to/preflight.md.
 #
 #   install -m 755 deploy/slurm/numparity-check.sh /etc/slurm/numparity-check.sh
 #   # then the lines of deploy/slurm/slurm.conf.numparity in slurm.conf; scontrol reconfigure

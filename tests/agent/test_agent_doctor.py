@@ -288,7 +288,7 @@ RECIPE_NAMES = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRI
 def quick_start_agent_block() -> str:
     """The README's quick start, the agent's shell block."""
     readme = (REPO / "README.md").read_text()
-    section = readme.split("## Lab quick start", 1)[1].split("\n### ", 1)[0]
+    section = re.split(r"\n##+ ", readme.split("## Lab quick start", 1)[1], maxsplit=1)[0]
     (block,) = [b for b in re.findall(r"```sh\n(.*?)```", section, re.S) if "numparity[agent]" in b]
     return block
 
@@ -323,12 +323,16 @@ def test_the_readme_recipe_writes_the_settings_of_deploy_numeric_env():
     block = quick_start_agent_block()
     shipped = settings((REPO / "deploy" / "numeric.env").read_text())
     assert shipped == settings(block.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0])
-    readme = (REPO / "README.md").read_text()
-    # Every place the README starts the agent, it starts it with those settings.
-    runs = re.findall(r"^0 \* \* \* \* .*numparity-agent run.*$", readme, re.M)
-    assert len(runs) == 2
-    for line in runs:
-        assert "set -a; . /etc/numparity/numeric.env; " in line, line
+    # Every place the README or the manual starts the agent from cron, it starts it with
+    # those settings: the quick start, the lab's page and the fleet guide at least.
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    runs = [(page.relative_to(REPO), line) for page in pages
+            for line in re.findall(r"^0 \* \* \* \* .*numparity-agent run.*$",
+                                   page.read_text(encoding="utf-8"), re.M)]
+    assert {str(page) for page, _line in runs} >= {
+        "README.md", "docs/getting-started/lab.md", "docs/how-to/agent-fleet.md"}, runs
+    for page, line in runs:
+        assert "set -a; . /etc/numparity/numeric.env; " in line, (page, line)
     unit = (REPO / "deploy" / "systemd" / "numparity-agent.service").read_text()
     assert re.search(r"^EnvironmentFile=/etc/numparity/numeric.env$", unit, re.M)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from helpers.agent import clean_env, run_agent
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "user-workloads.md"
 
 
 def test_a_raising_factory_fails_alone_and_the_rest_runs(tmp_path):
@@ -40,12 +40,10 @@ def test_a_raising_factory_fails_alone_and_the_rest_runs(tmp_path):
     )
 
 
-def test_the_readme_example_runs(tmp_path):
-    """The README's "User workloads" example, as a user would copy it."""
-    text = README.read_text()
-    section = text.split("## User workloads", 1)[1].split("\n## ", 1)[0]
-    module = re.search(r"```python\n# mylab_workloads.py\n(.*?)```", section, re.S)
-    assert module, "the README's User workloads section has no mylab_workloads.py example"
+def test_the_manuals_example_runs(tmp_path):
+    """The manual's "Write a user workload" example, as a user would copy it."""
+    module = re.search(r"```python\n# mylab_workloads.py\n(.*?)```", PAGE.read_text(), re.S)
+    assert module, "docs/how-to/user-workloads.md has no mylab_workloads.py example"
     (tmp_path / "mylab_workloads.py").write_text(textwrap.dedent(module.group(1)))
     out = tmp_path / "doc.json"
     env = clean_env()

@@ -1,8 +1,8 @@
-"""The preflight's deploy files (issue "Preflight", README "Preflight"): the Kubernetes
-manifests validated offline against a current Kubernetes release's schema (strict: an
-unknown field fails), their structure, every numparity command in them parsed by the real
-CLIs; the Slurm prolog/health-check script run with the real agent and with stand-ins
-for the agent and scontrol, and its slurm.conf lines."""
+"""The preflight's deploy files (issue "Preflight", docs/how-to/preflight.md): the
+Kubernetes manifests validated offline against a current Kubernetes release's schema
+(strict: an unknown field fails), their structure, every numparity command in them parsed
+by the real CLIs; the Slurm prolog/health-check script run with the real agent and with
+stand-ins for the agent and scontrol, and its slurm.conf lines."""
 
 from __future__ import annotations
 

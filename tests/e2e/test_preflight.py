@@ -39,7 +39,7 @@ WORKLOADS = ("--workloads", "cnn", "probes", "--variants", "strict", "--repeats"
 # Settings a lab rolls out to every node that change numbers on some CPUs (design §5).
 CANDIDATES = ({"MKL_CBWR": "COMPATIBLE"}, {"OMP_NUM_THREADS": "1"},
               {"ATEN_CPU_CAPABILITY": "default"})
-# A scheduler's budget for the check; the one the README's prolog uses.
+# A scheduler's budget for the check; the one the manual's Slurm prolog uses.
 BUDGET_S = 60
 
 

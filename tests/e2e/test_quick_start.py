@@ -423,9 +423,9 @@ def test_the_printed_command_adds_your_node(quick_start: QuickStart) -> None:
             assert verdict not in ("missing", "failed"), (workload, variant, verdict)
 
 
-# ---- the README shows what the demo prints ------------------------------------------------
+# ---- the README and the manual show what the demo prints -------------------------------------
 
-# The lines of the README's example that hold on any machine once the numbers, addresses,
+# The lines of the examples that hold on any machine once the numbers, addresses,
 # tokens, paths and the host name are masked (which cells differ depends on the CPU).
 FRAME = ("numparity demo: server on", "== fleet page", "  each cell against",
          "== audit:", "  cost of determinism", "Dashboard:", "API:",
@@ -439,14 +439,21 @@ def masked(line: str) -> str:
     return re.sub(r"(on the fleet page as) \S+", r"\1 HOST", line)
 
 
-def test_readme_example_is_what_the_demo_prints(quick_start: QuickStart) -> None:
-    text = README.read_text(encoding="utf-8")
-    example = text.split("### What `make demo` shows", 1)[1].split("```\n", 2)[1]
-    lines = example.splitlines()
+# Where the output is shown: the README's abridged example (after its heading) and the
+# demo's page of the manual, whole (after its heading).
+EXAMPLES = ((README, "## What `make demo` shows"),
+            (ROOT / "docs" / "getting-started" / "demo.md", "## What it prints"))
+
+
+def test_the_examples_are_what_the_demo_prints(quick_start: QuickStart) -> None:
     (demo,) = [c for c in quick_start_commands() if "demo" in c]
-    assert lines[0] == f"$ {demo}", lines[0]
     shown = {masked(line) for line in quick_start.output.text().splitlines()}
-    framed = [line for line in lines if line.startswith(FRAME)]
-    assert len(framed) >= len(FRAME), framed
-    for line in framed:
-        assert masked(line) in shown, f"README shows {line!r}; the demo prints no such line"
+    for path, heading in EXAMPLES:
+        example = path.read_text(encoding="utf-8").split(heading, 1)[1].split("```\n", 2)[1]
+        lines = example.splitlines()
+        assert lines[0] == f"$ {demo}", (path.name, lines[0])
+        framed = [line for line in lines if line.startswith(FRAME)]
+        assert len(framed) >= len(FRAME), (path.name, framed)
+        for line in framed:
+            assert masked(line) in shown, \
+                f"{path.name} shows {line!r}; the demo prints no such line"

@@ -27,7 +27,7 @@ from schemathesis.engine import Status, events, from_schema
 MAX_EXAMPLES = 12
 
 # POST /runs: rules over several fields (or over what the server holds) that JSON Schema
-# cannot state, each a 422 naming the field (README, "API"): results unique by (suite,
+# cannot state, each a 422 naming the field (the manual's API reference): results unique by (suite,
 # workload, variant, device), tensor names unique in a result, an array's data a whole
 # number of its dtype's elements and as many as k, m or the shape says, full values whose
 # sha256 is the tensor's hash, references to fingerprints, manifests and op traces the
