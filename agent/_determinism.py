@@ -24,9 +24,12 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+# Nothing here imports torch at module level: `doctor` reads the recipes without it.
 
 # Ops (overload packet names) that torch makes deterministic on CUDA under
 # `use_deterministic_algorithms(True)` (its documentation's first list).
@@ -168,6 +171,8 @@ class Flags:
         self._saved: list[tuple[bool, bool, bool]] = []
 
     def on(self) -> None:
+        import torch
+
         self._saved.append((torch.are_deterministic_algorithms_enabled(),
                             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark))
         if "deterministic_algorithms" in self.recipes:
@@ -177,6 +182,8 @@ class Flags:
             torch.backends.cudnn.benchmark = False
 
     def off(self) -> None:
+        import torch
+
         if not self._saved:
             return
         algorithms, deterministic, benchmark = self._saved.pop()
@@ -194,6 +201,8 @@ class Flags:
 
 
 def _set_deterministic(enabled: bool) -> None:
+    import torch
+
     # warn_only: an op without a deterministic implementation warns instead of raising,
     # so a study never fails a result; the repeatability check tells what it did.
     set_flag = getattr(torch._C, "_set_deterministic_algorithms", None)
