@@ -349,9 +349,10 @@ def trace_ops(
     """(the pass's `_trace.OpTracer`, None), or (None, why there is none): one more run
     of `workload` with every op recorded (`_trace`), kept only when it recorded the
     `expected` (name, hash) list, the fingerprinted run's, bit for bit (with the same
-    fault drill when there is one; None: any pass is kept, `study_nondeterminism`). `kernels`: the session whose annotations name the
-    ops' CUDA kernels (under the trace name `name`); the tracer's `body()` is the trace
-    once that session has annotated it."""
+    fault drill when there is one; None: any pass is kept, `study_nondeterminism`).
+    `kernels`: the session whose annotations name the ops' CUDA kernels (under the trace
+    name `name`); the tracer's `body()` is the trace once that session has annotated
+    it."""
     from numparity_agent._trace import tracing
 
     try:

@@ -30,7 +30,6 @@ from numparity_server.analysis.audit import (
 )
 from numparity_server.analysis.broken import broken_results
 from numparity_server.analysis.determinism_cost import WallTime, determinism_cost
-from numparity_server.analysis.nondeterminism import Repeated, Study, determinism
 from numparity_server.analysis.drift import attribute_changes, outputs_changed
 from numparity_server.analysis.fleet_policy import (
     broken_requirements,
@@ -39,6 +38,7 @@ from numparity_server.analysis.fleet_policy import (
 )
 from numparity_server.analysis.inventory import INVENTORY_COLUMNS, inventory_of
 from numparity_server.analysis.node_status import StaleNode, flagged_counts, stale_nodes
+from numparity_server.analysis.nondeterminism import Repeated, Study, determinism
 from numparity_server.analysis.numerics import Reported, numerics
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit import repository

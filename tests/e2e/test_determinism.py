@@ -14,6 +14,7 @@ torch's deterministic algorithms are on, as CUDA's `index_add_` does) and upload
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -35,8 +36,9 @@ TWIN = "nondeterministic_op_workload:deterministic_twin"
 OP = "numparity_lab.unordered_index_add.default"
 
 
-def _measure(out: Path, name: str, args: tuple[str, ...], env: dict[str, str]) -> Path:
-    path = out / f"{name}.json"
+def _measure(out: Path, name: str, args: tuple[str, ...], env: dict[str, str],
+             tag: str = "") -> Path:
+    path = out / f"{name}{tag}.json"
     environment = node_environment(SimulatedNode(name, env))
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE),
                                                               environment.get("PYTHONPATH")]))
@@ -62,7 +64,10 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
          {"OMP_NUM_THREADS": "1"}),
     ]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return list(pool.map(lambda job: _measure(out, *job), jobs))
+        found = list(pool.map(lambda job: _measure(out, *job), jobs))
+    # A second run of the traced node: two repeats to compare.
+    return [*found, _measure(out, "lab-traced", ("--workloads", ND, "--repeats", "2",
+                                                 "--trace-ops"), {}, tag="-2")]
 
 
 @pytest.fixture
@@ -147,3 +152,15 @@ def test_nondeterministic_groups_are_not_attributed_to_the_environment(server: A
     # The twin is deterministic on both environments: nothing withheld there.
     twin = get(server, "divergence", workload=TWIN, variant="default")
     assert twin["nondeterministic_groups"] == []
+
+
+def test_compare_of_two_repeats_names_the_op(server: Any, documents: list[Path]) -> None:
+    first, second = (json.loads(path.read_text())["run_id"] for path in documents
+                     if path.name.startswith("lab-traced"))
+    comparison = get(server, "compare", run_a=first, run_b=second, workload=ND)
+    (pair,) = comparison["pairs"]
+    assert pair["nondeterministic"] is True
+    assert [(op["op"], op["module"]) for op in pair["nondeterministic_ops"]] == [(OP, "pool")]
+    assert pair["nondeterminism_note"].startswith(
+        "run a and run b's repeats disagree: nondeterministic, first at " + OP)
+    assert comparison["environment"] == []  # one environment: nothing to blame
