@@ -228,19 +228,31 @@ def selective(model: torch.nn.Module, found: list[dict[str, Any]]
         module = model.get_submodule(scope["module"]) if scope["module"] else model
         if "optimizer" in scope["phases"]:
             phases["optimizer"] = flags.scope
-        if "forward" in scope["phases"] or "backward" in scope["phases"]:
-            handles.append(module.register_forward_pre_hook(lambda _m, _a, f=flags: f.on()))
-            handles.append(module.register_forward_hook(lambda _m, _a, _o, f=flags: f.off()))
-        if "backward" in scope["phases"]:
-            handles.append(module.register_full_backward_pre_hook(
-                lambda _m, _g, f=flags: f.on()))
-            handles.append(module.register_full_backward_hook(
-                lambda _m, _gi, _go, f=flags: f.off()))
+        handles.extend(_hooks(module, flags, forward="forward" in scope["phases"],
+                              backward="backward" in scope["phases"]))
     try:
         yield phases
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _hooks(module: torch.nn.Module, flags: Flags, *, forward: bool, backward: bool
+           ) -> list[Any]:
+    """The hooks that turn `flags` on around the module's forward and/or backward."""
+    def on(*_args: Any) -> None:
+        flags.on()
+
+    def off(*_args: Any) -> None:
+        flags.off()
+
+    handles = []
+    if forward:
+        handles += [module.register_forward_pre_hook(on), module.register_forward_hook(off)]
+    if backward:
+        handles += [module.register_full_backward_pre_hook(on),
+                    module.register_full_backward_hook(off)]
+    return handles
 
 
 @contextlib.contextmanager
@@ -266,7 +278,7 @@ def recipe_code(ops: list[dict[str, Any]], *, workload: str = "") -> str:
         lines.append("# no in-process recipe for these ops")
         return "\n".join(lines) + "\n"
     lines += [
-        "def deterministic_only(module, cudnn=False, backward=True):",
+        "def deterministic_only(module, cudnn=False, forward=True, backward=True):",
         "    saved = []",
         "    def on(*_):",
         "        cudnn_flags = torch.backends.cudnn",
@@ -281,8 +293,9 @@ def recipe_code(ops: list[dict[str, Any]], *, workload: str = "") -> str:
         "            torch.use_deterministic_algorithms(algorithms)",
         "            torch.backends.cudnn.deterministic = deterministic",
         "            torch.backends.cudnn.benchmark = benchmark",
-        "    module.register_forward_pre_hook(on)",
-        "    module.register_forward_hook(off)",
+        "    if forward:",
+        "        module.register_forward_pre_hook(on)",
+        "        module.register_forward_hook(off)",
         "    if backward:",
         "        module.register_full_backward_pre_hook(on)",
         "        module.register_full_backward_hook(off)",
@@ -298,7 +311,8 @@ def recipe_code(ops: list[dict[str, Any]], *, workload: str = "") -> str:
                          "then back to False")
             continue
         target = (f'model.get_submodule("{scope["module"]}")' if scope["module"] else "model")
-        backward = "backward" in scope["phases"]
+        forward, backward = "forward" in scope["phases"], "backward" in scope["phases"]
         lines.append(f"# {names}")
-        lines.append(f"deterministic_only({target}, cudnn={cudnn}, backward={backward})")
+        lines.append(f"deterministic_only({target}, cudnn={cudnn}, forward={forward}, "
+                     f"backward={backward})")
     return "\n".join(lines) + "\n"

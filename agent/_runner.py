@@ -335,7 +335,8 @@ def cost_study(workload: Workload, *, variant: Variant, dtype: torch.dtype,
             del built, recorder
     found: dict[str, Any] = {"rounds": rounds, "scopes": chosen}
     for mode in modes:
-        found[mode] = {**wall_time(times[mode]), "repeatable": not differ[mode]}
+        found[mode] = {**wall_time(times[mode]), "repeatable": not differ[mode],
+                       "wall_s_rounds": [round(t, 6) for t in times[mode]]}
         if differ[mode]:
             found[mode]["differ"] = sorted(differ[mode])[:8]
     return found
