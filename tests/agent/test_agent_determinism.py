@@ -8,11 +8,13 @@ at the edge, as trace entries a GPU would record: unverified without a GPU.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from helpers.agent import clean_env, run_agent
 
 from numparity_agent import _determinism
 from numparity_agent._determinism import (
@@ -227,3 +229,74 @@ def test_the_pasted_recipe_makes_the_model_repeatable(lab_workloads: None) -> No
     assert all(torch.equal(pasted[0], other) for other in pasted[1:])
     assert not torch.are_deterministic_algorithms_enabled()
     assert _determinism.packet(OP) == "numparity_lab.unordered_index_add"
+
+
+# --- doctor ------------------------------------------------------------------------------
+
+def test_doctor_warns_about_omp_dynamic() -> None:
+    proc = run_agent("doctor", "--json", env=clean_env(OMP_NUM_THREADS="2",
+                                                       MKL_NUM_THREADS="2", OMP_DYNAMIC="true"))
+    assert proc.returncode == 0, proc.stderr
+    (threads,) = [c for c in json.loads(proc.stdout)["checks"] if c["name"] == "threads"]
+    assert threads["status"] == "warn"
+    assert threads["message"].startswith("OMP_DYNAMIC=true: libgomp sizes each parallel "
+                                         "region's thread team by the load average")
+    assert "OMP_DYNAMIC=false" in threads["fix"]
+
+
+def test_doctor_prints_the_recipe_of_a_run_document(tmp_path: Path) -> None:
+    ops = [{"op": "aten.index_add_.default", "module": "encoder.pool", "phase": "backward",
+            "recipe": "deterministic_algorithms"},
+           {"op": "aten.convolution_backward.default", "module": "stem", "phase": "backward",
+            "kernel": "cudnn", "recipe": "cudnn_deterministic"},
+           {"op": "aten.histc.default", "module": "stats", "phase": "forward",
+            "recipe": None, "no_recipe": "torch has no deterministic cuda implementation "
+                                         "of histc"}]
+    document = {"results": [
+        {"workload": "lab:model", "variant": "default", "device": "cuda:0",
+         "nondeterminism": {"traced": True, "ops": ops, "cost": {
+             "default": {"wall_s": 1.0, "repeatable": False},
+             "strict": {"wall_s": 2.0, "repeatable": True},
+             "selective": {"wall_s": 1.1, "repeatable": True}}}},
+        {"workload": "train", "variant": "default", "device": "cpu",
+         "nondeterminism": {"traced": False, "hint": "run it again with --trace-ops"}},
+        {"workload": "mlp", "variant": "default", "device": "cpu"}]}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(document))
+    proc = run_agent("doctor", "--recipe", str(path))
+    assert proc.returncode == 0, proc.stderr
+    code = proc.stdout
+    compile(code, "recipe", "exec")
+    assert ('deterministic_only(model.get_submodule("encoder.pool"), cudnn=False, '
+            "forward=False, backward=True)") in code
+    assert ('deterministic_only(model.get_submodule("stem"), cudnn=True, forward=False, '
+            "backward=True)") in code
+    assert "# aten.histc.default in stats: torch has no deterministic cuda" in code
+    assert "# train / default on cpu: nondeterministic; run it again with --trace-ops" in code
+    assert "measured default 1.000000 s (not repeatable), strict 2.000000 s, selective " \
+           "1.100000 s" in code
+
+    # The helper works as pasted: the flag is on inside the module only, then restored.
+    model = torch.nn.Sequential()
+    model.add_module("stem", _Probed("stem"))
+    model.add_module("encoder", torch.nn.Sequential())
+    model.encoder.add_module("pool", _Probed("pool"))
+    model.add_module("stats", _Probed("stats"))
+    _Probe.seen.clear()
+    namespace = {"model": model}
+    exec(code, namespace)  # noqa: S102 - the recipe as a user pastes it
+    model(torch.ones(2, 3, requires_grad=True)).sum().backward()
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert sorted(_Probe.seen) == [
+        ("pool", "backward", True), ("pool", "forward", False),
+        ("stats", "backward", False), ("stats", "forward", False),
+        ("stem", "backward", True), ("stem", "forward", False)]
+
+    nothing = tmp_path / "steady.json"
+    nothing.write_text(json.dumps({"results": [{"workload": "mlp"}]}))
+    assert "nothing to make deterministic" in run_agent("doctor", "--recipe",
+                                                         str(nothing)).stdout
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    refused = run_agent("doctor", "--recipe", str(broken))
+    assert refused.returncode == 2 and "--recipe: cannot read a run document" in refused.stderr
