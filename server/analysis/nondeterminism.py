@@ -22,6 +22,12 @@ from typing import Any
 from .determinism_cost import Measured, Ratio, measured, ratio
 
 MAX_OPS = 50  # ops per row; the rest are counted (`ops_total`)
+# What made `train` nondeterministic on a loaded CPU (design §2.13): said from the
+# environment's `env_vars.OMP_DYNAMIC`, so it is said even where no agent traced.
+OMP_DYNAMIC_CAUSE = (
+    "likely OMP_DYNAMIC=true (set in this environment): libgomp sizes each parallel region's thread team by the load "
+    "average, so on a loaded node a reduction splits into another number of parts and "
+    "rounds differently; unset it or set OMP_DYNAMIC=false")
 MAX_UNTRACED = 20
 
 
@@ -94,6 +100,16 @@ class Determinism:
     summary: str = ""
 
 
+def environment_cause(flattened: dict[str, str], model: str) -> str | None:
+    """A setting of the environment that makes a CPU's results nondeterministic, in
+    words, or None: OMP_DYNAMIC true (libgomp; the variable is among the environment's
+    `env_vars`, design §2.5)."""
+    value = flattened.get("env_vars.OMP_DYNAMIC", "").strip().lower()
+    if model == "cpu" and value in ("true", "1", "yes", "on"):
+        return OMP_DYNAMIC_CAUSE
+    return None
+
+
 def percent(found: Ratio) -> str:
     """+x % ± e of a ratio against default (the uncertainty when known)."""
     if found.value is None:
@@ -128,9 +144,11 @@ def _mode(study: dict[str, Any], mode: str) -> tuple[Measured, bool] | None:
         found.get("repeatable"))
 
 
-def determinism(repeated: Iterable[Repeated], studies: Iterable[Study]
-                ) -> list[Determinism]:
-    """One row per (environment, device model) with repeated results: see the module."""
+def determinism(repeated: Iterable[Repeated], studies: Iterable[Study],
+                causes: dict[tuple[int, str], str] | None = None) -> list[Determinism]:
+    """One row per (environment, device model) with repeated results: see the module.
+    ``causes``: what the environment says of a nondeterministic row
+    (``environment_cause``), where no study said it."""
     rows: dict[tuple[int, str], Determinism] = {}
     for entry in repeated:
         row = rows.setdefault((entry.environment, entry.model),
@@ -169,6 +187,8 @@ def determinism(repeated: Iterable[Repeated], studies: Iterable[Study]
         row.ops_total = len(made)
         row.ops = made[:MAX_OPS]
     for row in rows.values():
+        if not row.deterministic and row.cause is None:
+            row.cause = (causes or {}).get((row.environment, row.model))
         row.summary = _summary(row)
     return sorted(rows.values(), key=lambda r: (r.deterministic, r.environment, r.model))
 
@@ -221,5 +241,6 @@ def _summary(row: Determinism) -> str:
         where = f" in {first.module}" if first.module else ""
         return (f"nondeterministic: {first.op}{where} ({first.phase}) gives other bits on "
                 f"the same inputs; {first.cost}")
+    cause = f"; {row.cause}" if row.cause else ""
     return (f"nondeterministic: {row.disagreeing or 'some'} results' repeats disagree, no op "
-            "named (run with --trace-ops and --repeats 2 or more)")
+            f"named (run with --trace-ops and --repeats 2 or more){cause}")

@@ -38,7 +38,12 @@ from numparity_server.analysis.fleet_policy import (
 )
 from numparity_server.analysis.inventory import INVENTORY_COLUMNS, inventory_of
 from numparity_server.analysis.node_status import StaleNode, flagged_counts, stale_nodes
-from numparity_server.analysis.nondeterminism import Repeated, Study, determinism
+from numparity_server.analysis.nondeterminism import (
+    Repeated,
+    Study,
+    determinism,
+    environment_cause,
+)
 from numparity_server.analysis.numerics import Reported, numerics
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit import repository
@@ -362,10 +367,17 @@ def _nondeterministic_ops(session: Session, fleet: Fleet, env_keys: Mapping[int,
                                      outcomes[row.outcome_id].workload),
                      outcomes[row.outcome_id].variant, row.nondeterminism)
                for row in repository.nondeterminism_studies(session, outcomes)]
+    # The environments of the nondeterministic rows only (a few), flattened and kept.
+    unsteady = {(r.environment, r.model) for r in repeated if not r.agree} | {
+        (s.environment, s.model) for s in studies}
+    flat = reads_environments.flattened(session, {env_keys[env]: env for env, _ in unsteady
+                                                  if env in env_keys})
+    causes = {(env, model): found for env, model in unsteady
+              if (found := environment_cause(flat.get(env_keys.get(env, ""), {}), model))}
     return [DeterminismRow.model_validate(
         {**{k: v for k, v in asdict(row).items() if k not in ("environment", "model")},
          "env_key": env_keys.get(row.environment), "device_model": row.model})
-        for row in determinism(repeated, studies)]
+        for row in determinism(repeated, studies, causes)]
 
 
 def _suite_workload(suite: str, workload: str) -> str:

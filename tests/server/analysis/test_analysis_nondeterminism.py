@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from numparity_server.analysis.nondeterminism import Repeated, Study, determinism
+from numparity_server.analysis.nondeterminism import (
+    OMP_DYNAMIC_CAUSE,
+    Repeated,
+    Study,
+    determinism,
+    environment_cause,
+)
 
 OP = "aten.index_add_.default"
 
@@ -101,3 +107,15 @@ def test_untraced_results_are_listed_with_the_hint_and_the_cause_is_kept() -> No
                             "same bits"]
     assert row.cause == "OMP_DYNAMIC=true: libgomp …"
     assert "no op named" in row.summary
+
+
+def test_omp_dynamic_in_a_cpu_environment_is_said_without_traces() -> None:
+    assert environment_cause({"env_vars.OMP_DYNAMIC": "TRUE"}, "cpu") == OMP_DYNAMIC_CAUSE
+    assert environment_cause({"env_vars.OMP_DYNAMIC": "false"}, "cpu") is None
+    assert environment_cause({"env_vars.OMP_DYNAMIC": "true"}, "cuda/H200/9.0") is None
+    rows = determinism([Repeated(1, "cpu", "train", "default", 2, False),
+                        Repeated(2, "cpu", "train", "default", 2, True)], [],
+                       {(1, "cpu"): OMP_DYNAMIC_CAUSE, (2, "cpu"): OMP_DYNAMIC_CAUSE})
+    unsteady, steady = rows
+    assert unsteady.cause == OMP_DYNAMIC_CAUSE and "OMP_DYNAMIC" in unsteady.summary
+    assert steady.deterministic and steady.cause is None  # said only where it bites
