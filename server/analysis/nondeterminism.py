@@ -26,8 +26,9 @@ MAX_OPS = 50  # ops per row; the rest are counted (`ops_total`)
 # environment's `env_vars.OMP_DYNAMIC`, so it is said even where no agent traced.
 OMP_DYNAMIC_CAUSE = (
     "likely OMP_DYNAMIC=true (set in this environment): libgomp sizes each parallel "
-    "region's thread team by the load average, so on a loaded node a reduction splits into another number of parts and "
-    "rounds differently; unset it or set OMP_DYNAMIC=false")
+    "region's thread team by the load average, so on a loaded node a reduction splits "
+    "into another number of parts and rounds differently; unset it or set "
+    "OMP_DYNAMIC=false")
 MAX_UNTRACED = 20
 
 
