@@ -149,6 +149,12 @@ def test_nondeterministic_groups_are_not_attributed_to_the_environment(server: A
     assert "env_vars.NVIDIA_TF32_OVERRIDE" in [a["attribute"]
                                                for a in pair["attribution_withheld"]]
     assert "nondeterministic" in pair["attribution_note"]
+    # The workload page says it instead of naming the variable.
+    page = httpx.get(f"{server.base_url}/workloads/{ND}",
+                     headers=server.headers("reader"), timeout=60)
+    assert page.status_code == 200, page.text
+    assert '<b class="nondeterministic">nondeterministic</b>' in page.text
+    assert "separated, not named as the cause: <code>env_vars.NVIDIA_TF32_OVERRIDE" in page.text
     # The twin is deterministic on both environments: nothing withheld there.
     twin = get(server, "divergence", workload=TWIN, variant="default")
     assert twin["nondeterministic_groups"] == []
