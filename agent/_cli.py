@@ -252,6 +252,11 @@ def _parser() -> argparse.ArgumentParser:
         help="also measure this DataLoader factory (a DataLoader, or a dataset and its "
         "settings) with real workers: whether it needs the seeds' recipe")
     doctor.add_argument(
+        "--recipe", metavar="FILE",
+        help="print, as Python to paste, how to make only the nondeterministic ops of a "
+        "run document (run --trace-ops --repeats 2 --output FILE) deterministic, instead "
+        "of the checklist")
+    doctor.add_argument(
         "--strict", action="store_true",
         help="exit 1 when a check warns, i.e. finds something this node can fix (facts "
         "never fail it; default exit 0)",
@@ -710,6 +715,18 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from numparity_agent._doctor import as_json, diagnose, render
     from numparity_agent._environment import capture_environment
 
+    if args.recipe is not None:
+        from numparity_agent._doctor import selective_recipes
+
+        try:
+            document = json.loads(Path(args.recipe).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise _Usage(f"--recipe: cannot read a run document from {args.recipe}: "
+                         f"{exc}") from None
+        if not isinstance(document, dict):
+            raise _Usage(f"--recipe: {args.recipe} is not a run document")
+        _answer(selective_recipes(document))
+        return EXIT_OK
     if args.pipeline is not None and not _workloads.is_factory_spec(args.pipeline):
         raise _Usage(f"--pipeline names a factory as module:factory, not {args.pipeline!r}")
     environment = capture_environment()

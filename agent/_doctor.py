@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from numparity_agent._determinism import OMP_DYNAMIC_CAUSE, omp_dynamic, recipe_code
+
 Status = Literal["ok", "warn", "fact"]
 
 # Values of CUBLAS_WORKSPACE_CONFIG that make cuBLAS deterministic (CUDA >= 10.2).
@@ -309,6 +311,10 @@ def _check_threads(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
     threads = (env.get("threads") or {}).get("num_threads")
     cpus = (env.get("cpu") or {}).get("logical_cpus")
     pinned = {k: env_vars[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in env_vars}
+    if omp_dynamic(env_vars):
+        # Design §2.13: what made `train` nondeterministic on a loaded CPU.
+        return Check("threads", "warn", OMP_DYNAMIC_CAUSE.split(": unset")[0],
+                     f"unset OMP_DYNAMIC, or OMP_DYNAMIC=false ({NUMERIC_ENV_FILE})")
     if pinned:
         settings = ", ".join(f"{k}={v}" for k, v in pinned.items())
         return Check("threads", "ok", f"{settings}: torch uses {threads} thread(s)")
@@ -457,3 +463,35 @@ def render(checks: list[Check], environment: Mapping[str, Any]) -> str:
     lines += ["", f"{warnings} warning(s) to fix on this node, {facts} fact(s) to handle "
                   f"in code, {len(checks)} check(s)"]
     return "\n".join(lines)
+
+
+def selective_recipes(document: Mapping[str, Any]) -> str:
+    """`doctor --recipe FILE`: for each nondeterministic result of a run document (`run
+    --trace-ops --repeats 2 --output FILE`, design §2.13), the code that makes only its
+    named ops deterministic, ready to paste after the model is built; or why there is
+    none."""
+    blocks = []
+    for result in document.get("results") or []:
+        study = result.get("nondeterminism")
+        if not study:
+            continue
+        head = f"{result.get('workload')} / {result.get('variant')} on {result.get('device')}"
+        ops = study.get("ops") or []
+        if not ops:
+            why = study.get("note") or study.get("error") or study.get("hint") or "no op named"
+            blocks.append(f"# {head}: nondeterministic; {why}\n")
+            continue
+        cost = study.get("cost") or {}
+        measured = ", ".join(
+            f"{mode} {cost[mode]['wall_s']:.6f} s"
+            + ("" if cost[mode].get("repeatable") else " (not repeatable)")
+            for mode in ("default", "strict", "selective") if mode in cost)
+        lines = [f"# {head}: measured {measured}" if measured else f"# {head}"]
+        if study.get("cause"):
+            lines.append(f"# {study['cause']}")
+        blocks.append("\n".join(lines) + "\n" + recipe_code(ops, workload=str(
+            result.get("workload"))))
+    if not blocks:
+        return ("# no result of this run document is nondeterministic: nothing to make "
+                "deterministic\n")
+    return "\n".join(blocks)

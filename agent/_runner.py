@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import statistics
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +16,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from numparity_agent._determinism import (
+    HINT,
+    MODES,
+    OMP_DYNAMIC_CAUSE,
+    all_deterministic,
+    nondeterministic_ops,
+    omp_dynamic,
+    recipe,
+    scopes,
+    selective,
+)
 from numparity_agent._fingerprint import (
     bit_copy,
     combined_hash,
@@ -42,6 +55,9 @@ _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # LSTM forward propagation primitive. ...", older releases "... descriptor iterator").
 _ONEDNN_UNSUPPORTED = re.compile(r"could not create a primitive descriptor\b")
 _HALF_DTYPES = ("float16", "bfloat16")
+# Rounds of each mode of a cost study (design §2.13), at least: a warm-up and two timed,
+# so each mode has a spread.
+STUDY_ROUNDS = 3
 
 
 def _sync(device: torch.device) -> None:
@@ -181,6 +197,16 @@ def run_workload(
     result.update({k: v for k, v in fields.items() if k not in result})
     if differing:
         result["repeats_differ"] = sorted(differing)
+        # Design §2.13: traced, the ops that differ on the same inputs and what making
+        # only them deterministic costs; untraced, the hint to trace it.
+        if trace and workload.traceable:
+            with clock.phase("trace"):
+                result["nondeterminism"] = study_nondeterminism(
+                    workload, variant=variant, dtype=dtype, device=device,
+                    rounds=max(repeats, STUDY_ROUNDS))
+        else:
+            result["nondeterminism"] = {"traced": False, "hint": HINT}
+        result["timeline"] = clock.seconds()
     if drill_field is not None:
         result["drill"] = drill_field
     if job is not None:
@@ -236,17 +262,98 @@ def run_traces(jobs: list[TraceJob]) -> None:
         timeline["trace_s"] = round(seconds + time.perf_counter() - start, 6)
 
 
+def study_nondeterminism(workload: Workload, *, variant: Variant, dtype: torch.dtype,
+                         device: torch.device, rounds: int) -> dict[str, Any]:
+    """A nondeterministic result's `nondeterminism` (design §2.13): two traced passes, the
+    ops whose inputs are the same bits in both and whose outputs are not
+    (`_determinism.nondeterministic_ops`) with a recipe each, and the cost study
+    (`cost_study`). Never fails the result: an exception becomes `error`."""
+    environ = dict(os.environ)
+    found: dict[str, Any] = {"traced": True}
+    try:
+        passes = []
+        for _ in range(2):
+            tracer, error = trace_ops(workload, variant=variant, dtype=dtype, device=device,
+                                      expected=None)
+            if tracer is None:
+                return {"traced": False, "hint": HINT, "error": error}
+            passes.append(tracer.body())
+        ops, parts_at = nondeterministic_ops(passes[0], passes[1])
+        for op in ops:
+            op.update(recipe(op, device_type=device.type, environ=environ))
+        found["ops"] = ops
+        if parts_at is not None:
+            found["passes_part_at"] = parts_at
+        if device.type == "cpu" and omp_dynamic(environ):
+            found["cause"] = OMP_DYNAMIC_CAUSE
+        if not ops:
+            found["note"] = ("the two traced passes computed the same bits: the "
+                             "nondeterminism did not show again; run more repeats")
+            return found
+        found["cost"] = cost_study(workload, variant=variant, dtype=dtype, device=device,
+                                   ops=ops, rounds=rounds)
+    except Exception as exc:  # noqa: BLE001 - the result stands without its study
+        found["error"] = _error_text(exc, limit=1000)
+    return found
+
+
+def cost_study(workload: Workload, *, variant: Variant, dtype: torch.dtype,
+               device: torch.device, ops: list[dict[str, Any]], rounds: int
+               ) -> dict[str, Any]:
+    """Wall times of `default` (the variant as it is), `strict` (every determinism flag on)
+    and `selective` (only the ops' scopes: `_determinism.selective`), run interleaved
+    `rounds` times each (the first a warm-up, `wall_time`), and whether each mode's rounds
+    computed the same bits (`repeatable`). Without a scope (no op has an in-process
+    recipe) there is no selective mode."""
+    chosen = scopes(ops)
+    modes = [mode for mode in MODES if mode != "selective" or chosen]
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
+    first: dict[str, list[tuple[str, torch.Tensor]]] = {}
+    differ: dict[str, set[str]] = {mode: set() for mode in modes}
+    for _round in range(rounds):
+        for mode in modes:
+            built = workload.build(dtype=dtype, device=device)
+            recorder = Recorder()
+            with contextlib.ExitStack() as stack:
+                if mode == "strict":
+                    stack.enter_context(all_deterministic())
+                elif mode == "selective":
+                    recorder.phase_scopes = stack.enter_context(selective(built.model, chosen))
+                    stack.enter_context(warnings.catch_warnings())
+                    warnings.simplefilter("ignore")
+                _sync(device)
+                start = time.perf_counter()
+                with variant.run_context(device):
+                    workload.run(built, recorder)
+                _sync(device)
+                times[mode].append(time.perf_counter() - start)
+            recorded = [(name, value) for name, _, value in recorder.tensors]
+            if mode not in first:
+                first[mode] = recorded
+            else:
+                differ[mode].update(_differing(first[mode], recorded, "<tensor list>"))
+            del built, recorder
+    found: dict[str, Any] = {"rounds": rounds, "scopes": chosen}
+    for mode in modes:
+        found[mode] = {**wall_time(times[mode]), "repeatable": not differ[mode],
+                       "wall_s_rounds": [round(t, 6) for t in times[mode]]}
+        if differ[mode]:
+            found[mode]["differ"] = sorted(differ[mode])[:8]
+    return found
+
+
 def trace_ops(
     workload: Workload, *, variant: Variant, dtype: torch.dtype, device: torch.device,
-    expected: list[tuple[str, str]], drill_target: int | None = None,
+    expected: list[tuple[str, str]] | None, drill_target: int | None = None,
     kernels: Any = None, name: str = "",
 ) -> tuple[Any, str | None]:
     """(the pass's `_trace.OpTracer`, None), or (None, why there is none): one more run
     of `workload` with every op recorded (`_trace`), kept only when it recorded the
     `expected` (name, hash) list, the fingerprinted run's, bit for bit (with the same
-    fault drill when there is one). `kernels`: the session whose annotations name the
-    ops' CUDA kernels (under the trace name `name`); the tracer's `body()` is the trace
-    once that session has annotated it."""
+    fault drill when there is one; None: any pass is kept, `study_nondeterminism`).
+    `kernels`: the session whose annotations name the ops' CUDA kernels (under the trace
+    name `name`); the tracer's `body()` is the trace once that session has annotated
+    it."""
     from numparity_agent._trace import tracing
 
     try:
@@ -263,7 +370,7 @@ def trace_ops(
                        strict=True))
     except Exception as exc:  # noqa: BLE001 - the result stands without its trace
         return None, f"tracing failed: {_error_text(exc, limit=1000)}"
-    if got != expected:
+    if expected is not None and got != expected:
         differing = [name for (name, digest), (_n, other) in zip(got, expected, strict=False)
                      if digest != other] or ["the list of tensors"]
         return None, ("the traced run computed other bits than the fingerprinted one ("

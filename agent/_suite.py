@@ -426,6 +426,12 @@ def _log_results(log_line: Callable[[str], None], prefix: str,
         detail = ""
         if status == "ok":
             detail = f" in {result['wall_s']:.3f} s, repeats agree: {result['repeats_agree']}"
+            study = result.get("nondeterminism")
+            if study:
+                ops = study.get("ops") or []
+                detail += (f"; nondeterministic at {ops[0]['op']} in "
+                           f"{ops[0]['module'] or 'the model'} ({ops[0]['phase']})"
+                           if ops else f"; {study.get('note') or study.get('hint') or ''}")
             if "drill" in result:
                 flip = result["drill"]
                 detail += (

@@ -78,7 +78,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class Cause:
-    kind: str  # "environment", "drill", "unexplained", "no result"
+    kind: str  # "environment", "drill", "nondeterministic", "unexplained", "no result"
     text: str
     findings: tuple[Finding, ...]
 
@@ -122,7 +122,8 @@ def build_report(*, session: Session, policy: Policy, suite: str, drills: Drills
         for kind, text, finding in _column_findings(session, policy, suite, workload,
                                                     variant, column, drills):
             by_cause.setdefault((kind, text), []).append(finding)
-    order = {"drill": 0, "environment": 1, "unexplained": 2, "no result": 3}
+    order = {"drill": 0, "environment": 1, "nondeterministic": 2, "unexplained": 3,
+             "no result": 4}
     causes = [Cause(kind, text, tuple(findings))
               for (kind, text), findings in sorted(by_cause.items(),
                                                    key=lambda item: order[item[0][0]])]
@@ -187,6 +188,8 @@ def _column_findings(session: Session, policy: Policy, suite: str, workload: str
             text = "; ".join(f"{node}: {flip.describe()}" for node, flip in sorted(flips,
                              key=lambda item: item[0]))
             found.append(("drill", text, finding))
+        elif pair and pair.get("nondeterministic"):
+            found.append(("nondeterministic", str(pair.get("attribution_note")), finding))
         elif pair and pair.get("attribution"):
             found.append(("environment", _attribution(pair, flipped), finding))
         else:
@@ -372,6 +375,7 @@ def format_findings(report: FleetReport, *, dashboard: str = "") -> str:
                      "not identical, by cause:")
     labels = {"drill": "a fault drill (run --fault-drill: a bit flipped on purpose)",
               "environment": "explained by", "unexplained": "unexplained",
+              "nondeterministic": "nondeterministic, not an environment difference",
               "no result": "no answer"}
     for cause in report.causes:
         lines.append("")

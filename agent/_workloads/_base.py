@@ -50,14 +50,18 @@ class Recorder:
     # which ops are the optimizer's.
     tracer: Any = None
     _seen: dict[str, int] = field(default_factory=dict)
+    # Contexts entered around a phase (`_determinism.selective`: the optimizer step made
+    # deterministic), by phase name.
+    phase_scopes: dict[str, Any] = field(default_factory=dict)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Ops inside run in phase `name` ("optimizer") for the op trace, if one runs."""
-        if self.tracer is None:
-            yield
-            return
-        with self.tracer.scope(name):
+        with contextlib.ExitStack() as stack:
+            if name in self.phase_scopes:
+                stack.enter_context(self.phase_scopes[name]())
+            if self.tracer is not None:
+                stack.enter_context(self.tracer.scope(name))
             yield
 
     def record(self, name: str, kind: str, value: Any) -> None:

@@ -104,6 +104,17 @@ class DeterminismCost:
     workloads: list[WorkloadCost] = field(default_factory=list)
 
 
+def measured(times: Iterable[Measured]) -> Measured:
+    """Several devices' (or studies') times of one thing, each its median and spread, as
+    one: the rule above (their mean; the larger of their standard deviation and mean
+    spread, over √n). One time with a spread keeps it; one without has none."""
+    sums = _Sums()
+    for time in times:
+        sums.add(WallTime(0, "", "", time.seconds, 1, None, time.uncertainty,
+                          1 if time.uncertainty is not None else 0))
+    return sums.measured()
+
+
 def ratio(strict: Measured, default: Measured) -> Ratio:
     if default.seconds <= 0:
         return Ratio(None, None)

@@ -69,6 +69,9 @@ class Group:
     hash: str
     members: tuple[Member, ...]
     counted: Counted | None = None
+    # Some result giving this answer had repeats that disagree (design §3.3.16): the
+    # answer is one draw of a nondeterministic computation, not an environment's.
+    nondeterministic: bool = False
 
     @property
     def nodes(self) -> list[str]:
@@ -142,6 +145,7 @@ class Group:
             "env_keys_total": len(env_keys),
             "representative": {"node": representative.node, "run_id": representative.run_id,
                                "device": representative.device},
+            "nondeterministic": self.nondeterministic,
         }
 
 
@@ -215,6 +219,7 @@ class Answer:
     workload_version: int | None = None
     input_hash: str | None = None
     param_hash: str | None = None
+    repeats_agree: bool | None = None  # False: the outcome's repeats disagreed
 
     @property
     def support(self) -> consensus.Support:

@@ -169,12 +169,18 @@ class DivergencePlan:
             if self.traced:
                 origin, note = self._origin(pair, comparisons, pending)
                 skipped |= not pair.origin
+            # Design §3.3.16: a nondeterministic answer is one draw, so an attribute that
+            # happens to separate it is no cause; withheld, and said why.
+            withheld = nondeterminism_note(pair.a, pair.b)
             pairs.append({
                 "a": pair.a.id,
                 "b": pair.b.id,
                 **comparisons[pair.key],
-                "attribution": separating,
-                "indistinguishable": len(separating) > 1,
+                "attribution": [] if withheld else separating,
+                "indistinguishable": not withheld and len(separating) > 1,
+                "nondeterministic": withheld is not None,
+                "attribution_withheld": separating if withheld else [],
+                "attribution_note": withheld,
                 "origin": origin,
                 "origin_note": note,
             })
@@ -187,6 +193,7 @@ class DivergencePlan:
             "pairs_total": self.pairs_total,
             "pairs": pairs,
             "attribution": rank_attributes(self.groups, flattened=flattened),
+            "nondeterministic_groups": [g.id for g in self.groups if g.nondeterministic],
             "members_without_tensor": self.without[cut],
             "members_without_tensor_total": (len(self.without) if self.without_total is None
                                              else self.without_total),
@@ -294,6 +301,23 @@ def _matrix_page(groups: Sequence[Group], offset: int, limit: int | None
         skip = 0
         i += 1
     return page, total
+
+
+def nondeterminism_note(a: Group, b: Group) -> str | None:
+    """Why the attribution of a pair is withheld (design §3.3.16), or None: a group some of
+    whose results had repeats that disagree is nondeterministic, and an attribute that
+    separates it from another answer explains nothing; what does is the op that
+    differs on the same inputs (the audit's nondeterministic ops) or a reproduction
+    (`explain`). Groups that are each internally repeatable keep their attribution."""
+    which = [str(group.id) for group in (a, b) if group.nondeterministic]
+    if not which:
+        return None
+    groups = " and ".join(which)
+    return (f"group {groups} {'are' if len(which) > 1 else 'is'} nondeterministic (repeats "
+            "of a result there disagree): the split may be the same computation giving "
+            "other bits, not the environment, so no attribute is named as its cause; the "
+            "audit's nondeterministic ops name the op, and `numparity-agent explain` "
+            "reproduces an environment's effect")
 
 
 def divergence_report(

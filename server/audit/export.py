@@ -36,6 +36,10 @@ CSV_TABLES: dict[str, tuple[str, ...]] = {
               "outputs_changed"),
     "determinism_cost": ("env_key", "nodes", "default_s", "strict_s", "ratio",
                          "ratio_estimate", "ratio_uncertainty", "note"),
+    "nondeterministic_ops": ("env_key", "device_model", "deterministic", "op", "module",
+                             "phase", "results", "recipe", "selective_ratio",
+                             "selective_uncertainty", "strict_ratio", "strict_uncertainty",
+                             "cost", "summary"),
     "numerics": ("env_key", "device_model", "suite", "variant", "devices", "batch_invariant",
                  "batch_invariant_op", "decode_equals_prefill", "decode_equals_prefill_op",
                  "attention_backends_agree", "attention_backends_agree_op"),
@@ -118,6 +122,23 @@ def check_table(table: str) -> None:
         raise BadRequest(f"unknown table {table!r}; tables: {', '.join(TABLES)}")
 
 
+def nondeterministic_op_rows(report: AuditOut) -> list[dict[str, Any]]:
+    """A row per nondeterministic op, or per environment and device model without one."""
+    rows: list[dict[str, Any]] = []
+    for row in report.nondeterministic_ops:
+        head = {"env_key": row.env_key, "device_model": row.device_model,
+                "deterministic": row.deterministic, "summary": row.summary}
+        if not row.ops:
+            rows.append(head)
+        for op in row.ops:
+            rows.append({**head, "op": op.op, "module": op.module, "phase": op.phase,
+                         "results": op.results, "recipe": op.recipe, "cost": op.cost,
+                         **{f"{mode}_{part}": getattr(getattr(op, mode), part, None)
+                            for mode in ("selective", "strict")
+                            for part in ("ratio", "uncertainty")}})
+    return rows
+
+
 def to_csv(report: AuditOut, table: str) -> str:
     """One table of the report as CSV (``findings``: every finding, a row each)."""
     columns: tuple[str, ...]
@@ -128,6 +149,8 @@ def to_csv(report: AuditOut, table: str) -> str:
         rows = [{"attribute": attribute, "value": entry.value, "nodes": entry.nodes}
                 for attribute, entries in report.inventory.items() for entry in entries]
         columns = ("attribute", "value", "nodes")
+    elif table == "nondeterministic_ops":
+        rows, columns = nondeterministic_op_rows(report), CSV_TABLES[table]
     else:
         columns = CSV_TABLES[table]
         table_rows: list[BaseModel] = getattr(report, table)

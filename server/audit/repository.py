@@ -262,6 +262,26 @@ def latest_holding(session: Session, outcome_ids: Iterable[int]) -> list[Holding
                   key=lambda row: row.name)
 
 
+class StudyRow(NamedTuple):
+    node: str
+    environment: int
+    model: str
+    outcome_id: int
+    nondeterminism: dict[str, Any] | None
+
+
+def nondeterminism_studies(session: Session, outcome_ids: Iterable[int]) -> list[StudyRow]:
+    """The latest results holding these (disagreeing) outcomes, each with its node's name,
+    environment, device model and the agent's ``nondeterminism`` (design §2.13)."""
+    rows = _of_outcomes(session, select(Latest.node_id, Latest.environment_id, Latest.model,
+                                        Latest.outcome_id, Result.nondeterminism)
+                        .join(Result, Result.id == Latest.result_id), outcome_ids)
+    names = lookup(session, Node.id, Node.name, {row.node_id for row in rows})
+    return sorted((StudyRow(names[row.node_id], row.environment_id, row.model,
+                            row.outcome_id, row.nondeterminism) for row in rows),
+                  key=lambda row: (row.node, row.outcome_id))
+
+
 def devices_with_unusual_answers(session: Session, *, usual_manifests: Sequence[str],
                                  since: datetime) -> set[int]:
     """Devices with a strict ok result since ``since`` whose manifest is none of

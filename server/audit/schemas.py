@@ -297,6 +297,55 @@ class DeterminismCostRow(_CostRow):
     workloads: list[WorkloadCostRow]
 
 
+class OpCostRow(_Row):
+    ratio: float | None = Field(description="wall time against default (1.12: +12 %)")
+    uncertainty: float | None = Field(description="± on the ratio; null: unknown")
+    repeatable: bool | None = Field(description="whether this mode's rounds computed the "
+                                                "same bits")
+    shown: bool = Field(description="the ratio is further from 1 than its uncertainty")
+
+
+class NondeterministicOpRow(_Row):
+    """An op that gave other bits on the same inputs (design §2.13), with the measured
+    cost of making only it deterministic next to strict's."""
+
+    op: str = Field(description="The overload, e.g. aten.index_add_.default")
+    module: str = Field(description="The module path it ran under ('' outside any)")
+    phase: str
+    results: int = Field(description="How often: the nondeterministic results naming it")
+    workloads: list[str]
+    variants: list[str]
+    shapes: list[Any]
+    dtypes: list[Any]
+    kernel: str | None
+    recipe: str | None = Field(description="deterministic_algorithms or "
+                                           "cudnn_deterministic scoped to the module; null: "
+                                           "none in-process (no_recipe says why)")
+    no_recipe: str | None
+    first: bool = Field(description="The first such op of a result: where its passes part")
+    selective: OpCostRow | None
+    strict: OpCostRow | None
+    cost: str = Field(description="In words: 'deterministic for +x % ± e instead of "
+                                  "+y % ± e', or why not")
+
+
+class DeterminismRow(_Row):
+    """Per environment and device model: deterministic (every repeated result agreed), or
+    the nondeterministic ops (design §3.3.12)."""
+
+    env_key: str | None
+    device_model: str
+    deterministic: bool
+    repeated: int = Field(description="Latest results that ran with two or more repeats")
+    disagreeing: int
+    summary: str
+    cause: str | None = Field(description="Why, where the agent knows (OMP_DYNAMIC)")
+    untraced: list[str] = Field(description="Nondeterministic results without named ops, "
+                                            "and how to name them")
+    ops_total: int
+    ops: list[NondeterministicOpRow]
+
+
 class CheckBreakRow(_Row):
     workload: str
     check: str
@@ -391,6 +440,10 @@ class AuditOut(BaseModel):
     broken_inputs: list[BrokenInputsRow]
     drift: list[DriftRow]
     determinism_cost: list[DeterminismCostRow]
+    nondeterministic_ops: list[DeterminismRow] = Field(
+        default_factory=list, description="Per environment and device model: deterministic, "
+        "or the ops that give other bits on the same inputs and the cost of making only "
+        "them deterministic (design §3.3.12)")
     numerics: list[NumericsRow]
     data_pipeline: list[DataPipelineRow]
     pinned: list[PinDriftRow] = Field(

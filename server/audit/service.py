@@ -38,6 +38,12 @@ from numparity_server.analysis.fleet_policy import (
 )
 from numparity_server.analysis.inventory import INVENTORY_COLUMNS, inventory_of
 from numparity_server.analysis.node_status import StaleNode, flagged_counts, stale_nodes
+from numparity_server.analysis.nondeterminism import (
+    Repeated,
+    Study,
+    determinism,
+    environment_cause,
+)
 from numparity_server.analysis.numerics import Reported, numerics
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit import repository
@@ -50,6 +56,7 @@ from numparity_server.audit.schemas import (
     BrokenInputsRow,
     DataPipelineRow,
     DeterminismCostRow,
+    DeterminismRow,
     DriftRow,
     InventoryRow,
     NodeStatusCounts,
@@ -116,6 +123,7 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None,
         drift=drift,
         determinism_cost=[DeterminismCostRow.model_validate(cost) for cost in
                           determinism_cost(_wall_times(fleet.held), env_keys)],
+        nondeterministic_ops=_nondeterministic_ops(session, fleet, env_keys),
         numerics=_numerics(fleet.held, env_keys),
         data_pipeline=_data_pipeline(fleet.held, env_keys),
         pinned=pinned[page],
@@ -341,6 +349,35 @@ def _wall_times(held: Sequence[Held]) -> list[WallTime]:
                      h.timing.results, h.timing.mean_sq_s, h.timing.spread_s,
                      h.timing.spreads)
             for h in held if h.outcome.status == "ok" and h.timing is not None]
+
+
+def _nondeterministic_ops(session: Session, fleet: Fleet, env_keys: Mapping[int, str]
+                          ) -> list[DeterminismRow]:
+    """Per environment and device model: deterministic, or the ops the agents named
+    (``analysis.nondeterminism``); the studies are read for the disagreeing results only."""
+    repeated = [Repeated(h.environment, h.model, _suite_workload(h.outcome.suite,
+                                                                 h.outcome.workload),
+                         h.outcome.variant, h.nodes, bool(h.outcome.repeats_agree))
+                for h in fleet.held if h.outcome.status == "ok"
+                and (h.outcome.repeats or 0) >= 2 and h.outcome.repeats_agree is not None]
+    outcomes = {h.outcome.id: h.outcome for h in fleet.held
+                if h.outcome.repeats_agree is False}
+    studies = [Study(row.environment, row.model, row.node,
+                     _suite_workload(outcomes[row.outcome_id].suite,
+                                     outcomes[row.outcome_id].workload),
+                     outcomes[row.outcome_id].variant, row.nondeterminism)
+               for row in repository.nondeterminism_studies(session, outcomes)]
+    # The environments of the nondeterministic rows only (a few), flattened and kept.
+    unsteady = {(r.environment, r.model) for r in repeated if not r.agree} | {
+        (s.environment, s.model) for s in studies}
+    flat = reads_environments.flattened(session, {env_keys[env]: env for env, _ in unsteady
+                                                  if env in env_keys})
+    causes = {(env, model): found for env, model in unsteady
+              if (found := environment_cause(flat.get(env_keys.get(env, ""), {}), model))}
+    return [DeterminismRow.model_validate(
+        {**{k: v for k, v in asdict(row).items() if k not in ("environment", "model")},
+         "env_key": env_keys.get(row.environment), "device_model": row.model})
+        for row in determinism(repeated, studies, causes)]
 
 
 def _suite_workload(suite: str, workload: str) -> str:

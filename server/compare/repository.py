@@ -48,6 +48,8 @@ class ResultRow:
     manifest_hash: str | None
     repeats_agree: bool | None
     trace_hash: str | None
+    # The agent's study of a result whose repeats disagree (design §2.13).
+    nondeterminism: dict[str, Any] | None = None
 
     @property
     def key(self) -> ResultKey:
@@ -76,7 +78,7 @@ def results_of_runs(
         select(Result.run_pk, Outcome.suite, Outcome.workload, Outcome.variant,
                Outcome.device, Outcome.workload_version, Outcome.status, Outcome.reason,
                Outcome.error, Outcome.input_hash, Outcome.param_hash, Outcome.manifest_hash,
-               Outcome.repeats_agree, Outcome.trace_hash)
+               Outcome.repeats_agree, Outcome.trace_hash, Result.nondeterminism)
         .join(Outcome, Outcome.id == Result.outcome_id)
         .where(Result.run_pk.in_(sorted(set(run_pks))))
         .order_by(Result.id)

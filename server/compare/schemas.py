@@ -228,6 +228,17 @@ class ToleranceOut(BaseModel):
     atol: float
 
 
+class NondeterministicOpOut(BaseModel):
+    """An op an agent found giving other bits on the same inputs (design §2.13)."""
+
+    op: str
+    module: str
+    phase: str
+    recipe: str | None = Field(None, description="How to make it alone deterministic "
+                                                 "(null: no_recipe says why not)")
+    no_recipe: str | None = None
+
+
 class ResultPair(ResultKey):
     """One key both runs have. Tensors only when both results are ok."""
 
@@ -266,6 +277,14 @@ class ResultPair(ResultKey):
     origin_note: str | None = Field(
         None, description="Why there is no origin for two ok results: a side has no op "
                           "trace")
+    nondeterministic: bool = Field(
+        False, description="A side's repeats disagree, or one environment gave both "
+                           "answers: the difference is nondeterminism, not the environment "
+                           "(design §3.3.16)")
+    nondeterministic_ops: list[NondeterministicOpOut] = Field(
+        default_factory=list, description="The ops the agents' traced repeats named (the "
+                                          "first first)")
+    nondeterminism_note: str | None = None
     explanations: list[ExplanationOut] = Field(
         default_factory=list,
         description="What `numparity-agent explain` found between the two runs' nodes for "

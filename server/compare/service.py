@@ -30,6 +30,7 @@ from numparity_server.compare.schemas import (
     CompareOut,
     EnvironmentDifference,
     Inputs,
+    NondeterministicOpOut,
     ResultPair,
     ResultSide,
     RunInfo,
@@ -94,6 +95,8 @@ def compare_runs(
     for key in common:
         pair = _pair(results_a[key], results_b[key], key in ok, key in compared,
                      summaries.get(key), rows.get(key, []), origins.get(key), policy)
+        _nondeterminism(pair, results_a[key], results_b[key],
+                        same_environment=a.env_key == b.env_key)
         pairs.append(pair)
     # What explain found between the two nodes, beside each result's split (one query).
     found = explanations_among(session=session, nodes={a.node, b.node},
@@ -400,3 +403,39 @@ def _pair(a: ResultRow, b: ResultRow, ok: bool, stored: bool,
         pair["origin"], pair["origin_note"] = origin.value, origin.note
         pair["pending"] = origin.note == PENDING
     return ResultPair.model_validate(pair)
+
+
+def _nondeterminism(pair: ResultPair, a: ResultRow, b: ResultRow, *,
+                    same_environment: bool) -> None:
+    """Mark a pair whose difference is nondeterminism (design §3.3.16): a side's repeats
+    disagree, or one environment gave two answers (two runs of a node that did not
+    change); name the ops the agents' studies found, else the origin op, which on one
+    environment is an op that gave other bits on the same inputs."""
+    disagree = [side for side, row in (("a", a), ("b", b)) if row.repeats_agree is False]
+    differ = (a.manifest_hash is not None and b.manifest_hash is not None
+              and a.manifest_hash != b.manifest_hash)
+    if not disagree and not (same_environment and differ):
+        return
+    named: dict[tuple[str, str, str], NondeterministicOpOut] = {}
+    for row in (a, b):
+        for op in (row.nondeterminism or {}).get("ops") or []:
+            key = (op["op"], op.get("module", ""), op.get("phase", "forward"))
+            named.setdefault(key, NondeterministicOpOut(
+                op=key[0], module=key[1], phase=key[2], recipe=op.get("recipe"),
+                no_recipe=op.get("no_recipe")))
+    if not named and same_environment and pair.origin is not None:
+        for op in pair.origin.ops[:5]:
+            named.setdefault((op.op, op.module, op.phase), NondeterministicOpOut(
+                op=op.op, module=op.module, phase=op.phase))
+    why = (f"run {' and run '.join(disagree)}'s repeats disagree" if disagree
+           else "the same environment gave both answers")
+    if named:
+        first = next(iter(named.values()))
+        where = f" in {first.module}" if first.module else ""
+        text = f"{why}: nondeterministic, first at {first.op}{where} ({first.phase})"
+    else:
+        text = (f"{why}: nondeterministic, not an environment difference; run the agent "
+                "with --trace-ops and --repeats 2 or more to name the op")
+    pair.nondeterministic = True
+    pair.nondeterministic_ops = list(named.values())
+    pair.nondeterminism_note = text

@@ -33,7 +33,7 @@ def counted_answers(session: Session, *, suite: str, workload: str, variant: str
                LatestCount.first_node, LatestCount.model, Outcome.device,
                Outcome.workload_version,
                Outcome.input_hash, Outcome.param_hash, Outcome.manifest_hash,
-               Outcome.trace_hash)
+               Outcome.trace_hash, Outcome.repeats_agree)
         .join(Outcome, Outcome.id == LatestCount.outcome_id)
         .where(LatestCount.suite == suite, LatestCount.workload == workload,
                LatestCount.variant == variant, LatestCount.devices > 0,
@@ -54,7 +54,8 @@ def counted_answers(session: Session, *, suite: str, workload: str, variant: str
                first_node=row.first_node, slot=row.device,
                model=row.model or ("cpu" if row.device == "cpu" else "cuda"),
                trace=row.trace_hash, workload_version=row.workload_version,
-               input_hash=row.input_hash, param_hash=row.param_hash)
+               input_hash=row.input_hash, param_hash=row.param_hash,
+               repeats_agree=row.repeats_agree)
         for row in rows]
 
 

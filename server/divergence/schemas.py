@@ -70,6 +70,8 @@ class GroupOut(BaseModel):
     representative: Representative = Field(description="The member with the first node "
                                                        "name, then run id, then slot: the "
                                                        "group's side of every comparison")
+    nondeterministic: bool = Field(False, description="Some result giving this answer had "
+                                                      "repeats that disagree")
     fp64: Fp64Judgement | None = Field(
         None, description="With a tensor and an fp64-reference answer of it")
 
@@ -126,6 +128,13 @@ class GroupPair(BaseModel):
     attribution: list[SeparatingAttribute] = Field(
         description="Environment attributes whose values are disjoint between the groups")
     indistinguishable: bool = Field(description="More than one attribute separates them")
+    nondeterministic: bool = Field(
+        False, description="A group of the pair is nondeterministic (design §3.3.16): its "
+                           "attribution is withheld")
+    attribution_withheld: list[SeparatingAttribute] = Field(
+        default_factory=list, description="The attributes that separate the groups but "
+                                          "are not named as the cause (nondeterministic)")
+    attribution_note: str | None = Field(None, description="Why the attribution is withheld")
     origin: OriginOut | None = Field(description="The origin ops of b's representative "
                                                  "against a's (design §3.3.14)")
     origin_note: str | None = Field(description="Why `origin` is null")
@@ -227,6 +236,10 @@ class DivergenceOut(BaseModel):
     attribution: list[RankedAttribute] = Field(
         description="Every attribute that varies over the key's members, the best "
                     "predictor of the group first")
+    nondeterministic_groups: list[int] = Field(
+        default_factory=list, description="Groups some of whose results had repeats that "
+                                          "disagree: an attribute predicting them is no "
+                                          "cause (design §3.3.16)")
     members_without_tensor: list[str] = Field(
         description="Nodes whose result lacks `tensor`: the first `members_limit`")
     members_without_tensor_total: int

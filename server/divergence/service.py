@@ -73,7 +73,8 @@ def divergence(
     members = _Members(session, (suite, workload, variant), answers,
                        None if members_limit is None else members_offset + members_limit)
     groups = [analysis.Group(id=number, hash=digest, members=tuple(members(held)),
-                             counted=analysis.counted(held))
+                             counted=analysis.counted(held),
+                             nondeterministic=any(a.repeats_agree is False for a in held))
               for number, (digest, held) in enumerate(ranked, start=1)]
     reference_hash = baseline_hash = None
     if variant != FP64_VARIANT and tensor is not None:

@@ -87,6 +87,10 @@ class Result(Base):
     wall_s_spread: Mapped[float | None] = mapped_column(Float)
     # The device it ran on (devices.id): suspects and history follow the device.
     device_id: Mapped[int | None] = mapped_column(ForeignKey("devices.id"), index=True)
+    # A result whose repeats disagree: its nondeterministic ops and the cost study of
+    # making only them deterministic (design §2.13). Timings, so on the result, not its
+    # outcome; only nondeterministic results have one.
+    nondeterminism: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class Latest(Base):

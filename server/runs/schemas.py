@@ -318,6 +318,73 @@ class ChildTimeline(_Wire):
     phases: PhaseSeconds = Field(default_factory=PhaseSeconds)
 
 
+# A nondeterministic result's study (design §2.13): the ops named, at most this many.
+MAX_NONDETERMINISTIC_OPS = 64
+ShortText = Annotated[str, StringConstraints(max_length=512)]
+
+
+class NondeterministicOpDoc(_Wire):
+    """An op whose inputs were the same bits in two traced passes and whose outputs were
+    not, with how to make it alone deterministic (design §2.13)."""
+
+    op: str = Field(min_length=1, max_length=256)
+    module: str = Field(default="", max_length=1024)
+    phase: Literal["forward", "backward", "optimizer"] = "forward"
+    index: Int32 = 0
+    count: Int32 = 1
+    shapes: list[list[Dimension] | None] = Field(default_factory=list, max_length=64)
+    dtypes: list[Annotated[str, StringConstraints(max_length=32)] | None] = Field(
+        default_factory=list, max_length=64)
+    kernel: str | None = Field(default=None, max_length=1024)
+    recipe: Literal["deterministic_algorithms", "cudnn_deterministic"] | None = None
+    flags: list[ShortText] = Field(default_factory=list, max_length=8)
+    tried: bool = False
+    no_recipe: str | None = Field(default=None, max_length=2048)
+
+
+class StudyModeDoc(_Wire):
+    """One mode of a cost study: its wall time, spread and whether its rounds agreed."""
+
+    wall_s: float = Field(ge=0)
+    wall_s_spread: float | None = Field(default=None, ge=0)
+    repeatable: bool
+    differ: list[Annotated[str, StringConstraints(max_length=1024)]] = Field(
+        default_factory=list, max_length=8)
+
+
+class StudyScopeDoc(_Wire):
+    module: str = Field(default="", max_length=1024)
+    phases: list[Literal["forward", "backward", "optimizer"]] = Field(max_length=3)
+    recipes: list[Literal["deterministic_algorithms", "cudnn_deterministic"]] = Field(
+        max_length=2)
+
+
+class CostStudyDoc(_Wire):
+    """default, strict (every determinism flag) and selective (only the ops' scopes),
+    timed interleaved (design §2.13); no selective mode when no op has a recipe."""
+
+    rounds: Int32
+    scopes: list[StudyScopeDoc] = Field(default_factory=list, max_length=64)
+    default: StudyModeDoc
+    strict: StudyModeDoc
+    selective: StudyModeDoc | None = None
+
+
+class NondeterminismDoc(_Wire):
+    """A result whose repeats disagree: traced, its nondeterministic ops and the cost
+    study; untraced, the hint to trace it (design §2.13)."""
+
+    traced: bool
+    ops: list[NondeterministicOpDoc] = Field(default_factory=list,
+                                             max_length=MAX_NONDETERMINISTIC_OPS)
+    passes_part_at: Int32 | None = None
+    cause: str | None = Field(default=None, max_length=2048)
+    note: str | None = Field(default=None, max_length=2048)
+    hint: str | None = Field(default=None, max_length=2048)
+    error: str | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)
+    cost: CostStudyDoc | None = None
+
+
 class ResultDoc(_Wire):
     model_config = ConfigDict(json_schema_extra={"allOf": [
         {"if": {"properties": {"status": {"const": status}}},
@@ -353,6 +420,8 @@ class ResultDoc(_Wire):
     # Where the workload's time went (build, run, fingerprint, trace): validated, not
     # stored.
     timeline: PhaseSeconds | None = None
+    # A result whose repeats disagree (design §2.13): stored on the result, as its time is.
+    nondeterminism: NondeterminismDoc | None = None
 
     @field_validator("knobs")
     @classmethod

@@ -235,7 +235,9 @@ def _store(session: Session, run: RunDocument, sha256: str,
     outcome_ids = repository.ensure_outcomes(session, outcomes)
     result_ids = repository.insert_results(session, [
         {"run_pk": run_pk, "outcome_id": outcome_ids[outcome["hash"]], "wall_s": result.wall_s,
-         "wall_s_spread": result.wall_s_spread, "device_id": device_ids[result.device]}
+         "wall_s_spread": result.wall_s_spread, "device_id": device_ids[result.device],
+         "nondeterminism": (result.nondeterminism.model_dump(mode="json", exclude_none=True)
+                            if result.nondeterminism is not None else None)}
         for outcome, result in zip(outcomes, run.results, strict=True)
     ])
 

@@ -176,11 +176,13 @@ def test_report_round_trips_through_strict_json_with_nan(fleet):
     assert zero_pair["metrics"]["sqnr_db"] is None  # infinite: no noise at all
     assert set(report) == {"tensor", "baseline", "groups", "pairs_mode", "pairs_total", "pairs",
                            "attribution", "members_without_tensor",
-                           "members_without_tensor_total", "origin_note"}
+                           "members_without_tensor_total", "origin_note",
+                           "nondeterministic_groups"}
     assert (report["pairs_mode"], report["pairs_total"], len(report["pairs"])) == ("all", 6, 6)
     group = report["groups"][0]
     assert set(group) == {"id", "hash", "size", "nodes", "nodes_total", "devices",
-                          "devices_total", "env_keys", "env_keys_total", "representative"}
+                          "devices_total", "env_keys", "env_keys_total", "representative",
+                          "nondeterministic"}
     assert group["devices"] == []  # a CPU fleet: every member is its node's CPU
     assert group["representative"] == {"node": group["nodes"][0],
                                        "run_id": f"run-{group['nodes'][0]}", "device": "cpu"}
@@ -222,7 +224,8 @@ def test_one_group_has_nothing_to_explain(fleet):
     assert empty == {"tensor": "output", "baseline": None, "groups": [],
                      "pairs_mode": "baseline", "pairs_total": 0, "pairs": [],
                      "attribution": [], "members_without_tensor": [],
-                     "members_without_tensor_total": 0, "origin_note": None}
+                     "members_without_tensor_total": 0, "origin_note": None,
+                     "nondeterministic_groups": []}
 
 
 def test_a_version_is_named_before_a_blob_that_changed_with_it():
