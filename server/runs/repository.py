@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import chunked, dialect_insert, insert_ignoring_conflicts
 from numparity_server.models import (
+    STAT_FIELDS,
     Device,
     Environment,
     Fingerprint,
@@ -218,13 +219,16 @@ def fingerprints_with_values(session: Session, hashes: Iterable[str]) -> set[str
 
 def fill_values(session: Session, rows: Sequence[dict[str, Any]]) -> None:
     """Set the values of stored fingerprints that have none (a hash's values are the same
-    bytes whoever sends them: the first write wins, later ones change nothing)."""
+    bytes whoever sends them: the first write wins, later ones change nothing), and the
+    statistics computed from them (``STAT_FIELDS`` in ``row``): the node that stored the
+    fingerprint first, without values, may have declared others."""
     for row in rows:
         session.execute(
             update(Fingerprint)
             .where(Fingerprint.hash == row["hash"], Fingerprint.values.is_(None))
             .values(values=row["values"], values_dtype=row["values_dtype"],
-                    values_codec=row["values_codec"]))
+                    values_codec=row["values_codec"],
+                    **{field: row[field] for field in STAT_FIELDS if field in row}))
 
 
 def insert_manifests(session: Session, rows: Sequence[dict[str, Any]]) -> None:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from numparity_server.analysis.environment import derived_env_key
 from numparity_server.kit.canonical import content_hash
 from numparity_server.kit.db import writing
 from numparity_server.kit.errors import Conflict, InvalidDocument, NotFound, UnsupportedSchema
@@ -138,6 +139,19 @@ def check_times(run: RunDocument, *, now: datetime, max_clock_skew_s: float) -> 
         raise InvalidDocument(problems)
 
 
+def check_env_key(run: RunDocument, document: dict[str, Any]) -> None:
+    """422 when the declared ``environment.env_key`` is not the key of the environment
+    document beside it: the first document stored under a key is what every later run of
+    that key shows, so a node could otherwise file its own environment under another
+    node's key (design §3.1, §8)."""
+    derived = derived_env_key(document["environment"])
+    if run.environment.env_key != derived:
+        raise InvalidDocument.at(["body", "environment", "env_key"], (
+            f"env_key {run.environment.env_key} is not the key of this environment "
+            f"document ({derived}: sha256 of its canonical JSON without host name, GPU "
+            "UUIDs and serials, and unknown; design §2.5)"))
+
+
 def as_utc(moment: datetime) -> datetime:
     """A time without a zone is read as UTC (as it is stored)."""
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
@@ -146,6 +160,7 @@ def as_utc(moment: datetime) -> datetime:
 def ingest_run(*, session: Session, document: dict[str, Any],
                max_clock_skew_s: float = 86_400.0) -> Ingested:
     run = validate_document(document)
+    check_env_key(run, document)
     check_times(run, now=utcnow(), max_clock_skew_s=max_clock_skew_s)
     bodies = traces.check_traces(run, document)
     digests = tensor_manifests(run)
@@ -359,22 +374,28 @@ def _store_fingerprints(session: Session, run: RunDocument, *, now: Any) -> None
     # The full values of a known large tensor, sent because the server asked for them:
     # filled into its row once (the schema checked them against the hash).
     repository.fill_values(session, [
-        {"hash": h, **_values_columns(full[h])} for h in sorted(full)
-        if h in known and full[h].values is not None
+        {"hash": h, **_values_columns(full[h]), **_stats_columns(full[h])}
+        for h in sorted(full) if h in known and full[h].values is not None
     ])
 
 
 def fingerprint_row(tensor: TensorEntry, *, now: Any) -> dict[str, Any]:
-    stats = tensor.stats.model_dump() if tensor.stats is not None else {}
     row: dict[str, Any] = {"hash": tensor.hash, "dtype": tensor.dtype, "shape": tensor.shape,
                            "created_at": now}
-    row.update({field: stats.get(field) for field in STAT_FIELDS})
+    row.update(_stats_columns(tensor))
     for name in ("sketch", "sample"):
         array = getattr(tensor, name)
         row[name] = array.raw if array is not None else None
         row[f"{name}_dtype"] = array.dtype if array is not None else None
     row.update(_values_columns(tensor))
     return row
+
+
+def _stats_columns(tensor: TensorEntry) -> dict[str, Any]:
+    """The statistics columns: those the values give when they travel (validation
+    checked the declared ones against them, TensorEntry), else those declared."""
+    stats = tensor.stats.model_dump() if tensor.stats is not None else {}
+    return {field: stats.get(field) for field in STAT_FIELDS}
 
 
 def _values_columns(tensor: TensorEntry) -> dict[str, Any]:
