@@ -590,6 +590,10 @@ class RunCreated(BaseModel):
     id: int
     run_id: str
     results: int
+    # Devices (``uuid:…``, ``serial:…``) this run named that belong to another node: its
+    # results of them are kept as the node's claim until an admin confirms the move
+    # (`numparity-server device move`, design §3.1).
+    claimed_devices: list[str] = Field(default_factory=list)
 
 
 class ResultSummary(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from numparity_server.runs.schemas import (
 )
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -240,8 +242,8 @@ def _store(session: Session, run: RunDocument, sha256: str,
     })
     # The node's row is locked now (its upsert): its latest rows move only here.
     held_before = counts.node_rows(session, node_id)
-    device_ids, models, gone = _devices(session, run, node_id=node_id,
-                                        started_at=ordered_at, now=now)
+    device_ids, models, gone, claimed = _devices(session, run, node_id=node_id,
+                                                 started_at=ordered_at, now=now)
     _store_fingerprints(session, run, now=now)
     result_manifest = _manifests(session, run, digests, now=now)
     traces.store_traces(session, run, bodies, now=now)
@@ -271,17 +273,23 @@ def _store(session: Session, run: RunDocument, sha256: str,
     # Last: the counts are the rows concurrent uploads share, locked until the commit.
     counts.move(session, node=run.node.name, before=held_before,
                 after=counts.after_upload(held_before, gone=gone, rows=latest.values()))
-    return RunCreated(id=run_pk, run_id=run.run_id, results=len(result_ids))
+    if claimed:
+        log.warning("node %r claims %s, which belong to other nodes: kept as its claim "
+                    "until an admin runs `numparity-server device move`", run.node.name,
+                    ", ".join(claimed))
+    return RunCreated(id=run_pk, run_id=run.run_id, results=len(result_ids),
+                      claimed_devices=claimed)
 
 
 def _devices(session: Session, run: RunDocument, *, node_id: int, started_at: datetime,
-             now: datetime) -> tuple[dict[str, int], dict[str, str], list[int]]:
+             now: datetime) -> tuple[dict[str, int], dict[str, str], list[int], list[str]]:
     """slot → devices.id, and slot → model, of every slot the run's results name
     (runs.devices); a GPU of this node that the node's newest run no longer sees leaves
-    the node (the third: those devices, whose latest rows went)."""
+    the node (the third: those devices, whose latest rows went); the identities of
+    devices that belong to other nodes, kept as this node's claims (the fourth)."""
     seen = seen_devices(run)
     unique = serials_unique(seen)
-    ids = repository.resolve_devices(session, node_id=node_id, started_at=started_at,
+    ids, claimed = repository.resolve_devices(session, node_id=node_id, started_at=started_at,
                                      seen_at=now, rows=[{
         "identity": device.identity(node_id, serial_unique=unique[slot]),
         "type": device.type, "model": device.model, "uuid": device.uuid,
@@ -291,7 +299,7 @@ def _devices(session: Session, run: RunDocument, *, node_id: int, started_at: da
     visible = visible_uuids(run)
     gone = [] if visible is None else repository.detach_devices(
         session, node_id=node_id, started_at=started_at, visible_uuids=visible)
-    return ids, {slot: device.model for slot, device in seen.items()}, gone
+    return ids, {slot: device.model for slot, device in seen.items()}, gone, claimed
 
 
 def _manifests(session: Session, run: RunDocument, digests: Sequence[str | None], *,
