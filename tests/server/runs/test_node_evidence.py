@@ -215,3 +215,46 @@ def test_a_token_bound_to_a_name_with_a_control_character_is_refused(live_server
                               text=True, timeout=120)
         assert done.returncode != 0
         assert "U+000A (LINE FEED)" in done.stderr
+
+
+def test_devices_without_identity_are_one_voter_for_their_node(live_server):
+    """Finding 3: node-a lists 8 made-up GPUs (no UUID, no serial) on node-b's
+    environment with a wrong answer. They are one voter: the 4 honest nodes stay the
+    majority, none of them is suspect, and node-a is, judged by their evidence."""
+    honest = HONEST[:4]
+    evil = bound_token(live_server, "node-a")
+    for hours in (3, 2):
+        for node in honest:
+            honest_upload(live_server, gpu_document(node, hours, [UUID[node]]))
+        stuffed = gpu_document("node-a", hours, [f"fake-{i}" for i in range(8)],
+                               shifted={f"fake-{i}": WRONG for i in range(8)})
+        for device in stuffed["devices"]:
+            device["uuid"] = device["serial"] = None
+        # node-b's environment, copied: the made-up GPUs are its peers.
+        stuffed["environment"] = gpu_document("node-b", hours, [UUID["node-b"]])["environment"]
+        response = post(live_server, stuffed, evil)
+        assert response.status_code == 201, response.text
+    found = statuses(live_server)
+    assert not any(node in found for node in honest), found
+    report = get(live_server, "/audit", limit=100)
+    suspects = [entry for entry in report["suspects"] if entry["node"] == "node-a"]
+    assert suspects and all(entry["status"] == "suspect" for entry in suspects)
+    assert suspects[0]["majority_from"] == honest
+    assert suspects[0]["majority_nodes"] == 4 and suspects[0]["peers"] == 4
+
+
+def test_one_node_alone_cannot_make_the_majority_that_judges_another(live_server):
+    """Finding 3 with made-up UUIDs: node-a's 8 GPUs outnumber the 4 honest ones, but a
+    majority of one node's devices judges only that node: nobody honest is suspect."""
+    honest = HONEST[:4]
+    evil = bound_token(live_server, "node-a")
+    fakes = [f"GPU-fake{i:04d}-aaaa-bbbb-cccc-{i:012d}" for i in range(8)]
+    for hours in (3, 2):
+        for node in honest:
+            honest_upload(live_server, gpu_document(node, hours, [UUID[node]]))
+        stuffed = gpu_document("node-a", hours, fakes, shifted={uuid: WRONG for uuid in fakes})
+        stuffed["environment"] = gpu_document("node-b", hours, [UUID["node-b"]])["environment"]
+        response = post(live_server, stuffed, evil)
+        assert response.status_code == 201, response.text
+    found = statuses(live_server)
+    assert not any(node in found for node in honest), found
