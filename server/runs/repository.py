@@ -140,17 +140,15 @@ def _claims(session: Session, *, node_id: int, found: dict[str, int],
                 if identity.startswith(("uuid:", "serial:"))}
     if not physical:
         return []
-    owners = dict(session.execute(
-        select(Device.id, Device.owner_node_id).where(Device.id.in_(sorted(physical.values())))
-    ).tuples().all())
+    owners: dict[int, int | None] = {int(pk): owner for pk, owner in session.execute(
+        select(Device.id, Device.owner_node_id).where(Device.id.in_(sorted(physical.values()))))}
     unowned = sorted(pk for pk in physical.values() if owners.get(pk) is None)
     if unowned:
         session.execute(update(Device).where(Device.id.in_(unowned),
                                              Device.owner_node_id.is_(None))
                         .values(owner_node_id=node_id))
-        owners.update(dict(session.execute(
-            select(Device.id, Device.owner_node_id).where(Device.id.in_(unowned))
-        ).tuples().all()))
+        owners.update({int(pk): owner for pk, owner in session.execute(
+            select(Device.id, Device.owner_node_id).where(Device.id.in_(unowned)))})
     claimed = sorted(identity for identity, pk in physical.items()
                      if owners.get(pk) not in (None, node_id))
     if not claimed:
