@@ -102,15 +102,21 @@ def test_findings_round_trip_to_the_list_and_beside_the_split(api, lab):
     assert set(newest) == {"node", "against_node", "against_run", "suite", "workload",
                            "workload_version", "variant", "device", "local_device", "status",
                            "label", "setting", "tried", "seconds", "closest", "detail",
-                           "created_at", "stale"}
+                           "created_at", "stale", "claimed_by", "verified", "verification",
+                           "text_looks_like_command"}
     assert {k: v for k, v in oldest.items() if k != "created_at"} == {
         "node": "lab-01", "against_node": "lab-mkl", "against_run": lab["lab-mkl"],
         "suite": "standard", "workload": "cnn", "workload_version": 1, "variant": "default",
         "device": "cpu", "local_device": "cpu", "status": "reproduced",
         "label": "MKL_CBWR=COMPATIBLE", "setting": {"env": MKL, "knobs": {}}, "tried": 1,
-        "seconds": 4.4, "closest": None, "detail": None, "stale": False}
+        "seconds": 4.4, "closest": None, "detail": None, "stale": False,
+        "claimed_by": "lab-01", "verified": "in_reference_environment",
+        "verification": "the reference's recorded environment has this setting",
+        "text_looks_like_command": False}
     assert (newest["node"], newest["label"], newest["setting"]) == (
         "lab-mkl", "MKL_CBWR unset", {"env": {"MKL_CBWR": None}, "knobs": {}})
+    # lab-01 did not set MKL_CBWR: the setting is what lab-01 recorded of itself.
+    assert newest["verified"] == "in_reference_environment"
 
     assert [i["node"] for i in listed(api, node="lab-01")["items"]] == ["lab-01"]
     assert [i["node"] for i in listed(api, against_node="lab-01")["items"]] == ["lab-mkl"]
