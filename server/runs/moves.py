@@ -99,9 +99,9 @@ def move_device(*, session: Session, device: str, to_node: str) -> DeviceMove:
         if claim is not None:
             session.execute(update(Latest).where(Latest.device_id == claim.id)
                             .values(device_id=owned.id))
-            moved_results = session.execute(
-                update(Result).where(Result.device_id == claim.id).values(device_id=owned.id)
-            ).rowcount or 0
+            updated = session.execute(
+                update(Result).where(Result.device_id == claim.id).values(device_id=owned.id))
+            moved_results = int(getattr(updated, "rowcount", 0) or 0)
             newest = max((t for t in (owned.newest_started_at, claim.newest_started_at)
                           if t is not None), default=None)
             owned.slot, owned.newest_started_at = claim.slot, newest

@@ -343,8 +343,8 @@ def test_the_pages_show_the_setting_beside_the_split(api, lab):
                  "&variant=default", "/workloads/cnn"):
         shown = findings(path)
         assert len(shown) == 2, (path, shown)
-        assert shown[0].startswith("lab-mkl claims it gives lab-01's bits under no single setting or "
-                                   "pair it tried (40); closest threads=1, 3 of 4 tensors "
-                                   "the same (first differing output)")
+        assert shown[0].startswith("lab-mkl claims it gives lab-01's bits under no single "
+                                   "setting or pair it tried (40); closest threads=1, 3 of 4 "
+                                   "tensors the same (first differing output)")
         assert shown[1].startswith("lab-01 claims it gives lab-mkl's bits with "
                                    "MKL_CBWR=COMPATIBLE")
