@@ -304,3 +304,21 @@ def test_forged_explain_findings_are_shown_as_the_nodes_claims(live_server):
     assert 'data-verified="not_in_reference_environment"' in page
     assert "do not run it" in page and "node-a</code> claims it" in page
     assert 'href="https://fix.example' not in page
+
+
+def test_values_sent_in_parts_replace_forged_stats_too(live_server):
+    """Finding 5, the values' other way in: node-b sends the large tensor's values in
+    parts (PUT /values/{hash}) after node-a stored its fingerprint with forged counts."""
+    forged, honest, reference = _large_tensor_documents()
+    assert post(live_server, forged, bound_token(live_server, "node-a")).status_code == 201
+    tensor = honest["results"][0]["tensors"][0]
+    raw = base64.b64decode(tensor.pop("values")["data"])
+    honest_upload(live_server, honest)
+    honest_upload(live_server, reference)
+    node_b = bound_token(live_server, "node-b")
+    response = httpx.put(f"{live_server.base_url}/api/v1/values/{tensor['hash']}",
+                         params={"offset": 0}, content=raw, headers=node_b, timeout=60)
+    assert response.status_code == 200 and response.json()["complete"], response.text
+    compared = get(live_server, "/compare", run_a=reference["run_id"], run_b=honest["run_id"])
+    (pair,) = [pair for pair in compared["pairs"] if pair["compared"]]
+    assert pair["first_nonfinite"] is None
