@@ -24,6 +24,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from numparity_agent._environment import without_identity
+
 ALL = "all"
 CPU = "cpu"
 _CUDA_SLOT = re.compile(r"cuda:(\d+)")
@@ -143,7 +145,7 @@ def visible_devices() -> list[dict[str, Any]]:
         devices.append(device)
         torch_uuids.append(torch_uuid)
     _enrich_from_nvml(devices, torch_uuids)
-    return devices
+    return without_identity(devices)
 
 
 def _torch_uuid(props: Any) -> str | None:

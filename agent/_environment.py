@@ -18,6 +18,25 @@ from numparity_agent._knobs import numeric_env_vars, read_knobs
 IDENTITY_KEYS = frozenset({"env_key", "hostname", "uuid", "serial"})
 
 
+ANONYMOUS_DEVICES_ENV = "NUMPARITY_ANONYMOUS_DEVICES"
+
+
+def anonymous_devices() -> bool:
+    """Whether this node reports its GPUs without UUID and serial (design §3.1): a second
+    agent node on a machine whose GPUs another node already reports (a check run, a
+    test) is then no claim on them; its GPUs count as one voter for it."""
+    return os.environ.get(ANONYMOUS_DEVICES_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def without_identity(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``gpus`` (or devices) with their UUIDs and serials cleared when the node reports
+    its devices anonymously; unchanged otherwise."""
+    if anonymous_devices():
+        for gpu in gpus:
+            gpu["uuid"] = gpu["serial"] = None
+    return gpus
+
+
 def _strip_identity(value: Any) -> Any:
     if isinstance(value, dict):
         return {
@@ -250,7 +269,7 @@ def _gpus(unknown: dict[str, str]) -> list[dict[str, Any]]:
             unknown[f"gpus.{index}"] = f"{type(exc).__name__}: {exc}"
         gpus.append(gpu)
     _nvml(unknown, gpus)
-    return gpus
+    return without_identity(gpus)
 
 
 def capture_environment(*, env_vars: dict[str, str] | None = None) -> dict[str, Any]:

@@ -59,6 +59,7 @@ from typing import Any
 
 import httpx
 
+from numparity_agent._environment import compute_env_key
 from numparity_agent.testing import send_spooled, spool_document, spooled, utc_now
 from numparity_server.kit.net import free_port
 
@@ -308,7 +309,8 @@ def run_document(template: dict[str, Any], node: str, *, new_environment: bool
                 "started_at": now, "finished_at": now}
     if new_environment:
         renamed: dict[str, str] = {}
-        document["environment"] = {**template["environment"], "env_key": secrets.token_hex(32)}
+        environment = {**template["environment"], "bench_environment": secrets.token_hex(16)}
+        document["environment"] = {**environment, "env_key": compute_env_key(environment)}
         document["results"] = [
             {**result, "tensors": [
                 {**tensor, "hash": renamed.setdefault(tensor["hash"], secrets.token_hex(32))}

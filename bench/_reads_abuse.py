@@ -42,7 +42,7 @@ import httpx
 import torch
 from ingest import _EPOCH, running_server, sqlite_size, temporary_database
 
-from numparity_agent._environment import capture_environment
+from numparity_agent._environment import capture_environment, compute_env_key
 from numparity_agent._fingerprint import fingerprint
 
 MIB = 1024 * 1024
@@ -366,8 +366,8 @@ def environments(args: Any, workdir: Path) -> list[str]:
           flush=True)
     with case(args, workdir, "environments", budget=True) as c:
         huge = copy.deepcopy(_ENVIRONMENT)
-        huge["env_key"] = secrets.token_hex(32)
         huge["padding"] = ["x" * 60_000 for _ in range(500)]  # 30 MB
+        huge["env_key"] = compute_env_key(huge)
         refused = c.upload(document("envs", [result("cnn", [tensor(
             "output", 0, torch.ones(8), "output")])], environment=huge), expect=422)
         print(f"  a 30 MB document: {refused.status_code} "
@@ -376,8 +376,9 @@ def environments(args: Any, workdir: Path) -> list[str]:
         accepted = sent = 0
         for k in range(int(10 * max(args.scale, 1))):
             environment = copy.deepcopy(_ENVIRONMENT)
-            environment["env_key"] = secrets.token_hex(32)
             environment["padding"] = ["x" * 60_000 for _ in range(4)]  # 240 KB
+            environment["bench_environment"] = secrets.token_hex(16)
+            environment["env_key"] = compute_env_key(environment)
             doc = document("envs", [result("cnn", [tensor("output", 0, torch.ones(8),
                                                           "output")])],
                            minute=k, environment=environment)

@@ -60,6 +60,7 @@ from typing import Any
 import httpx
 import torch
 
+from numparity_agent._environment import compute_env_key
 from numparity_agent.testing import (
     KnownManifests,
     build_document,
@@ -157,7 +158,9 @@ def as_run(template: dict[str, Any], node: str, minute: int) -> dict[str, Any]:
 def as_new_environment(template: dict[str, Any], node: str, minute: int) -> dict[str, Any]:
     """The template on an environment the server has never seen: every hash new."""
     document = copy.deepcopy(as_run(template, node, minute))
-    document["environment"]["env_key"] = secrets.token_hex(32)
+    # Another environment document (the server derives the key from it, design §3.1).
+    document["environment"]["bench_environment"] = secrets.token_hex(16)
+    document["environment"]["env_key"] = compute_env_key(document["environment"])
     renamed: dict[str, tuple[str, dict[str, str] | None]] = {}
     for result in document["results"]:
         for tensor in result["tensors"]:

@@ -83,6 +83,19 @@ def _parser() -> argparse.ArgumentParser:
     revoke = token_commands.add_parser("revoke", parents=[common], help="revoke a token by id")
     revoke.add_argument("id", type=int, help="the token's id, as token list shows it")
 
+    device = commands.add_parser(
+        "device", help="confirm a device's move to another node; list the claims waiting")
+    device_commands = device.add_subparsers(dest="device_command", required=True,
+                                            metavar="ACTION")
+    move = device_commands.add_parser(
+        "move", parents=[common],
+        help="the device belongs to NODE from now on: its claim's results join its history "
+             "and its old node's latest results of it go")
+    move.add_argument("device", help="GPU UUID, board serial, or identity uuid:… / serial:…")
+    move.add_argument("--to", required=True, metavar="NODE", help="the node it moved to")
+    device_commands.add_parser("claims", parents=[common],
+                               help="list devices claimed by a node they do not belong to")
+
     retention = commands.add_parser(
         "retention", parents=[common],
         help="drop runs older than N days (never a node's latest) and content nothing uses",
@@ -152,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(settings, args)
         if args.command == "token":
             return _token(settings, args)
+        if args.command == "device":
+            return _device(settings, args)
         if args.command == "retention":
             return _retention(settings, args)
         if args.command == "golden":
@@ -269,6 +284,35 @@ def _token(settings: Settings, args: argparse.Namespace) -> int:
             else:
                 revoked = service.revoke_token(session=session, token_id=args.id)
                 print(f"revoked token {revoked.id} ({revoked.role}, {revoked.label!r})")
+    except DomainError as exc:
+        print(f"error: {exc.detail}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        engine.dispose()
+    return EXIT_OK
+
+
+def _device(settings: Settings, args: argparse.Namespace) -> int:
+    from numparity_server.kit.db import session_factory
+    from numparity_server.kit.errors import DomainError
+    from numparity_server.runs import moves
+
+    engine = _migrated_engine(settings)
+    if engine is None:
+        return EXIT_FAILED
+    try:
+        with session_factory(engine)() as session:
+            if args.device_command == "move":
+                moved = moves.move_device(session=session, device=args.device,
+                                          to_node=args.to)
+                print(f"moved {moved.identity} from {moved.from_node or 'no node'} to "
+                      f"{moved.to_node} ({moved.claimed_results} claimed results joined its "
+                      "history)")
+            else:
+                for claim in moves.list_claims(session=session):
+                    print(f"{claim.identity}\towner {claim.owner or '-'}\tclaimed by "
+                          f"{claim.claimed_by} at {claim.slot}\t{claim.results} results\t"
+                          f"last seen {claim.last_seen}")
     except DomainError as exc:
         print(f"error: {exc.detail}", file=sys.stderr)
         return EXIT_FAILED

@@ -51,6 +51,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_ENV = "NUMPARITY_GPU_CHECK_FAKE"
+# Agent nodes that upload from the machine the stock node reports: their GPUs travel
+# without UUID and serial.
+SHARING_NODES = frozenset({"gpu-check-tf32-off", "gpu-check-large"})
 FAKE_CUDA = ROOT / "tests" / "helpers" / "fake_cuda"
 # The fake GPU of fake mode: an H200 as NVML and torch.cuda describe it.
 FAKE_GPU = {"uuid": "GPU-00000000-0000-4000-8000-000000000028", "serial": "1654923000028",
@@ -101,6 +104,10 @@ class Check:
     def agent(self, *args: str, node: str = "gpu-check", env: dict[str, str] | None = None,
               timeout: float = 3600, upload: bool = True) -> subprocess.CompletedProcess[str]:
         flags = ["--node", node] if args and args[0] in ("run", "explain") else []
+        if node in SHARING_NODES:
+            # The stock node owns this machine's GPUs: a second node reporting them by
+            # UUID would be a claim on them (design §3.1); it reports them anonymously.
+            env = {**(env or self.agent_env()), "NUMPARITY_ANONYMOUS_DEVICES": "1"}
         if upload and args and args[0] in ("run", "explain"):
             flags += ["--server", self.server, "--token-file", str(self.work / "agent.token"),
                       "--spool", str(self.work / f"spool-{node}")]

@@ -9,7 +9,7 @@ Down revision: 0016 on this branch; 0017 (device owners) is written beside it, a
 merge re-points this revision to 0017.
 
 Revision ID: 0018
-Revises: 0016
+Revises: 0017
 Create Date: 2026-11-27 06:00:00
 """
 
@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0018"
-down_revision: str | None = "0016"
+down_revision: str | None = "0017"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -33,8 +33,47 @@ SUSPECT_RUNS = 2  # disagreeing runs (of one key) that make a node suspect rathe
 @dataclass(frozen=True)
 class Majority:
     manifest_hash: str
-    holders: int  # nodes holding the majority answer
-    nodes: int  # nodes of the environment with a result for the key
+    holders: int  # voters holding the majority answer
+    nodes: int  # voters of the environment with a result for the key
+    # The nodes whose devices hold the majority answer (empty: not read, where no device
+    # disagrees with it). A majority of one node's devices judges only that node's.
+    from_nodes: tuple[str, ...] = ()
+
+    def judges_node(self, node: str) -> bool:
+        """Whether this majority may judge a device of ``node``: one node's devices
+        alone (a node's eight GPUs) judge that node's devices only, so a node that
+        reports many devices cannot outvote the others on its own evidence."""
+        return len(self.from_nodes) != 1 or self.from_nodes[0] == node
+
+
+@dataclass(frozen=True)
+class VoterRow:
+    """Latest strict results of one answer of one node: ``stable`` devices (known by a
+    UUID or serial) each a voter; all its ``unstable`` ones (known by slot only, or a
+    claim of another node's device) together one voter."""
+
+    manifest_hash: str
+    node: str
+    stable: int
+    unstable: int
+
+
+def voter_majority(rows: Iterable[VoterRow]) -> Majority:
+    """The usual answer of one (environment, key) counted in voters (design §3.3.12): a
+    node cannot multiply its vote by reporting devices without a stable identity."""
+    by_answer: dict[str, dict[str, list[int]]] = defaultdict(dict)
+    for row in rows:
+        counts = by_answer[row.manifest_hash].setdefault(row.node, [0, 0])
+        counts[0] += row.stable
+        counts[1] += row.unstable
+    answers = {manifest: Support(sum(s + (1 if u else 0) for s, u in nodes.values()),
+                                 min(nodes))
+               for manifest, nodes in by_answer.items()}
+    chosen = usual(answers)
+    assert chosen is not None
+    return Majority(chosen, answers[chosen].nodes,
+                    sum(support.nodes for support in answers.values()),
+                    tuple(sorted(by_answer[chosen])))
 
 
 def usual_answers(rows: Iterable[tuple[int, Key, str, Support]]
@@ -138,6 +177,7 @@ class Suspect:
     env_key: str | None
     peers: int
     majority_nodes: int
+    majority_from: list[str]
     disagreeing_runs: int
     drill: bool
     drill_runs: int
@@ -167,7 +207,8 @@ def _judged_by_device(deviations: Iterable[Deviation],
                       ) -> dict[int, list[Deviation]]:
     by_device: dict[int, list[Deviation]] = defaultdict(list)
     for deviation in deviations:
-        if (deviation.environment, deviation.key) in majority:
+        found = majority.get((deviation.environment, deviation.key))
+        if found is not None and found.judges_node(deviation.node):
             by_device[deviation.device].append(deviation)
     return dict(sorted(by_device.items(), key=lambda item: (item[1][0].node, item[0])))
 
@@ -265,7 +306,8 @@ def classify_suspects(deviations: Iterable[Deviation],
             detail=describe(node, label, peers=chosen.nodes - 1, runs=runs),
             status=suspect_status(runs),
             env_key=env_keys.get(newest.environment), peers=chosen.nodes - 1,
-            majority_nodes=chosen.holders, disagreeing_runs=runs, drill=drill_runs > 0,
+            majority_nodes=chosen.holders, majority_from=list(chosen.from_nodes),
+            disagreeing_runs=runs, drill=drill_runs > 0,
             drill_runs=drill_runs, currently_disagrees=any(latest(d) for d in found),
             keys=[SuspectKey(*_strict(key), runs=runs_by_key[key],
                              drill_runs=drills_by_key[key])

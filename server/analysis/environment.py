@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -109,3 +110,22 @@ def _cut(value: str, other: str) -> str:
     if hi - lo > 2 * SHORT_VALUE:
         hi = lo + 2 * SHORT_VALUE
     return ("…" if lo > 0 else "") + value[lo:hi] + ("…" if hi < len(value) else "")
+
+
+def _without_identity(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _without_identity(child) for key, child in value.items()
+                if key not in IDENTITY_KEYS and key != UNKNOWN_KEY}
+    if isinstance(value, list):
+        return [_without_identity(child) for child in value]
+    return value
+
+
+def derived_env_key(environment: Mapping[str, Any]) -> str:
+    """The ``env_key`` of an environment document, as the agent computes it (design §2.5):
+    sha256 of the JSON of the document without the identity keys and ``unknown`` at any
+    depth, keys sorted, no spaces, ASCII escapes. The server computes it rather than
+    trusting the one declared: a node cannot file its environment under another's key."""
+    canonical = json.dumps(_without_identity(environment), sort_keys=True,
+                           separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()

@@ -25,7 +25,7 @@ CSV_TABLES: dict[str, tuple[str, ...]] = {
     "stale": ("node", "last_seen", "hours_since", "last_run_id"),
     "policy": ("node", "env_key", "attribute", "value", "rule", "expected"),
     "suspects": ("node", "device", "device_uuid", "device_serial", "device_pci_bus_id",
-                 "device_name", "status", "env_key", "peers", "majority_nodes",
+                 "device_name", "status", "env_key", "peers", "majority_nodes", "majority_from",
                  "disagreeing_runs", "drill", "drill_runs", "currently_disagrees"),
     "nondeterministic": ("node", "reason", "suite", "workload", "workload_version", "variant",
                          "device", "run_id", "detail"),

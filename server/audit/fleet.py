@@ -8,14 +8,23 @@ node."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from numparity_server.analysis.audit import Deviation, Key, Majority, majorities, usual_answers
+from numparity_server.analysis.audit import (
+    Deviation,
+    Key,
+    Majority,
+    VoterRow,
+    majorities,
+    usual_answers,
+    voter_majority,
+)
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit import repository
 from numparity_server.audit.repository import Held
@@ -57,13 +66,43 @@ def judged_fleet(session: Session, policy: Policy, now: datetime) -> Fleet:
               and h.outcome.status == "ok" and h.outcome.manifest_hash]
     usual = usual_answers((h.environment, held_key(h), h.outcome.manifest_hash, h.support)
                           for h in strict)
+    # Where answers differ, count voters instead of devices (a node's devices without a
+    # stable identity are one voter) and note whose devices hold each majority; then the
+    # same for the keys of devices whose history deviates.
+    answers: dict[tuple[int, Key], set[str]] = defaultdict(set)
+    for h in strict:
+        answers[(h.environment, held_key(h))].add(h.outcome.manifest_hash)
+    usual.update(_voted(session, strict, {k for k, found in answers.items() if len(found) > 1}))
+    history = read_history(session, strict, usual, since)
+    usual.update(_voted(session, strict, {
+        found for row in history.deviating
+        if (found := (row.environment_id, strict_key(row))) in usual
+        and not usual[found].from_nodes}))
     return Fleet(nodes=nodes, env_nodes=env_nodes,
                  silent=repository.silent_nodes(
                      session, before=now - timedelta(hours=policy.stale_after_hours)),
                  held=held, strict=strict,
                  majority=majorities(usual, min_peers=policy.min_peers),
-                 history=read_history(session, strict, usual, since), since=since,
+                 history=history, since=since,
                  devices=repository.count_devices(session))
+
+
+def _voted(session: Session, strict: Sequence[Held], keys: Collection[tuple[int, Key]]
+           ) -> dict[tuple[int, Key], Majority]:
+    """The usual answer of each of ``keys`` counted in voters (``voter_majority``)."""
+    if not keys:
+        return {}
+    manifests = {(h.environment, h.outcome.id, h.model): (held_key(h), h.outcome.manifest_hash)
+                 for h in strict if (h.environment, held_key(h)) in keys}
+    rows: dict[tuple[int, Key], list[VoterRow]] = defaultdict(list)
+    for env, outcome, model, node, stable, devices in repository.strict_voters(
+            session, {(env, outcome) for env, outcome, _model in manifests}):
+        if (env, outcome, model) not in manifests:
+            continue  # another model's devices holding the same outcome
+        key, manifest = manifests[(env, outcome, model)]
+        rows[(env, key)].append(VoterRow(manifest, node, devices if stable else 0,
+                                         0 if stable else devices))
+    return {found: voter_majority(voters) for found, voters in rows.items()}
 
 
 def strict_key(row: Any) -> Key:

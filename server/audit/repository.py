@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Integer, cast, func, select, true
+from sqlalchemy import Integer, case, cast, func, select, true, tuple_
 from sqlalchemy.orm import Session, aliased
 
 from numparity_server.analysis.consensus import Support
@@ -446,3 +446,26 @@ def count_devices(session: Session) -> int:
     """Devices that sit on a node."""
     return session.scalar(
         select(func.count()).select_from(Device).where(Device.node_id.is_not(None))) or 0
+
+
+def strict_voters(session: Session, pairs: Iterable[tuple[int, int]]
+                  ) -> list[tuple[int, int, str, str, bool, int]]:
+    """Who holds these (environment, outcome) pairs among the latest results:
+    (environment_id, outcome_id, model, node name, stable, devices), ``stable`` for
+    devices known by a UUID or serial (each a voter), not for those known by their slot
+    or claiming another node's device (all of a node's together one voter)."""
+    stable = case((Device.identity.like("uuid:%") | Device.identity.like("serial:%"), 1),
+                  else_=0)
+    found: list[tuple[int, int, str, str, bool, int]] = []
+    for part in chunked(sorted(set(pairs))):
+        found.extend(
+            (int(env), int(outcome), model, node, bool(is_stable), int(devices))
+            for env, outcome, model, node, is_stable, devices in session.execute(
+                select(Latest.environment_id, Latest.outcome_id, Latest.model, Node.name,
+                       stable, func.count())
+                .join(Device, Device.id == Latest.device_id)
+                .join(Node, Node.id == Latest.node_id)
+                .where(tuple_(Latest.environment_id, Latest.outcome_id).in_(part))
+                .group_by(Latest.environment_id, Latest.outcome_id, Latest.model, Node.name,
+                          stable)))
+    return found

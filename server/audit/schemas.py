@@ -30,7 +30,9 @@ EXAMPLE: dict[str, Any] = {
                   "detail": "gpu-node-17 / cuda:3 (NVIDIA A100-SXM4-80GB, UUID GPU-8f3c2a1e-…, "
                             "serial 1324021045632) disagrees with 3 identical peers in 2 runs",
                   "status": "suspect", "env_key": "5be1…", "peers": 3,
-                  "majority_nodes": 3, "disagreeing_runs": 2, "drill": True,
+                  "majority_nodes": 3,
+                  "majority_from": ["gpu-node-03", "gpu-node-05", "gpu-node-09"],
+                  "disagreeing_runs": 2, "drill": True,
                   "drill_runs": 2, "currently_disagrees": True,
                   "keys": [{"suite": "standard", "workload": "cnn", "workload_version": 1,
                             "variant": "strict",
@@ -190,8 +192,12 @@ class SuspectRow(_Row):
     detail: str = Field(description="One line naming the device, its peers and runs")
     status: Literal["suspect", "watch"]
     env_key: str | None
-    peers: int
-    majority_nodes: int
+    peers: int = Field(description="Voters of its model on its environment but itself: "
+                                   "each device known by a UUID or serial, and all of a "
+                                   "node's devices without one together (design §3.3.12)")
+    majority_nodes: int = Field(description="Voters holding the majority answer")
+    majority_from: list[str] = Field(description="The nodes whose devices hold the majority "
+                                                 "answer: whose evidence judges this device")
     disagreeing_runs: int
     drill: bool
     drill_runs: int

@@ -20,6 +20,7 @@ from numparity_server.auth.schemas import (
 from numparity_server.kit.bearer import bearer_token
 from numparity_server.kit.db import writing
 from numparity_server.kit.errors import BadRequest, Forbidden, NotFound, Unauthorized
+from numparity_server.kit.names import name_problem
 from numparity_server.models import Token, utcnow
 
 AUTH_HEADER_HINT = "send the header 'Authorization: Bearer <token>'"
@@ -59,6 +60,9 @@ def _binding(what: str, values: Sequence[str]) -> list[str] | None:
         if not value or len(value) > NODE_NAME_MAX:
             raise BadRequest(f"a {what} has 1 to {NODE_NAME_MAX} characters, not "
                              f"{len(value)}")
+        problem = name_problem(value)
+        if problem is not None:
+            raise BadRequest(f"the {what} {value!r} {problem}")
     return list(dict.fromkeys(values)) or None
 
 

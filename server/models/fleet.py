@@ -88,3 +88,10 @@ class Device(Base):
     # When a newer run last showed it on another node than before: /audit reads the
     # runs of devices that moved within its window for drift.
     moved_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
+    # The node the device belongs to: the first to report it (a UUID or serial), until an
+    # admin moves it (`numparity-server device move`). NULL: no node holds it yet.
+    owner_node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id"), index=True)
+    # A claim: another node reported a device that belongs to a node other than it. The
+    # claiming node's results of it are kept on this row, a device of the claiming node,
+    # and never on the owned device's history, until an admin confirms the move.
+    claim_of: Mapped[int | None] = mapped_column(ForeignKey("devices.id"), index=True)

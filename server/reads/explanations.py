@@ -18,8 +18,9 @@ from pydantic import BaseModel, Field
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session, aliased
 
+from numparity_server.analysis.claims import Verified, looks_like_command, verify_setting
 from numparity_server.kit.db import chunked
-from numparity_server.models import Explanation, Node, Run
+from numparity_server.models import Environment, Explanation, Node, Run
 
 Status = Literal["reproduced", "already", "not_reproduced", "failed"]
 KnobValue = bool | int | float | str | None
@@ -68,6 +69,15 @@ class ExplanationOut(BaseModel):
     created_at: datetime
     stale: bool = Field(description="the explaining node's environment has changed since: "
                                     "the finding may no longer hold")
+    claimed_by: str = Field(description="who made the finding: the explaining node, whose "
+                                        "agent token sent it (a claim, not the server's)")
+    verified: Verified = Field(description="what the server could check: whether `setting` "
+                                           "appears in the reference run's recorded "
+                                           "environment (design §3.3.17)")
+    verification: str = Field(description="`verified` in words")
+    text_looks_like_command: bool = Field(
+        description="`label` or `detail` (the node's text) reads like a shell command: "
+                    "shown marked, never to be run")
 
 
 _node = aliased(Node, name="explaining_node")
@@ -76,16 +86,19 @@ _against = aliased(Node, name="against_node")
 
 def _select() -> Select[Any]:
     return (
-        select(Explanation, _node.name, _node.environment_id, _against.name, Run.run_id)
+        select(Explanation, _node.name, _node.environment_id, _against.name, Run.run_id,
+               Environment.document)
         .join(_node, _node.id == Explanation.node_id)
         .join(_against, _against.id == Explanation.against_node_id)
         .join(Run, Run.id == Explanation.against_run_pk)
+        .outerjoin(Environment, Environment.id == Run.environment_id)
     )
 
 
 def _out(row: Any) -> ExplanationOut:
     found: Explanation
-    found, node, environment_id, against_node, against_run = row
+    found, node, environment_id, against_node, against_run, reference_environment = row
+    verified, verification = verify_setting(found.setting, reference_environment)
     return ExplanationOut(
         node=node, against_node=against_node, against_run=against_run, suite=found.suite,
         workload=found.workload, workload_version=found.workload_version,
@@ -99,6 +112,9 @@ def _out(row: Any) -> ExplanationOut:
         # The node's environment is its newest run's; a finding made on another one
         # describes a node that is no longer there. Unknown (NULL) is not called stale.
         stale=found.environment_id is not None and environment_id != found.environment_id,
+        claimed_by=node, verified=verified, verification=verification,
+        text_looks_like_command=looks_like_command(found.detail)
+        or looks_like_command(found.label),
     )
 
 

@@ -8,10 +8,11 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, case, delete, func, insert, select, true, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from numparity_server.kit.db import chunked, dialect_insert, insert_ignoring_conflicts
 from numparity_server.models import (
+    STAT_FIELDS,
     Device,
     Environment,
     Fingerprint,
@@ -72,9 +73,17 @@ def _upsert_node_statement(dialect: str) -> Any:
 
 
 def resolve_devices(session: Session, *, node_id: int, rows: Sequence[dict[str, Any]],
-                    started_at: datetime, seen_at: datetime) -> dict[str, int]:
+                    started_at: datetime, seen_at: datetime) -> tuple[dict[str, int], list[str]]:
     """slot → devices.id for this run's devices (``rows``: identity, type, model, uuid,
-    serial, pci_bus_id, name, compute_capability, mig, slot), inserting the new ones.
+    serial, pci_bus_id, name, compute_capability, mig, slot), inserting the new ones;
+    and the identities this node claims (second).
+
+    A physical device (a ``uuid:`` or ``serial:`` identity) belongs to the node that
+    reported it first (``owner_node_id``). When it belongs to another node, this node's
+    results of it go to a device row of this node's own, ``claim:<node id>/<identity>``
+    (``claim_of`` the owned device): they count for this node and never touch the owned
+    device's history or where it sits, until an admin confirms the move
+    (`numparity-server device move`, ``confirm_claim``).
 
     A UUID the server does not know, on a board of this node whose serial it knows under
     another UUID (a virtual machine may give a GPU a new UUID), is that device: its row
@@ -83,7 +92,7 @@ def resolve_devices(session: Session, *, node_id: int, rows: Sequence[dict[str, 
     sits on this node now, at this slot.
     """
     if not rows:  # a run without results names no device (an executemany needs rows)
-        return {}
+        return {}, []
     by_identity = {row["identity"]: row for row in rows}
     found = _device_ids(session, by_identity)
     for identity, row in by_identity.items():
@@ -93,25 +102,66 @@ def resolve_devices(session: Session, *, node_id: int, rows: Sequence[dict[str, 
             select(Device.id, Device.identity)
             .where(Device.serial == row["serial"], Device.type == row["type"],
                    Device.mig.is_(False), Device.identity.like("uuid:%"),
-                   Device.node_id == node_id)
+                   Device.node_id == node_id, Device.owner_node_id == node_id)
         ).all()
         if len(known) == 1:
             session.execute(update(Device).where(Device.id == known[0].id)
                             .values(identity=identity, uuid=row["uuid"]))
             found[identity] = int(known[0].id)
-    new = [{**row, "node_id": node_id, "first_seen": seen_at, "last_seen": seen_at,
-            "newest_started_at": started_at}
+    new = [{**row, "node_id": node_id, "owner_node_id": node_id, "first_seen": seen_at,
+            "last_seen": seen_at, "newest_started_at": started_at}
            for identity, row in sorted(by_identity.items()) if identity not in found]
     if new:
         insert_ignoring_conflicts(session, Device.__table__, new, keys=["identity"])
         found.update(_device_ids(session, [row["identity"] for row in new]))
+    claimed = _claims(session, node_id=node_id, found=found, rows=by_identity,
+                      started_at=started_at, seen_at=seen_at)
     session.execute(_place_devices_statement(), [
         {"b_id": found[identity], "b_node": node_id, "b_slot": row["slot"],
          "b_started": started_at, "b_seen": seen_at, "b_model": row["model"],
          "b_pci": row["pci_bus_id"], "b_name": row["name"],
          "b_cc": row["compute_capability"]}
         for identity, row in by_identity.items()])
-    return {row["slot"]: found[identity] for identity, row in by_identity.items()}
+    return ({row["slot"]: found[identity] for identity, row in by_identity.items()},
+            claimed)
+
+
+def claim_identity(node_id: int, identity: str) -> str:
+    return f"claim:{node_id}/{identity}"
+
+
+def _claims(session: Session, *, node_id: int, found: dict[str, int],
+            rows: dict[str, dict[str, Any]], started_at: datetime,
+            seen_at: datetime) -> list[str]:
+    """Points ``found``'s devices that belong to another node at this node's claim rows
+    (inserting the new ones); a device no node owns yet (stored before owners, and no
+    node held it) becomes this node's. The identities claimed."""
+    physical = {identity: pk for identity, pk in found.items()
+                if identity.startswith(("uuid:", "serial:"))}
+    if not physical:
+        return []
+    owners: dict[int, int | None] = {int(pk): owner for pk, owner in session.execute(
+        select(Device.id, Device.owner_node_id).where(Device.id.in_(sorted(physical.values()))))}
+    unowned = sorted(pk for pk in physical.values() if owners.get(pk) is None)
+    if unowned:
+        session.execute(update(Device).where(Device.id.in_(unowned),
+                                             Device.owner_node_id.is_(None))
+                        .values(owner_node_id=node_id))
+        owners.update({int(pk): owner for pk, owner in session.execute(
+            select(Device.id, Device.owner_node_id).where(Device.id.in_(unowned)))})
+    claimed = sorted(identity for identity, pk in physical.items()
+                     if owners.get(pk) not in (None, node_id))
+    if not claimed:
+        return []
+    claim_rows = {claim_identity(node_id, identity): identity for identity in claimed}
+    insert_ignoring_conflicts(session, Device.__table__, [
+        {**rows[identity], "identity": claim, "uuid": None, "serial": None,
+         "node_id": node_id, "owner_node_id": node_id, "claim_of": physical[identity],
+         "first_seen": seen_at, "last_seen": seen_at, "newest_started_at": started_at}
+        for claim, identity in sorted(claim_rows.items())], keys=["identity"])
+    for claim, pk in _device_ids(session, claim_rows).items():
+        found[claim_rows[claim]] = pk
+    return claimed
 
 
 @functools.cache
@@ -159,13 +209,17 @@ def detach_devices(session: Session, *, node_id: int, started_at: datetime,
     hide this node's devices from the audit. Returns the devices whose rows went."""
     # The GPUs the node holds latest results of (one may sit elsewhere already: it moved
     # and its new node reported first).
+    # A claim row (no UUID of its own) is known by the UUID of the device it claims.
+    claimed = aliased(Device)
+    uuid = func.coalesce(Device.uuid, claimed.uuid)
     gone = session.scalars(
         select(Latest.device_id).distinct()
         .join(Device, Device.id == Latest.device_id)
+        .outerjoin(claimed, claimed.id == Device.claim_of)
         .join(Node, Node.id == Latest.node_id)
         .where(Latest.node_id == node_id, Node.newest_started_at <= started_at,
-               Device.uuid.is_not(None),
-               Device.uuid.not_in(sorted(visible_uuids)) if visible_uuids else true())
+               uuid.is_not(None),
+               uuid.not_in(sorted(visible_uuids)) if visible_uuids else true())
     ).all()
     if gone:
         session.execute(delete(Latest).where(Latest.node_id == node_id,
@@ -218,13 +272,16 @@ def fingerprints_with_values(session: Session, hashes: Iterable[str]) -> set[str
 
 def fill_values(session: Session, rows: Sequence[dict[str, Any]]) -> None:
     """Set the values of stored fingerprints that have none (a hash's values are the same
-    bytes whoever sends them: the first write wins, later ones change nothing)."""
+    bytes whoever sends them: the first write wins, later ones change nothing), and the
+    statistics computed from them (``STAT_FIELDS`` in ``row``): the node that stored the
+    fingerprint first, without values, may have declared others."""
     for row in rows:
         session.execute(
             update(Fingerprint)
             .where(Fingerprint.hash == row["hash"], Fingerprint.values.is_(None))
             .values(values=row["values"], values_dtype=row["values_dtype"],
-                    values_codec=row["values_codec"]))
+                    values_codec=row["values_codec"],
+                    **{field: row[field] for field in STAT_FIELDS if field in row}))
 
 
 def insert_manifests(session: Session, rows: Sequence[dict[str, Any]]) -> None:

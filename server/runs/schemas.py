@@ -26,6 +26,9 @@ from pydantic import (
     model_validator,
 )
 
+from numparity_server.analysis.tensor_stats import contradictions, stats_from_values
+from numparity_server.kit.names import name_problem
+
 SUPPORTED_SCHEMAS = ("numparity.run/v1",)
 
 SHA256_HEX = r"^[0-9a-f]{64}$"
@@ -252,6 +255,19 @@ class TensorEntry(_Wire):
         if digest.hexdigest() != self.hash:
             raise ValueError(f"{what} values: their sha256 is not the tensor's hash "
                              f"{self.hash} (values of other bytes)")
+        self._check_stats(what)
+
+    def _check_stats(self, what: str) -> None:
+        """The statistics the values give (design §3.1): declared ones that contradict
+        them are refused; what is stored is computed, declared or not."""
+        assert self.values is not None and self.dtype is not None
+        computed = stats_from_values(self.dtype, self.values.raw)
+        if self.stats is not None:
+            wrong = contradictions(self.stats.model_dump(), computed)
+            if wrong:
+                raise ValueError(f"{what} stats contradict its values: {'; '.join(wrong)}")
+        # Counts and extremes equal; the sums within 1e-9: the values' own are stored.
+        self.stats = TensorStats.model_construct(**computed)
 
 
 _FULL_FIELDS = ("dtype", "shape", "stats", "sketch", "sample", "values")
@@ -448,6 +464,14 @@ class NodeDoc(_Wire):
     name: str = Field(min_length=1, max_length=255)
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
 
+    @field_validator("name")
+    @classmethod
+    def _visible(cls, value: str) -> str:
+        problem = name_problem(value)
+        if problem is not None:
+            raise ValueError(f"a node name {problem}")
+        return value
+
 
 class EnvironmentDoc(_FreeForm):
     """The environment document: free-form, but keyed by ``env_key`` (design §2.5), and at
@@ -635,6 +659,10 @@ class RunCreated(BaseModel):
     id: int
     run_id: str
     results: int
+    # Devices (``uuid:…``, ``serial:…``) this run named that belong to another node: its
+    # results of them are kept as the node's claim until an admin confirms the move
+    # (`numparity-server device move`, design §3.1).
+    claimed_devices: list[str] = Field(default_factory=list)
 
 
 class ResultSummary(BaseModel):

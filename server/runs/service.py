@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from numparity_server.analysis.environment import derived_env_key
 from numparity_server.kit.canonical import content_hash
 from numparity_server.kit.db import writing
 from numparity_server.kit.errors import Conflict, InvalidDocument, NotFound, UnsupportedSchema
@@ -36,6 +38,7 @@ from numparity_server.runs.schemas import (
 )
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,19 @@ def check_times(run: RunDocument, *, now: datetime, max_clock_skew_s: float) -> 
         raise InvalidDocument(problems)
 
 
+def check_env_key(run: RunDocument, document: dict[str, Any]) -> None:
+    """422 when the declared ``environment.env_key`` is not the key of the environment
+    document beside it: the first document stored under a key is what every later run of
+    that key shows, so a node could otherwise file its own environment under another
+    node's key (design §3.1, §8)."""
+    derived = derived_env_key(document["environment"])
+    if run.environment.env_key != derived:
+        raise InvalidDocument.at(["body", "environment", "env_key"], (
+            f"env_key {run.environment.env_key} is not the key of this environment "
+            f"document ({derived}: sha256 of its canonical JSON without host name, GPU "
+            "UUIDs and serials, and unknown; design §2.5)"))
+
+
 def as_utc(moment: datetime) -> datetime:
     """A time without a zone is read as UTC (as it is stored)."""
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
@@ -146,6 +162,7 @@ def as_utc(moment: datetime) -> datetime:
 def ingest_run(*, session: Session, document: dict[str, Any],
                max_clock_skew_s: float = 86_400.0) -> Ingested:
     run = validate_document(document)
+    check_env_key(run, document)
     check_times(run, now=utcnow(), max_clock_skew_s=max_clock_skew_s)
     bodies = traces.check_traces(run, document)
     digests = tensor_manifests(run)
@@ -225,8 +242,8 @@ def _store(session: Session, run: RunDocument, sha256: str,
     })
     # The node's row is locked now (its upsert): its latest rows move only here.
     held_before = counts.node_rows(session, node_id)
-    device_ids, models, gone = _devices(session, run, node_id=node_id,
-                                        started_at=ordered_at, now=now)
+    device_ids, models, gone, claimed = _devices(session, run, node_id=node_id,
+                                                 started_at=ordered_at, now=now)
     _store_fingerprints(session, run, now=now)
     result_manifest = _manifests(session, run, digests, now=now)
     traces.store_traces(session, run, bodies, now=now)
@@ -258,17 +275,23 @@ def _store(session: Session, run: RunDocument, sha256: str,
     # Last: the counts are the rows concurrent uploads share, locked until the commit.
     counts.move(session, node=run.node.name, before=held_before,
                 after=counts.after_upload(held_before, gone=gone, rows=latest.values()))
-    return RunCreated(id=run_pk, run_id=run.run_id, results=len(result_ids))
+    if claimed:
+        log.warning("node %r claims %s, which belong to other nodes: kept as its claim "
+                    "until an admin runs `numparity-server device move`", run.node.name,
+                    ", ".join(claimed))
+    return RunCreated(id=run_pk, run_id=run.run_id, results=len(result_ids),
+                      claimed_devices=claimed)
 
 
 def _devices(session: Session, run: RunDocument, *, node_id: int, started_at: datetime,
-             now: datetime) -> tuple[dict[str, int], dict[str, str], list[int]]:
+             now: datetime) -> tuple[dict[str, int], dict[str, str], list[int], list[str]]:
     """slot → devices.id, and slot → model, of every slot the run's results name
     (runs.devices); a GPU of this node that the node's newest run no longer sees leaves
-    the node (the third: those devices, whose latest rows went)."""
+    the node (the third: those devices, whose latest rows went); the identities of
+    devices that belong to other nodes, kept as this node's claims (the fourth)."""
     seen = seen_devices(run)
     unique = serials_unique(seen)
-    ids = repository.resolve_devices(session, node_id=node_id, started_at=started_at,
+    ids, claimed = repository.resolve_devices(session, node_id=node_id, started_at=started_at,
                                      seen_at=now, rows=[{
         "identity": device.identity(node_id, serial_unique=unique[slot]),
         "type": device.type, "model": device.model, "uuid": device.uuid,
@@ -278,7 +301,7 @@ def _devices(session: Session, run: RunDocument, *, node_id: int, started_at: da
     visible = visible_uuids(run)
     gone = [] if visible is None else repository.detach_devices(
         session, node_id=node_id, started_at=started_at, visible_uuids=visible)
-    return ids, {slot: device.model for slot, device in seen.items()}, gone
+    return ids, {slot: device.model for slot, device in seen.items()}, gone, claimed
 
 
 def _manifests(session: Session, run: RunDocument, digests: Sequence[str | None], *,
@@ -361,22 +384,28 @@ def _store_fingerprints(session: Session, run: RunDocument, *, now: Any) -> None
     # The full values of a known large tensor, sent because the server asked for them:
     # filled into its row once (the schema checked them against the hash).
     repository.fill_values(session, [
-        {"hash": h, **_values_columns(full[h])} for h in sorted(full)
-        if h in known and full[h].values is not None
+        {"hash": h, **_values_columns(full[h]), **_stats_columns(full[h])}
+        for h in sorted(full) if h in known and full[h].values is not None
     ])
 
 
 def fingerprint_row(tensor: TensorEntry, *, now: Any) -> dict[str, Any]:
-    stats = tensor.stats.model_dump() if tensor.stats is not None else {}
     row: dict[str, Any] = {"hash": tensor.hash, "dtype": tensor.dtype, "shape": tensor.shape,
                            "created_at": now}
-    row.update({field: stats.get(field) for field in STAT_FIELDS})
+    row.update(_stats_columns(tensor))
     for name in ("sketch", "sample"):
         array = getattr(tensor, name)
         row[name] = array.raw if array is not None else None
         row[f"{name}_dtype"] = array.dtype if array is not None else None
     row.update(_values_columns(tensor))
     return row
+
+
+def _stats_columns(tensor: TensorEntry) -> dict[str, Any]:
+    """The statistics columns: those the values give when they travel (validation
+    checked the declared ones against them, TensorEntry), else those declared."""
+    stats = tensor.stats.model_dump() if tensor.stats is not None else {}
+    return {field: stats.get(field) for field in STAT_FIELDS}
 
 
 def _values_columns(tensor: TensorEntry) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from numparity_server.models import Fingerprint, UploadPart
+from numparity_server.models import STAT_FIELDS, Fingerprint, UploadPart
 
 
 @dataclass(frozen=True)
@@ -91,9 +91,11 @@ def values_target(session: Session, digest: str) -> ValuesTarget | None:
 
 
 def fill_values(session: Session, *, digest: str, values: bytes, dtype: str,
-                codec: str | None) -> None:
-    """Set the values of a fingerprint that has none (the first complete upload wins)."""
+                codec: str | None, stats: Mapping[str, Any]) -> None:
+    """Set the values of a fingerprint that has none (the first complete upload wins),
+    and the statistics computed from them."""
     session.execute(
         update(Fingerprint)
         .where(Fingerprint.hash == digest, Fingerprint.values.is_(None))
-        .values(values=values, values_dtype=dtype, values_codec=codec))
+        .values(values=values, values_dtype=dtype, values_codec=codec,
+                **{field: stats[field] for field in STAT_FIELDS}))

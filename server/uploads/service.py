@@ -26,6 +26,7 @@ from datetime import timedelta
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from numparity_server.analysis.tensor_stats import stats_from_values
 from numparity_server.kit.db import writing
 from numparity_server.kit.errors import (
     Conflict,
@@ -190,15 +191,19 @@ def _store_values(session: Session, *, token_id: int, digest: str, dtype: str,
         check = hashlib.sha256(f"{dtype};{','.join(map(str, shape))};".encode())
         # zlib at its fastest level, as ingest stores the values it receives.
         compressor = zlib.compressobj(1)
-        compressed = []
+        compressed, raw = [], []
         for data in repository.part_bytes(session, held):
             check.update(data)
+            raw.append(data)
             compressed.append(compressor.compress(data))
         compressed.append(compressor.flush())
         repository.delete_upload(session, token_id=token_id, kind=VALUES, digest=digest)
         if check.hexdigest() == digest:
+            # The statistics the values give replace those the first uploader declared
+            # (design §3.1: what the server can compute, it computes).
             repository.fill_values(session, digest=digest, values=b"".join(compressed),
-                                   dtype=dtype, codec="zlib")
+                                   dtype=dtype, codec="zlib",
+                                   stats=stats_from_values(dtype, b"".join(raw)))
     if check.hexdigest() != digest:
         raise InvalidDocument.at(["path", "hash"], f"the values' sha256 is not the tensor's "
                                                    f"hash {digest} (values of other bytes): "

@@ -130,3 +130,16 @@ def test_public_surface(name):
 
     assert callable(getattr(numparity_agent, name))
     assert numparity_agent.__version__ == "0.1.0"
+
+
+def test_anonymous_devices_report_no_uuid_or_serial(monkeypatch):
+    """NUMPARITY_ANONYMOUS_DEVICES: a second agent node on a machine whose GPUs another
+    node reports sends them without UUID and serial (no claim on them, design §3.1)."""
+    from numparity_agent._environment import without_identity
+
+    gpus = [{"index": 0, "uuid": "GPU-1", "serial": "S1", "name": "A100"}]
+    monkeypatch.delenv("NUMPARITY_ANONYMOUS_DEVICES", raising=False)
+    assert without_identity([dict(g) for g in gpus]) == gpus
+    monkeypatch.setenv("NUMPARITY_ANONYMOUS_DEVICES", "1")
+    assert without_identity([dict(g) for g in gpus]) == [
+        {"index": 0, "uuid": None, "serial": None, "name": "A100"}]

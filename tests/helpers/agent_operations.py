@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.agent import clean_env
+from numparity_agent._environment import compute_env_key
 from numparity_agent.testing import MISSING_PATH, RUNS_PATH
 
 AGENT = str(Path(sys.executable).with_name("numparity-agent"))
@@ -93,6 +94,10 @@ def scripted_server(*answers: Answer) -> Iterator[ScriptedServer]:
         httpd.shutdown()
         httpd.server_close()
 
+# A small environment document under its own key (the server derives it, design §3.1).
+ENVIRONMENT = {"torch": {"version": "2.13.0"}}
+ENVIRONMENT = {"env_key": compute_env_key(ENVIRONMENT), **ENVIRONMENT}
+
 
 def closed_port_url() -> str:
     with socket.socket() as s:
@@ -131,7 +136,7 @@ def valid_document(node: str, finished_at: str = "2026-11-21T10:00:41Z") -> dict
         "schema": "numparity.run/v1", "run_id": str(uuid.uuid4()),
         "node": {"name": node, "labels": {}}, "agent_version": "0.1.0",
         "started_at": "2026-11-21T10:00:00Z", "finished_at": finished_at, "drill": False,
-        "environment": {"env_key": "e" * 64, "torch": {"version": "2.13.0"}},
+        "environment": copy.deepcopy(ENVIRONMENT),
         "results": [{"suite": "standard", "workload": "mlp", "workload_version": 1,
                      "variant": "default", "device": "cpu", "status": "ok",
                      "input_hash": "i" * 64, "param_hash": "p" * 64, "repeats": 1,

@@ -9,7 +9,12 @@ from typing import Any
 import httpx
 import torch
 
+from numparity_agent._environment import compute_env_key
 from numparity_agent.testing import fingerprint, main
+
+# A small environment document under its own key (the server derives it, design §3.1).
+ENVIRONMENT = {"torch": {"version": "2.13.0"}}
+ENVIRONMENT = {"env_key": compute_env_key(ENVIRONMENT), **ENVIRONMENT}
 
 
 def agent_document(node: str) -> dict[str, Any]:
@@ -29,7 +34,7 @@ def agent_document(node: str) -> dict[str, Any]:
         "schema": "numparity.run/v1", "run_id": str(uuid.uuid4()),
         "node": {"name": node, "labels": {}}, "agent_version": "0.1.0",
         "started_at": "2026-11-21T10:00:00Z", "finished_at": "2026-11-21T10:00:41Z",
-        "drill": False, "environment": {"env_key": "e" * 64, "torch": {"version": "2.13.0"}},
+        "drill": False, "environment": copy.deepcopy(ENVIRONMENT),
         "results": results,
     }
 

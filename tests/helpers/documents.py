@@ -90,6 +90,23 @@ def environment(env_vars: dict[str, str] | None = None, threads: int = 2,
     return document
 
 
+def rekey(environment: dict[str, Any]) -> dict[str, Any]:
+    """``environment`` with its ``env_key`` computed again, as the agent does (the server
+    derives it and refuses another, design §2.5): for a test that edits an environment."""
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items()
+                    if k not in IDENTITY_KEYS and k != "unknown"}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    canonical = json.dumps(strip(environment), sort_keys=True, separators=(",", ":"),
+                           default=str)
+    environment["env_key"] = hashlib.sha256(canonical.encode()).hexdigest()
+    return environment
+
+
 def cnn_tensors(shift: float = 0.0, nan_from: str | None = None) -> list[dict[str, Any]]:
     """conv1 → conv2 → fc1 → output; ``shift`` perturbs conv2 onwards (a divergence);
     ``nan_from`` puts a NaN into the first element of that tensor and every later one."""

@@ -218,18 +218,19 @@ def test_csv_cells_that_a_spreadsheet_would_run_as_formulas_start_with_a_quote(f
     mkl = {"MKL_CBWR": "+SUM(1,2)"}  # the policy wants it unset: a violation naming the value
     uploads = [document(FORMULA, 2, env_vars=mkl, repeats_agree=False),
                document("@flaky", 2, repeats_agree=False),
-               document("-flaky", 2, repeats_agree=False),
-               document("\tflaky", 2, repeats_agree=False),
-               document("\rflaky", 2, repeats_agree=False)]
+               document("-flaky", 2, repeats_agree=False)]
     for upload in uploads:
         assert fleet.post_run(upload).status_code == 201
+    # A name starting with a tab or CR never gets stored (invisible characters, issue 29).
+    for name in ("\tflaky", "\rflaky"):
+        assert fleet.post_run(document(name, 2, repeats_agree=False)).status_code == 422
 
     def table(name):
         response = fleet.client.get(path.format(table=name), headers=fleet.reader)
         assert response.status_code == 200, response.text
         return list(csv.DictReader(io.StringIO(response.text, newline="")))
 
-    escaped = {"'" + FORMULA, "'@flaky", "'-flaky", "'\tflaky", "'\rflaky"}
+    escaped = {"'" + FORMULA, "'@flaky", "'-flaky"}
     assert {row["node"] for row in table("nondeterministic")} >= escaped
     assert {row["node"] for row in table("findings")} >= escaped
     assert [row["value"] for row in table("policy") if row["node"] == "'" + FORMULA] == [

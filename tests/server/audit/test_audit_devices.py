@@ -7,6 +7,9 @@ from __future__ import annotations
 import pytest
 from helpers.documents import gpu_document
 
+from numparity_server.kit.db import get_engine, session_factory
+from numparity_server.runs import moves
+
 GPUS = [f"GPU-{i:08d}-aaaa-bbbb-cccc-{i:012d}" for i in range(8)]
 BAD = GPUS[3]
 
@@ -75,6 +78,12 @@ def test_a_moved_gpu_keeps_its_history_and_its_old_node_is_cleared(api, new_node
         report = audit(api)
         assert report["suspects"] == [] and report["summary"]["suspect"] == 0
         upload(api, moved)
+    # The GPU belongs to gpu-a, which reported it first: gpu-b's report of it is a claim
+    # (issue 29) until an admin confirms the move (`numparity-server device move`).
+    assert BAD not in {d["uuid"] for d in api.client.get(
+        "/api/v1/nodes/gpu-b", headers=api.reader).json()["devices"]}
+    with session_factory(get_engine(api.settings))() as session:
+        moves.move_device(session=session, device=BAD, to_node="gpu-b")
     # Its two disagreeing runs come with it (within the window): suspect there, not now
     # disagreeing; gpu-a is clear.
     (entry,) = audit(api)["suspects"]

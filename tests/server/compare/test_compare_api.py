@@ -6,7 +6,7 @@ import base64
 
 import numpy as np
 import pytest
-from helpers.documents import run_document
+from helpers.documents import rekey, run_document
 from sqlalchemy import event
 
 from numparity_server.compare.schemas import COMPARE_EXAMPLE, CompareOut
@@ -186,7 +186,8 @@ def test_a_long_environment_value_is_shown_as_the_line_that_differs(api):
     reference, candidate = run_document("a", run_id="ref"), run_document("b", run_id="cand")
     reference["environment"]["torch"]["config"] = config
     candidate["environment"]["torch"]["config"] = config.replace("value 17", "value 17b")
-    candidate["environment"]["env_key"] = "e" * 64  # another environment
+    rekey(reference["environment"])
+    rekey(candidate["environment"])  # another environment
     upload(api, reference, candidate)
     (difference,) = compare_ok(api, run_a="ref", run_b="cand")["environment"]
     assert difference["attribute"] == "torch.config"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from helpers.documents import A100, cnn_tensors, gpu_document
+from helpers.documents import A100, cnn_tensors, gpu_document, rekey
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}
 
@@ -28,6 +28,7 @@ def host(node: str, *, cpu: bool = True, second: dict[str, str] | None = None
     if second:
         document["devices"][1].update(second)
         document["environment"]["gpus"][1].update(second)
+        rekey(document["environment"])
         document["results"].append({**copy.deepcopy(gpu), "device": "cuda:1",
                                     "tensors": cnn_tensors(2e-3)})
     if cpu:

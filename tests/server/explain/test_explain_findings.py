@@ -102,15 +102,21 @@ def test_findings_round_trip_to_the_list_and_beside_the_split(api, lab):
     assert set(newest) == {"node", "against_node", "against_run", "suite", "workload",
                            "workload_version", "variant", "device", "local_device", "status",
                            "label", "setting", "tried", "seconds", "closest", "detail",
-                           "created_at", "stale"}
+                           "created_at", "stale", "claimed_by", "verified", "verification",
+                           "text_looks_like_command"}
     assert {k: v for k, v in oldest.items() if k != "created_at"} == {
         "node": "lab-01", "against_node": "lab-mkl", "against_run": lab["lab-mkl"],
         "suite": "standard", "workload": "cnn", "workload_version": 1, "variant": "default",
         "device": "cpu", "local_device": "cpu", "status": "reproduced",
         "label": "MKL_CBWR=COMPATIBLE", "setting": {"env": MKL, "knobs": {}}, "tried": 1,
-        "seconds": 4.4, "closest": None, "detail": None, "stale": False}
+        "seconds": 4.4, "closest": None, "detail": None, "stale": False,
+        "claimed_by": "lab-01", "verified": "in_reference_environment",
+        "verification": "the reference's recorded environment has this setting",
+        "text_looks_like_command": False}
     assert (newest["node"], newest["label"], newest["setting"]) == (
         "lab-mkl", "MKL_CBWR unset", {"env": {"MKL_CBWR": None}, "knobs": {}})
+    # lab-01 did not set MKL_CBWR: the setting is what lab-01 recorded of itself.
+    assert newest["verified"] == "in_reference_environment"
 
     assert [i["node"] for i in listed(api, node="lab-01")["items"]] == ["lab-01"]
     assert [i["node"] for i in listed(api, against_node="lab-01")["items"]] == ["lab-mkl"]
@@ -329,7 +335,7 @@ def test_the_pages_show_the_setting_beside_the_split(api, lab):
     def findings(path: str) -> list[str]:
         answer = api.client.get(path, headers=api.reader)
         assert answer.status_code == 200, answer.text[:2000]
-        items = re.findall(r'<li data-explain="[^"]+" data-status="[^"]+">(.*?)</li>',
+        items = re.findall(r'<li data-explain="[^"]+" data-status="[^"]+"[^>]*>(.*?)</li>',
                            answer.text, re.S)
         return [" ".join(unescape(re.sub(r"<[^>]+>", "", item)).split()) for item in items]
 
@@ -337,7 +343,8 @@ def test_the_pages_show_the_setting_beside_the_split(api, lab):
                  "&variant=default", "/workloads/cnn"):
         shown = findings(path)
         assert len(shown) == 2, (path, shown)
-        assert shown[0].startswith("lab-mkl gives lab-01's bits under no single setting or "
-                                   "pair it tried (40); closest threads=1, 3 of 4 tensors "
-                                   "the same (first differing output)")
-        assert shown[1].startswith("lab-01 gives lab-mkl's bits with MKL_CBWR=COMPATIBLE")
+        assert shown[0].startswith("lab-mkl claims it gives lab-01's bits under no single "
+                                   "setting or pair it tried (40); closest threads=1, 3 of 4 "
+                                   "tensors the same (first differing output)")
+        assert shown[1].startswith("lab-01 claims it gives lab-mkl's bits with "
+                                   "MKL_CBWR=COMPATIBLE")

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from helpers.documents import gpu_document, run_document
+from helpers.documents import gpu_document, rekey, run_document
 from sqlalchemy import event
 
 from numparity_server.auth import service as auth_service
@@ -38,6 +38,7 @@ def gpu_run() -> dict[str, Any]:
                                            "CUDA_VISIBLE_DEVICES": ",".join(UUIDS)}
     document["environment"]["platform"]["hostname"] = "secret-host"
     document["environment"]["torch"].update(mkl_available=True, mkldnn_available=True)
+    rekey(document["environment"])
     failed = {**document["results"][0], "status": "failed", "error": "boom",
               "device": "cuda:0", "variant": "default", "tensors": []}
     document["results"].append(failed)

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from helpers.documents import run_document
+from helpers.documents import rekey, run_document
 from sqlalchemy import func, select
 
 from numparity_server.auth import service as auth_service
@@ -350,4 +350,5 @@ def test_an_environment_document_past_its_bound_is_refused(api):
     assert response.status_code == 422, response.text
     assert "262,144" in response.text and "environment" in response.text
     document["environment"]["padding"] = ["x" * 60_000]
+    rekey(document["environment"])
     assert api.post_run(document).status_code == 201
