@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from numparity_server.analysis._arrays import decode_array
+from ._arrays import decode_array
 
 FP16_MAX = 65504.0
 FP16_TINY = 2.0**-14
