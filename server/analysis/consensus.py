@@ -7,6 +7,8 @@ one whose first node name sorts first (in code point order, as Python compares
 strings; the database queries order names the same way, ``kit.db.codepoint_order``),
 then the answer's own text. /divergence, /compare's broken inputs, the audit, /metrics,
 the fleet page and the demo report all call this module, so they name the same answer.
+Each counts voters, not devices (``in_voters``): a node's devices without a stable
+identity are one voter.
 
 The input and parameter bytes are the same on every node by construction (design
 §2.1): a result on other bytes than the fleet's is a bug on that node (broken inputs),
@@ -45,6 +47,23 @@ def tally(holders: Iterable[tuple[Answer, Support]]) -> dict[Answer, Support]:
     for answer, support in holders:
         found[answer] = found[answer] + support if answer in found else support
     return found
+
+
+def in_voters(answers: Mapping[Answer, Support],
+              unstable: Iterable[tuple[Answer, str, int]]) -> dict[Answer, Support]:
+    """``answers`` counted in devices, counted in voters (design §3.3.12, "Peers are
+    voters"): a device known by a UUID or serial is a voter, but all the devices of one
+    node without a stable identity (known by slot only, or a claim of another node's
+    device) that give one answer are one voter. ``unstable`` names them, as (answer,
+    node, devices) — only where a node has several matters; each gives its answer
+    ``devices - 1`` fewer voters. Every usual answer is chosen on these counts, so a
+    node cannot multiply its vote by reporting made-up devices."""
+    extra: dict[Answer, int] = {}
+    for answer, _node, devices in unstable:
+        if answer in answers and devices > 1:
+            extra[answer] = extra.get(answer, 0) + devices - 1
+    return {answer: Support(support.nodes - extra.get(answer, 0), support.first_node)
+            for answer, support in answers.items()}
 
 
 def usual(answers: Mapping[Answer, Support]) -> Answer | None:

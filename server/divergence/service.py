@@ -64,7 +64,10 @@ def divergence(
     if not comparable:
         raise NotFound(f"no ok results of {workload!r} version {version} for variant "
                        f"{variant!r}")
-    ranked, lacking = analysis.group_answers(comparable, tensor)
+    # Counted in voters: a node's devices without a stable identity are one (§3.3.12).
+    ranked, lacking, voters = analysis.group_answers(
+        comparable, tensor, repository.crowded_answers(session, suite=suite,
+                                                       workload=workload, variant=variant))
     if not ranked:
         names = dict.fromkeys(name for a in comparable for name, _kind, _hash in a.tensors)
         raise NotFound(f"no result of {workload!r} under {variant!r} has a tensor {tensor!r}; "
@@ -73,7 +76,7 @@ def divergence(
     members = _Members(session, (suite, workload, variant), answers,
                        None if members_limit is None else members_offset + members_limit)
     groups = [analysis.Group(id=number, hash=digest, members=tuple(members(held)),
-                             counted=analysis.counted(held),
+                             counted=analysis.counted(held, voters[digest]),
                              nondeterministic=any(a.repeats_agree is False for a in held))
               for number, (digest, held) in enumerate(ranked, start=1)]
     reference_hash = baseline_hash = None
@@ -295,17 +298,14 @@ class _Members:
 
 def _consensus_hash(session: Session, suite: str, workload: str, variant: str, tensor: str,
                     version: int | None, device: str | None = None) -> str | None:
-    """The usual hash of ``tensor`` (``consensus.usual``) among the latest ok results of
-    another variant."""
-    holders = []
-    for answer in repository.counted_answers(session, suite=suite, workload=workload,
-                                             variant=variant):
-        if version is not None and answer.workload_version != version:
-            continue
-        if device is not None and answer.slot != device:
-            continue
-        digest = answer.tensor_hash(tensor)
-        if digest is not None:
-            holders.append((digest, answer.support))
-    return consensus.usual(consensus.tally(holders))
+    """The usual hash of ``tensor`` (``consensus.usual``, counted in voters) among the
+    latest ok results of another variant."""
+    answers = [answer for answer in repository.counted_answers(
+                   session, suite=suite, workload=workload, variant=variant)
+               if (version is None or answer.workload_version == version)
+               and (device is None or answer.slot == device)]
+    ranked, _without, _voters = analysis.group_answers(
+        answers, tensor, repository.crowded_answers(session, suite=suite, workload=workload,
+                                                    variant=variant))
+    return ranked[0][0] if ranked else None
 

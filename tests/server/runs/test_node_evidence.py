@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import subprocess
 from typing import Any
 
@@ -325,3 +326,44 @@ def test_values_sent_in_parts_replace_forged_stats_too(live_server):
     compared = get(live_server, "/compare", run_a=reference["run_id"], run_b=honest["run_id"])
     (pair,) = [pair for pair in compared["pairs"] if pair["compared"]]
     assert pair["first_nonfinite"] is None
+
+
+def _fleet_page_cells(server: Any) -> dict[str, list[str]]:
+    """node → the verdicts of its row's cells on the fleet page (in column order)."""
+    response = httpx.get(f"{server.base_url}/", headers=server.headers("reader"), timeout=60)
+    assert response.status_code == 200, response.text[:2000]
+    found: dict[str, list[str]] = {}
+    for row in re.findall(r'<tr[^>]*data-node="([^"]+)"[^>]*>(.*?)</tr>', response.text,
+                          flags=re.S):
+        found[row[0]] = re.findall(r'class="cell"[^>]*data-verdict="([^"]+)"', row[1])
+    return found
+
+
+def test_devices_without_identity_do_not_make_the_usual_answer(live_server):
+    """Finding 3 on the fleet page and /divergence: node-a's 8 made-up GPUs (no UUID, no
+    serial) on node-b's environment with a wrong answer are one voter. The usual answer
+    stays the 4 honest nodes': their cells stay identical, /divergence's baseline is
+    theirs, and each group says how many voters it has beside its devices."""
+    honest = HONEST[:4]
+    for node in honest:
+        honest_upload(live_server, gpu_document(node, 2, [UUID[node]]))
+    before = _fleet_page_cells(live_server)
+    assert {tuple(before[node]) for node in honest} == {("identical",)}, before
+    evil = bound_token(live_server, "node-a")
+    stuffed = gpu_document("node-a", 1, [f"fake-{i}" for i in range(8)],
+                           shifted={f"fake-{i}": WRONG for i in range(8)})
+    for device in stuffed["devices"]:
+        device["uuid"] = device["serial"] = None
+    stuffed["environment"] = gpu_document("node-b", 1, [UUID["node-b"]])["environment"]
+    response = post(live_server, stuffed, evil)
+    assert response.status_code == 201, response.text
+
+    after = _fleet_page_cells(live_server)
+    assert {node: after[node] for node in honest} == {node: before[node] for node in honest}
+    assert after["node-a"] == ["divergent"], after
+    report = get(live_server, "/divergence", workload="cnn", variant="strict")
+    baseline, other = report["groups"]
+    assert sorted(set(baseline["nodes"])) == honest
+    assert (baseline["size"], baseline["voters"]) == (4, 4)
+    assert set(other["nodes"]) == {"node-a"}
+    assert (other["size"], other["voters"]) == (8, 1)
