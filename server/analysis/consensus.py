@@ -145,12 +145,14 @@ def newest_version(results: Iterable[VersionedResult]) -> int | None:
 
 
 def comparable(results: Iterable[Result], *, version: int | None,
-               support_of: Callable[[Result], Support]
+               support_of: Callable[[Result], Support],
+               crowded: Callable[[Result], Iterable[tuple[str, int]]] = lambda _r: ()
                ) -> tuple[list[Result], list[tuple[Result, str]]]:
     """The results ``/divergence`` compares: those of workload version ``version`` (all of
     them when None) on the fleet's input and parameter bytes (``fleet_inputs`` among that
-    version's results, each counted with ``support_of``); and the others, each with why
-    it is left out, those of another version first."""
+    version's results, each counted with ``support_of``, in voters: ``crowded`` names a
+    result's (node, devices) without a stable identity, ``in_voters``); and the others,
+    each with why it is left out, those of another version first."""
     left_out: list[tuple[Result, str]] = []
     same_version: list[Result] = []
     for result in results:
@@ -159,8 +161,14 @@ def comparable(results: Iterable[Result], *, version: int | None,
                                      f"not {version}"))
         else:
             same_version.append(result)
-    fleet = fleet_inputs(tally(((r.input_hash, r.param_hash), support_of(r))
-                               for r in same_version))
+    per_node: dict[tuple[Inputs, str], int] = {}
+    for result in same_version:
+        for node, devices in crowded(result):
+            found = ((result.input_hash, result.param_hash), node)
+            per_node[found] = per_node.get(found, 0) + devices
+    fleet = fleet_inputs(in_voters(
+        tally(((r.input_hash, r.param_hash), support_of(r)) for r in same_version),
+        [(inputs, node, devices) for (inputs, node), devices in per_node.items()]))
     kept: list[Result] = []
     for result in same_version:
         broken = broken_inputs((result.input_hash, result.param_hash), fleet)

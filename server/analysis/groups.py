@@ -146,7 +146,7 @@ class Group:
             "id": self.id,
             "hash": self.hash,
             "size": self.size,
-            "voters": self.voters,
+            **({"voters": self.voters} if self.counted else {}),
             "nodes": [member.node for member in ordered][cut],
             "nodes_total": self.size,
             "devices": devices[cut],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -59,15 +60,19 @@ def divergence(
                else consensus.newest_version(answers))
     # Other input or parameter bytes are a bug on that node, not a divergence (design
     # §2.1): such results, and those of another version, are left out and named.
-    comparable, left_out = consensus.comparable(answers, version=version,
-                                                support_of=lambda answer: answer.support)
+    # Counted in voters: a node's devices without a stable identity are one (§3.3.12).
+    crowded = repository.crowded_answers(session, suite=suite, workload=workload,
+                                         variant=variant)
+    crowded_of: dict[tuple[int, int, str], list[tuple[str, int]]] = defaultdict(list)
+    for outcome, environment, model, node, devices in crowded:
+        crowded_of[(outcome, environment, model)].append((node, devices))
+    comparable, left_out = consensus.comparable(
+        answers, version=version, support_of=lambda answer: answer.support,
+        crowded=lambda a: crowded_of.get((a.outcome, a.environment_id, a.model), ()))
     if not comparable:
         raise NotFound(f"no ok results of {workload!r} version {version} for variant "
                        f"{variant!r}")
-    # Counted in voters: a node's devices without a stable identity are one (§3.3.12).
-    ranked, lacking, voters = analysis.group_answers(
-        comparable, tensor, repository.crowded_answers(session, suite=suite,
-                                                       workload=workload, variant=variant))
+    ranked, lacking, voters = analysis.group_answers(comparable, tensor, crowded)
     if not ranked:
         names = dict.fromkeys(name for a in comparable for name, _kind, _hash in a.tensors)
         raise NotFound(f"no result of {workload!r} under {variant!r} has a tensor {tensor!r}; "

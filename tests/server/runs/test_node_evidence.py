@@ -367,3 +367,26 @@ def test_devices_without_identity_do_not_make_the_usual_answer(live_server):
     assert (baseline["size"], baseline["voters"]) == (4, 4)
     assert set(other["nodes"]) == {"node-a"}
     assert (other["size"], other["voters"]) == (8, 1)
+
+
+def test_devices_without_identity_do_not_make_the_fleets_input_bytes(live_server):
+    """Finding 3 on the input bytes: node-a's 8 made-up GPUs report other input bytes.
+    They are one voter, so the fleet's bytes stay the honest nodes': /divergence leaves
+    node-a's results out as broken inputs, not the honest ones."""
+    honest = HONEST[:4]
+    for node in honest:
+        honest_upload(live_server, gpu_document(node, 2, [UUID[node]]))
+    evil = bound_token(live_server, "node-a")
+    stuffed = gpu_document("node-a", 1, [f"fake-{i}" for i in range(8)])
+    for device in stuffed["devices"]:
+        device["uuid"] = device["serial"] = None
+    for result in stuffed["results"]:
+        result["input_hash"] = "in-" + "f" * 61
+    stuffed["environment"] = gpu_document("node-b", 1, [UUID["node-b"]])["environment"]
+    response = post(live_server, stuffed, evil)
+    assert response.status_code == 201, response.text
+
+    report = get(live_server, "/divergence", workload="cnn", variant="strict")
+    (group,) = report["groups"]
+    assert sorted(group["nodes"]) == honest
+    assert {entry["node"] for entry in report["excluded"]} == {"node-a"}
