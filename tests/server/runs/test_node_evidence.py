@@ -390,3 +390,29 @@ def test_devices_without_identity_do_not_make_the_fleets_input_bytes(live_server
     (group,) = report["groups"]
     assert sorted(group["nodes"]) == honest
     assert {entry["node"] for entry in report["excluded"]} == {"node-a"}
+
+
+def test_devices_without_identity_do_not_make_a_pins_majority(live_server):
+    """Finding 3 on pins: an admin pinning node-b's environment from the majority pins
+    the 4 honest nodes' answer, not the one node-a's 8 made-up GPUs give."""
+    honest = HONEST[:4]
+    for node in honest:
+        honest_upload(live_server, gpu_document(node, 2, [UUID[node]]))
+    evil = bound_token(live_server, "node-a")
+    stuffed = gpu_document("node-a", 1, [f"fake-{i}" for i in range(8)],
+                           shifted={f"fake-{i}": WRONG for i in range(8)})
+    for device in stuffed["devices"]:
+        device["uuid"] = device["serial"] = None
+    stuffed["environment"] = gpu_document("node-b", 1, [UUID["node-b"]])["environment"]
+    response = post(live_server, stuffed, evil)
+    assert response.status_code == 201, response.text
+
+    response = httpx.post(f"{live_server.base_url}/api/v1/goldens",
+                          json={"source": "majority", "node": "node-b", "reason": "x"},
+                          headers=live_server.headers("admin"), timeout=60)
+    assert response.status_code == 201, response.text
+    run_id = get(live_server, "/runs", node="node-b")["items"][0]["run_id"]
+    honest_answer = get(live_server, f"/runs/{run_id}")["results"][0]["manifest_hash"]
+    (answer,) = response.json()["answers"]
+    assert (answer["variant"], answer["manifest_hash"]) == ("strict", honest_answer)
+    assert answer["holders"] == 4
