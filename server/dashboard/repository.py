@@ -20,6 +20,7 @@ from numparity_server.models import (
     Run,
     stable_identity,
 )
+from numparity_server.reads.voters import any_crowded, crowded_nodes
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,10 @@ def crowded_answers(session: Session, *, suite: str
     """Where one node holds an answer on several devices without a stable identity
     (``stable_identity``, design §3.3.12): (workload, variant, device model, manifest
     hash, node name, devices). They are one voter (``consensus.in_voters``); an honest
-    fleet (GPUs known by UUID, one CPU a node) has no such row."""
+    fleet (GPUs known by UUID, one CPU a node) has no such row, and ``latest`` is read
+    only for the nodes that may (``reads.voters.crowded_nodes``)."""
+    if not any_crowded(session):
+        return []
     rows = session.execute(
         select(Outcome.workload, Outcome.variant, Latest.model, Outcome.manifest_hash,
                Node.name, func.count())
@@ -76,8 +80,8 @@ def crowded_answers(session: Session, *, suite: str
         .join(Device, Device.id == Latest.device_id)
         .join(Outcome, Outcome.id == Latest.outcome_id)
         .join(Node, Node.id == Latest.node_id)
-        .where(Latest.suite == suite, stable_identity() == 0, Outcome.status == "ok",
-               Outcome.manifest_hash.is_not(None))
+        .where(Latest.node_id.in_(crowded_nodes()), Latest.suite == suite, stable_identity() == 0,
+               Outcome.status == "ok", Outcome.manifest_hash.is_not(None))
         .group_by(Outcome.workload, Outcome.variant, Latest.model, Outcome.manifest_hash,
                   Node.name)
         .having(func.count() > 1)

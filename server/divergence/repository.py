@@ -22,6 +22,7 @@ from numparity_server.models import (
     stable_identity,
 )
 from numparity_server.reads.results import run_ids_of_results
+from numparity_server.reads.voters import any_crowded, crowded_nodes
 
 
 def counted_answers(session: Session, *, suite: str, workload: str, variant: str
@@ -66,9 +67,13 @@ def crowded_answers(session: Session, *, suite: str, workload: str, variant: str
     """The key's latest results on devices without a stable identity (``stable_identity``)
     of the nodes that hold several: (outcome_id, environment_id, model, node name,
     devices). Such a node's devices giving one answer are one voter (design §3.3.12); an
-    honest fleet (GPUs known by UUID, one CPU a node) has no such row."""
-    unstable = (Latest.suite == suite, Latest.workload == workload,
-                Latest.variant == variant, stable_identity() == 0)
+    honest fleet (GPUs known by UUID, one CPU a node) has no such row, and ``latest`` is
+    read only for the nodes that may (``reads.voters.crowded_nodes``)."""
+    if not any_crowded(session):
+        return []
+    unstable = (Latest.node_id.in_(crowded_nodes()), Latest.suite == suite,
+                Latest.workload == workload, Latest.variant == variant,
+                stable_identity() == 0)
     crowded = (select(Latest.node_id).join(Device, Device.id == Latest.device_id)
                .where(*unstable).group_by(Latest.node_id).having(func.count() > 1))
     rows = session.execute(

@@ -23,6 +23,7 @@ from numparity_server.models import (
     Run,
     stable_identity,
 )
+from numparity_server.reads.voters import any_crowded, crowded_nodes
 
 
 def newest_versions() -> Select[Any]:
@@ -165,14 +166,18 @@ def crowded(session: Session, *, suite: str, models: Sequence[str] | None = None
     """Where one node holds an answer on several devices without a stable identity
     (``stable_identity``, design §3.3.12): (workload, variant, manifest hash, node name,
     devices), for ``majority_answers`` to count them one voter. An honest fleet (GPUs
-    known by UUID, one CPU a node) has no such row."""
+    known by UUID, one CPU a node) has no such row, and ``latest`` is read only for the
+    nodes that may (``reads.voters.crowded_nodes``)."""
+    if not any_crowded(session):
+        return []
     query = (select(Outcome.workload, Outcome.variant, Outcome.manifest_hash, Node.name,
                     func.count())
              .select_from(Latest)
              .join(Device, Device.id == Latest.device_id)
              .join(Outcome, Outcome.id == Latest.outcome_id)
              .join(Node, Node.id == Latest.node_id)
-             .where(Latest.suite == suite, stable_identity() == 0,
+             .where(Latest.node_id.in_(crowded_nodes()), Latest.suite == suite,
+                    stable_identity() == 0,
                     Outcome.manifest_hash.is_not(None))
              .group_by(Outcome.workload, Outcome.variant, Outcome.manifest_hash, Node.name)
              .having(func.count() > 1))

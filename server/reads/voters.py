@@ -1,0 +1,31 @@
+"""Which nodes may hold one answer on several voters' worth of devices (design §3.3.12).
+
+Every usual answer counts voters (``consensus.in_voters``): each device known by a UUID
+or serial is a voter, a node's devices without a stable identity (its CPU, GPUs known
+by slot only, claims of another node's devices) are one. Only a node with two or more
+such devices can count fewer voters than devices, so the readers ask ``latest`` about
+those nodes only: in an honest fleet (GPUs known by UUID, one CPU a node) there are
+none, and nothing more is read than ``devices``, a row per device, not per result.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Select, func, select
+from sqlalchemy.orm import Session
+
+from numparity_server.models import Device, stable_identity
+
+
+def crowded_nodes() -> Select[tuple[int]]:
+    """The ids of the nodes with two or more devices without a stable identity (such a
+    device is its node's own: its identity names the node, so it is held by the node
+    that made it, ``owner_node_id``), as a subquery for ``Latest.node_id.in_``."""
+    node = func.coalesce(Device.owner_node_id, Device.node_id)
+    return (select(node).where(stable_identity() == 0, node.is_not(None))
+            .group_by(node).having(func.count() > 1))
+
+
+def any_crowded(session: Session) -> bool:
+    """Whether some node has two or more devices without a stable identity: none in an
+    honest fleet, where the readers then skip ``latest``."""
+    return session.scalar(select(crowded_nodes().exists())) or False
