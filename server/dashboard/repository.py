@@ -71,7 +71,7 @@ def crowded_answers(session: Session, *, suite: str
     hash, node name, devices). They are one voter (``consensus.in_voters``); an honest
     fleet (GPUs known by UUID, one CPU a node) has no such row, and ``latest`` is read
     only for the nodes that may (``reads.voters.crowded_nodes``)."""
-    if not any_crowded(session):
+    if not any_crowded(session, per_model=True):
         return []
     rows = session.execute(
         select(Outcome.workload, Outcome.variant, Latest.model, Outcome.manifest_hash,
@@ -80,8 +80,9 @@ def crowded_answers(session: Session, *, suite: str
         .join(Device, Device.id == Latest.device_id)
         .join(Outcome, Outcome.id == Latest.outcome_id)
         .join(Node, Node.id == Latest.node_id)
-        .where(Latest.node_id.in_(crowded_nodes()), Latest.suite == suite, stable_identity() == 0,
-               Outcome.status == "ok", Outcome.manifest_hash.is_not(None))
+        .where(Latest.node_id.in_(crowded_nodes(per_model=True)), Latest.suite == suite,
+               stable_identity() == 0, Outcome.status == "ok",
+               Outcome.manifest_hash.is_not(None))
         .group_by(Outcome.workload, Outcome.variant, Latest.model, Outcome.manifest_hash,
                   Node.name)
         .having(func.count() > 1)

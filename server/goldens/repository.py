@@ -168,7 +168,7 @@ def crowded(session: Session, *, suite: str, models: Sequence[str] | None = None
     devices), for ``majority_answers`` to count them one voter. An honest fleet (GPUs
     known by UUID, one CPU a node) has no such row, and ``latest`` is read only for the
     nodes that may (``reads.voters.crowded_nodes``)."""
-    if not any_crowded(session):
+    if not any_crowded(session, per_model=True):
         return []
     query = (select(Outcome.workload, Outcome.variant, Outcome.manifest_hash, Node.name,
                     func.count())
@@ -176,8 +176,8 @@ def crowded(session: Session, *, suite: str, models: Sequence[str] | None = None
              .join(Device, Device.id == Latest.device_id)
              .join(Outcome, Outcome.id == Latest.outcome_id)
              .join(Node, Node.id == Latest.node_id)
-             .where(Latest.node_id.in_(crowded_nodes()), Latest.suite == suite,
-                    stable_identity() == 0,
+             .where(Latest.node_id.in_(crowded_nodes(per_model=True)),
+                    Latest.suite == suite, stable_identity() == 0,
                     Outcome.manifest_hash.is_not(None))
              .group_by(Outcome.workload, Outcome.variant, Outcome.manifest_hash, Node.name)
              .having(func.count() > 1))

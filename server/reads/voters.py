@@ -16,16 +16,21 @@ from sqlalchemy.orm import Session
 from numparity_server.models import Device, stable_identity
 
 
-def crowded_nodes() -> Select[tuple[int]]:
+def crowded_nodes(*, per_model: bool = False) -> Select[tuple[int]]:
     """The ids of the nodes with two or more devices without a stable identity (such a
     device is its node's own: its identity names the node, so it is held by the node
-    that made it, ``owner_node_id``), as a subquery for ``Latest.node_id.in_``."""
+    that made it, ``owner_node_id``), as a subquery for ``Latest.node_id.in_``.
+    ``per_model``: two or more of one device model, for readers that count each model
+    apart (the fleet page's columns, pins): a node's CPU and its one GPU without a UUID
+    are then not crowded."""
     node = func.coalesce(Device.owner_node_id, Device.node_id)
+    grouped = (node, Device.model) if per_model else (node,)
     return (select(node).where(stable_identity() == 0, node.is_not(None))
-            .group_by(node).having(func.count() > 1))
+            .group_by(*grouped).having(func.count() > 1))
 
 
-def any_crowded(session: Session) -> bool:
-    """Whether some node has two or more devices without a stable identity: none in an
-    honest fleet, where the readers then skip ``latest``."""
-    return session.scalar(select(crowded_nodes().exists())) or False
+def any_crowded(session: Session, *, per_model: bool = False) -> bool:
+    """Whether some node has two or more devices without a stable identity (of one
+    model with ``per_model``): none in an honest fleet, where the readers then skip
+    ``latest``."""
+    return session.scalar(select(crowded_nodes(per_model=per_model).exists())) or False
