@@ -328,6 +328,21 @@ def test_values_sent_in_parts_replace_forged_stats_too(live_server):
     assert pair["first_nonfinite"] is None
 
 
+def stuff(server: Any, *, shift: float = WRONG, input_hash: str | None = None) -> None:
+    """Finding 3's upload: node-a, with its own bound token, lists 8 made-up GPUs (no
+    UUID, no serial) on node-b's environment, copied, each answering with ``shift``
+    (and reporting ``input_hash`` when given)."""
+    fakes = [f"fake-{i}" for i in range(8)]
+    stuffed = gpu_document("node-a", 1, fakes, shifted=dict.fromkeys(fakes, shift))
+    for device in stuffed["devices"]:
+        device["uuid"] = device["serial"] = None
+    for result in stuffed["results"]:
+        result["input_hash"] = input_hash or result["input_hash"]
+    stuffed["environment"] = gpu_document("node-b", 1, [UUID["node-b"]])["environment"]
+    response = post(server, stuffed, bound_token(server, "node-a"))
+    assert response.status_code == 201, response.text
+
+
 def _fleet_page_cells(server: Any) -> dict[str, list[str]]:
     """node → the verdicts of its row's cells on the fleet page (in column order)."""
     response = httpx.get(f"{server.base_url}/", headers=server.headers("reader"), timeout=60)
@@ -349,14 +364,7 @@ def test_devices_without_identity_do_not_make_the_usual_answer(live_server):
         honest_upload(live_server, gpu_document(node, 2, [UUID[node]]))
     before = _fleet_page_cells(live_server)
     assert {tuple(before[node]) for node in honest} == {("identical",)}, before
-    evil = bound_token(live_server, "node-a")
-    stuffed = gpu_document("node-a", 1, [f"fake-{i}" for i in range(8)],
-                           shifted={f"fake-{i}": WRONG for i in range(8)})
-    for device in stuffed["devices"]:
-        device["uuid"] = device["serial"] = None
-    stuffed["environment"] = gpu_document("node-b", 1, [UUID["node-b"]])["environment"]
-    response = post(live_server, stuffed, evil)
-    assert response.status_code == 201, response.text
+    stuff(live_server)
 
     after = _fleet_page_cells(live_server)
     assert {node: after[node] for node in honest} == {node: before[node] for node in honest}
@@ -376,15 +384,7 @@ def test_devices_without_identity_do_not_make_the_fleets_input_bytes(live_server
     honest = HONEST[:4]
     for node in honest:
         honest_upload(live_server, gpu_document(node, 2, [UUID[node]]))
-    evil = bound_token(live_server, "node-a")
-    stuffed = gpu_document("node-a", 1, [f"fake-{i}" for i in range(8)])
-    for device in stuffed["devices"]:
-        device["uuid"] = device["serial"] = None
-    for result in stuffed["results"]:
-        result["input_hash"] = "in-" + "f" * 61
-    stuffed["environment"] = gpu_document("node-b", 1, [UUID["node-b"]])["environment"]
-    response = post(live_server, stuffed, evil)
-    assert response.status_code == 201, response.text
+    stuff(live_server, shift=0.0, input_hash="in-" + "f" * 61)
 
     report = get(live_server, "/divergence", workload="cnn", variant="strict")
     (group,) = report["groups"]
@@ -398,14 +398,7 @@ def test_devices_without_identity_do_not_make_a_pins_majority(live_server):
     honest = HONEST[:4]
     for node in honest:
         honest_upload(live_server, gpu_document(node, 2, [UUID[node]]))
-    evil = bound_token(live_server, "node-a")
-    stuffed = gpu_document("node-a", 1, [f"fake-{i}" for i in range(8)],
-                           shifted={f"fake-{i}": WRONG for i in range(8)})
-    for device in stuffed["devices"]:
-        device["uuid"] = device["serial"] = None
-    stuffed["environment"] = gpu_document("node-b", 1, [UUID["node-b"]])["environment"]
-    response = post(live_server, stuffed, evil)
-    assert response.status_code == 201, response.text
+    stuff(live_server)
 
     response = httpx.post(f"{live_server.base_url}/api/v1/goldens",
                           json={"source": "majority", "node": "node-b", "reason": "x"},
@@ -416,3 +409,18 @@ def test_devices_without_identity_do_not_make_a_pins_majority(live_server):
     (answer,) = response.json()["answers"]
     assert (answer["variant"], answer["manifest_hash"]) == ("strict", honest_answer)
     assert answer["holders"] == 4
+
+
+def test_the_workload_page_orders_groups_by_voters_and_says_so(live_server):
+    """Finding 3 on the workload page: node-a's 8 made-up GPUs are group 2, their size
+    shown with their one voter; the honest nodes' answer is group 1."""
+    honest = HONEST[:4]
+    for node in honest:
+        honest_upload(live_server, gpu_document(node, 2, [UUID[node]]))
+    stuff(live_server)
+    response = httpx.get(f"{live_server.base_url}/workloads/cnn",
+                         headers=live_server.headers("reader"), timeout=60)
+    assert response.status_code == 200, response.text[:2000]
+    rows = dict(re.findall(r'<tr data-group="(\d+)">(.*?)</tr>', response.text, flags=re.S))
+    assert "node-b" in rows["1"] and "node-a" not in rows["1"]
+    assert "node-a" in rows["2"] and "(1 voter)" in rows["2"]
