@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import ClassVar
 
-from .consensus import Support, judges, tally, usual
+from .consensus import Support, in_voters, judges, tally, usual
 
 # (suite, workload, workload_version, device model): what makes two strict results
 # comparable.
@@ -59,21 +59,28 @@ class VoterRow:
 
 
 def voter_majority(rows: Iterable[VoterRow]) -> Majority:
-    """The usual answer of one (environment, key) counted in voters (design §3.3.12): a
-    node cannot multiply its vote by reporting devices without a stable identity."""
-    by_answer: dict[str, dict[str, list[int]]] = defaultdict(dict)
-    for row in rows:
-        counts = by_answer[row.manifest_hash].setdefault(row.node, [0, 0])
-        counts[0] += row.stable
-        counts[1] += row.unstable
-    answers = {manifest: Support(sum(s + (1 if u else 0) for s, u in nodes.values()),
-                                 min(nodes))
-               for manifest, nodes in by_answer.items()}
+    """The usual answer of one (environment, key) counted in voters (design §3.3.12,
+    ``consensus.in_voters``): a node cannot multiply its vote by reporting devices
+    without a stable identity."""
+    rows = list(rows)
+    answers = in_voters(
+        tally((row.manifest_hash, Support(row.stable + row.unstable, row.node))
+              for row in rows),
+        _per_node((row.manifest_hash, row.node, row.unstable) for row in rows))
     chosen = usual(answers)
     assert chosen is not None
     return Majority(chosen, answers[chosen].nodes,
                     sum(support.nodes for support in answers.values()),
-                    tuple(sorted(by_answer[chosen])))
+                    tuple(sorted({row.node for row in rows
+                                  if row.manifest_hash == chosen})))
+
+
+def _per_node(rows: Iterable[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
+    """(answer, node, devices) rows added up per (answer, node)."""
+    found: dict[tuple[str, str], int] = defaultdict(int)
+    for answer, node, devices in rows:
+        found[(answer, node)] += devices
+    return [(answer, node, devices) for (answer, node), devices in found.items()]
 
 
 def usual_answers(rows: Iterable[tuple[int, Key, str, Support]]

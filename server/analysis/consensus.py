@@ -7,6 +7,8 @@ one whose first node name sorts first (in code point order, as Python compares
 strings; the database queries order names the same way, ``kit.db.codepoint_order``),
 then the answer's own text. /divergence, /compare's broken inputs, the audit, /metrics,
 the fleet page and the demo report all call this module, so they name the same answer.
+Each counts voters, not devices (``in_voters``): a node's devices without a stable
+identity are one voter.
 
 The input and parameter bytes are the same on every node by construction (design
 §2.1): a result on other bytes than the fleet's is a bug on that node (broken inputs),
@@ -45,6 +47,23 @@ def tally(holders: Iterable[tuple[Answer, Support]]) -> dict[Answer, Support]:
     for answer, support in holders:
         found[answer] = found[answer] + support if answer in found else support
     return found
+
+
+def in_voters(answers: Mapping[Answer, Support],
+              unstable: Iterable[tuple[Answer, str, int]]) -> dict[Answer, Support]:
+    """``answers`` counted in devices, counted in voters (design §3.3.12, "Peers are
+    voters"): a device known by a UUID or serial is a voter, but all the devices of one
+    node without a stable identity (known by slot only, or a claim of another node's
+    device) that give one answer are one voter. ``unstable`` names them, as (answer,
+    node, devices) — only where a node has several matters; each gives its answer
+    ``devices - 1`` fewer voters. Every usual answer is chosen on these counts, so a
+    node cannot multiply its vote by reporting made-up devices."""
+    extra: dict[Answer, int] = {}
+    for answer, _node, devices in unstable:
+        if answer in answers and devices > 1:
+            extra[answer] = extra.get(answer, 0) + devices - 1
+    return {answer: Support(support.nodes - extra.get(answer, 0), support.first_node)
+            for answer, support in answers.items()}
 
 
 def usual(answers: Mapping[Answer, Support]) -> Answer | None:
@@ -126,12 +145,14 @@ def newest_version(results: Iterable[VersionedResult]) -> int | None:
 
 
 def comparable(results: Iterable[Result], *, version: int | None,
-               support_of: Callable[[Result], Support]
+               support_of: Callable[[Result], Support],
+               crowded: Callable[[Result], Iterable[tuple[str, int]]] = lambda _r: ()
                ) -> tuple[list[Result], list[tuple[Result, str]]]:
     """The results ``/divergence`` compares: those of workload version ``version`` (all of
     them when None) on the fleet's input and parameter bytes (``fleet_inputs`` among that
-    version's results, each counted with ``support_of``); and the others, each with why
-    it is left out, those of another version first."""
+    version's results, each counted with ``support_of``, in voters: ``crowded`` names a
+    result's (node, devices) without a stable identity, ``in_voters``); and the others,
+    each with why it is left out, those of another version first."""
     left_out: list[tuple[Result, str]] = []
     same_version: list[Result] = []
     for result in results:
@@ -140,8 +161,14 @@ def comparable(results: Iterable[Result], *, version: int | None,
                                      f"not {version}"))
         else:
             same_version.append(result)
-    fleet = fleet_inputs(tally(((r.input_hash, r.param_hash), support_of(r))
-                               for r in same_version))
+    per_node: dict[tuple[Inputs, str], int] = {}
+    for result in same_version:
+        for node, devices in crowded(result):
+            found = ((result.input_hash, result.param_hash), node)
+            per_node[found] = per_node.get(found, 0) + devices
+    fleet = fleet_inputs(in_voters(
+        tally(((r.input_hash, r.param_hash), support_of(r)) for r in same_version),
+        [(inputs, node, devices) for (inputs, node), devices in per_node.items()]))
     kept: list[Result] = []
     for result in same_version:
         broken = broken_inputs((result.input_hash, result.param_hash), fleet)

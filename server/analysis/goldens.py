@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .consensus import Support, comparable, newest_version, tally, usual
+from .consensus import Support, comparable, in_voters, newest_version, tally, usual
 
 # The promoted attributes a stack may name (``environments``' columns, design §3.1).
 STACK_ATTRIBUTES = ("gpu_name", "compute_capability", "driver", "cuda", "cudnn", "torch",
@@ -166,10 +166,18 @@ class Majority:
     note: str | None = None
 
 
-def majority_answers(holdings: Iterable[Holding]) -> dict[AnswerKey, Majority]:
+def majority_answers(holdings: Iterable[Holding],
+                     crowded: Iterable[tuple[str, str, str, str, int]] = ()
+                     ) -> dict[AnswerKey, Majority]:
     """Per (workload, variant): the answer a strict majority of the devices holds among
     their ok results of the newest workload version on the fleet's input bytes
-    (``consensus``'s rule); a split without a majority has ``answer`` None and a note."""
+    (``consensus``'s rule), counted in voters (``consensus.in_voters``: ``crowded`` names
+    the devices without a stable identity of one node giving one answer, as (workload,
+    variant, manifest hash, node, devices)); a split without a majority has ``answer``
+    None and a note."""
+    unstable: dict[AnswerKey, list[tuple[str, str, int]]] = defaultdict(list)
+    for workload, variant, manifest, node, devices in crowded:
+        unstable[(workload, variant)].append((manifest, node, devices))
     by_key: dict[AnswerKey, list[Holding]] = defaultdict(list)
     for holding in holdings:
         if holding.status == "ok" and holding.manifest_hash:
@@ -178,16 +186,18 @@ def majority_answers(holdings: Iterable[Holding]) -> dict[AnswerKey, Majority]:
     for key, held in sorted(by_key.items()):
         kept, _left_out = comparable(held, version=newest_version(held),
                                      support_of=lambda h: h.support)
-        by_manifest = tally((h.manifest_hash, h.support) for h in kept)
+        by_manifest = in_voters(tally((h.manifest_hash, h.support) for h in kept),
+                                unstable.get(key, ()))
         total = sum(support.nodes for support in by_manifest.values())
         chosen = usual(by_manifest)
         if chosen is None:
             continue
         holders = by_manifest[chosen].nodes
         if 2 * holders <= total:
+            counted = "devices" if total == sum(h.devices for h in kept) else "voters"
             found[key] = Majority(None, holders, total,
                                   f"split without a majority: the usual answer is held by "
-                                  f"{holders} of {total} devices")
+                                  f"{holders} of {total} {counted}")
             continue
         first = next(h for h in kept if h.manifest_hash == chosen)
         found[key] = Majority(PinnedAnswer(first.workload, first.workload_version,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -58,6 +58,7 @@ class Counted:
     env_counts: Mapping[str, int] = field(hash=False)
     environments: Mapping[str, dict[str, Any]] = field(hash=False)
     model_counts: Mapping[str, int] = field(default_factory=dict, hash=False)
+    voters: int | None = None  # ``consensus.in_voters``; None: one a member
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,14 @@ class Group:
     @property
     def size(self) -> int:
         return self.counted.size if self.counted else len(self.members)
+
+    @property
+    def voters(self) -> int:
+        """Voters giving this answer (design §3.3.12): a node's devices without a stable
+        identity are one."""
+        if self.counted and self.counted.voters is not None:
+            return self.counted.voters
+        return self.size
 
     @cached_property
     def env_counts(self) -> Mapping[str, int]:
@@ -137,6 +146,7 @@ class Group:
             "id": self.id,
             "hash": self.hash,
             "size": self.size,
+            **({"voters": self.voters} if self.counted else {}),
             "nodes": [member.node for member in ordered][cut],
             "nodes_total": self.size,
             "devices": devices[cut],
@@ -229,26 +239,43 @@ class Answer:
         return hash_of(self.tensors, name)
 
 
-def group_answers(answers: Sequence[Answer], tensor: str | None
-                  ) -> tuple[list[tuple[str, list[Answer]]], list[Answer]]:
+Crowded = tuple[int, int, str, str, int]  # outcome, environment, model, node, devices
+
+
+def group_answers(answers: Sequence[Answer], tensor: str | None,
+                  crowded: Iterable[Crowded] = ()
+                  ) -> tuple[list[tuple[str, list[Answer]]], list[Answer], dict[str, int]]:
     """``group_members`` of counted answers: (hash, its answers) in ``consensus.ranked``
-    order (the members' counts added up), and the answers without ``tensor``."""
+    order, counted in voters (``consensus.in_voters``: ``crowded`` names the devices
+    without a stable identity of the nodes that hold several, by answer, as
+    (outcome, environment, model, node, devices)); the answers without ``tensor``; and
+    each hash's voters."""
     by_hash: dict[str, list[Answer]] = {}
     without: list[Answer] = []
+    digest_of: dict[tuple[int, int, str], str] = {}
     for answer in answers:
         digest = answer.manifest if tensor is None else answer.tensor_hash(tensor)
         if digest is None:
             without.append(answer)
         else:
             by_hash.setdefault(digest, []).append(answer)
-    ordered = consensus.ranked({
-        digest: consensus.tally(("", answer.support) for answer in group)[""]
-        for digest, group in by_hash.items()})
-    return [(digest, by_hash[digest]) for digest in ordered], without
+            digest_of[(answer.outcome, answer.environment_id, answer.model)] = digest
+    per_node: Counter[tuple[str, str]] = Counter()
+    for outcome, environment, model, node, devices in crowded:
+        if (digest := digest_of.get((outcome, environment, model))) is not None:
+            per_node[(digest, node)] += devices
+    voted = consensus.in_voters(
+        {digest: consensus.tally(("", answer.support) for answer in group)[""]
+         for digest, group in by_hash.items()},
+        [(digest, node, devices) for (digest, node), devices in per_node.items()])
+    ordered = consensus.ranked(voted)
+    return ([(digest, by_hash[digest]) for digest in ordered], without,
+            {digest: support.nodes for digest, support in voted.items()})
 
 
-def counted(answers: Sequence[Answer]) -> Counted:
-    """What the members of these answers add up to."""
+def counted(answers: Sequence[Answer], voters: int | None = None) -> Counted:
+    """What the members of these answers add up to (``voters``: as ``group_answers``
+    counts them; None: one a member)."""
     env_counts: Counter[str] = Counter()
     model_counts: Counter[str] = Counter()
     for answer in answers:
@@ -258,4 +285,5 @@ def counted(answers: Sequence[Answer]) -> Counted:
                    devices=sum(answer.devices for answer in answers if answer.slot != "cpu"),
                    env_counts=env_counts,
                    environments={answer.env_key: answer.environment for answer in answers},
-                   model_counts=model_counts)
+                   model_counts=model_counts,
+                   voters=voters)

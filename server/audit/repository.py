@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Integer, case, cast, func, select, true, tuple_
+from sqlalchemy import Integer, cast, func, select, true, tuple_
 from sqlalchemy.orm import Session, aliased
 
 from numparity_server.analysis.consensus import Support
@@ -22,6 +22,7 @@ from numparity_server.models import (
     Outcome,
     Result,
     Run,
+    stable_identity,
 )
 from numparity_server.reads.results import run_ids_of_results
 
@@ -454,8 +455,7 @@ def strict_voters(session: Session, pairs: Iterable[tuple[int, int]]
     (environment_id, outcome_id, model, node name, stable, devices), ``stable`` for
     devices known by a UUID or serial (each a voter), not for those known by their slot
     or claiming another node's device (all of a node's together one voter)."""
-    stable = case((Device.identity.like("uuid:%") | Device.identity.like("serial:%"), 1),
-                  else_=0)
+    stable = stable_identity()
     found: list[tuple[int, int, str, str, bool, int]] = []
     for part in chunked(sorted(set(pairs))):
         found.extend(

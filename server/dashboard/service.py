@@ -69,6 +69,7 @@ class _Answer:
     manifest_hash: str
     devices: int
     first_node: str  # the answer's representative
+    voters: int = 0  # ``consensus.in_voters``
 
 
 Column = tuple[str, str, str]  # workload, variant, device model
@@ -80,10 +81,11 @@ def overview(*, session: Session, policy: Policy, suite: str, limit: int,
 
     For each (workload, variant) and device model (a CPU is ``cpu``; GPUs of one name and
     compute capability are one model, in one node as across nodes), the baseline is the
-    usual answer (their result's manifest; ``consensus.usual``, each device counting
-    once): its devices are identical to it, and every other answer is compared once, the
-    result of its first node's first device holding it against the baseline's, tensor by
-    tensor as GET /compare does; each cell links to the comparison of its own run with a
+    usual answer (their result's manifest; ``consensus.usual``, counted in voters:
+    ``consensus.in_voters``, each device with a stable identity once, a node's others
+    together once): its devices are identical to it, and every other answer is compared
+    once, the result of its first node's first device holding it against the baseline's,
+    tensor by tensor as GET /compare does; each cell links to the comparison of its own run with a
     run holding the baseline's answer at the same slot. The answers are counted over the
     whole fleet in one aggregate; only the page's nodes are read row by row.
     """
@@ -91,13 +93,20 @@ def overview(*, session: Session, policy: Policy, suite: str, limit: int,
     for workload, variant, model, digest, count, first in repository.answer_counts(
             session, suite=suite):
         answers[(workload, variant, model)].append(_Answer(digest, count, first))
+    crowded: dict[Column, list[tuple[str, str, int]]] = defaultdict(list)
+    for workload, variant, model, digest, node, count in repository.crowded_answers(
+            session, suite=suite):
+        crowded[(workload, variant, model)].append((digest, node, count))
     baselines: dict[Column, _Answer] = {}
     for key, held in answers.items():
-        by_manifest = {a.manifest_hash: a for a in held}
-        chosen = consensus.usual({a.manifest_hash: consensus.Support(a.devices, a.first_node)
-                                  for a in held})
+        voted = consensus.in_voters(
+            {a.manifest_hash: consensus.Support(a.devices, a.first_node) for a in held},
+            crowded.get(key, ()))
+        answers[key] = held = [_Answer(a.manifest_hash, a.devices, a.first_node,
+                                       voted[a.manifest_hash].nodes) for a in held]
+        chosen = consensus.usual(voted)
         assert chosen is not None
-        baselines[key] = by_manifest[chosen]
+        baselines[key] = next(a for a in held if a.manifest_hash == chosen)
     inaccurate = _inaccurate_baselines(session, policy, suite, baselines)
     names, total = repository.node_names(session, suite=suite, limit=limit, offset=offset)
     cells = repository.latest_cells(session, suite=suite, nodes=names)
@@ -157,7 +166,10 @@ def overview(*, session: Session, policy: Policy, suite: str, limit: int,
         base = representative[(baseline.first_node, key, baseline.manifest_hash)]
         if cell.manifest_hash == baseline.manifest_hash:
             counted = "nodes" if cell.model == "cpu" else "devices"
-            verdict, how = "identical", f"the most common answer ({baseline.devices} {counted})"
+            voters = ("" if baseline.voters == baseline.devices
+                      else f", {baseline.voters} voters")
+            verdict, how = "identical", (f"the most common answer ({baseline.devices} "
+                                         f"{counted}{voters})")
         else:
             verdict, how = verdicts[key + (cell.manifest_hash,)]
         is_baseline = (cell.node, cell.device_id) == (base.node, base.device_id)

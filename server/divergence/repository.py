@@ -12,14 +12,17 @@ from sqlalchemy.orm import Session
 from numparity_server.analysis import Answer
 from numparity_server.kit.db import chunked, codepoint_order, lookup
 from numparity_server.models import (
+    Device,
     Environment,
     Latest,
     LatestCount,
     Manifest,
     Node,
     Outcome,
+    stable_identity,
 )
 from numparity_server.reads.results import run_ids_of_results
+from numparity_server.reads.voters import any_crowded, crowded_nodes
 
 
 def counted_answers(session: Session, *, suite: str, workload: str, variant: str
@@ -57,6 +60,32 @@ def counted_answers(session: Session, *, suite: str, workload: str, variant: str
                input_hash=row.input_hash, param_hash=row.param_hash,
                repeats_agree=row.repeats_agree)
         for row in rows]
+
+
+def crowded_answers(session: Session, *, suite: str, workload: str, variant: str
+                    ) -> list[tuple[int, int, str, str, int]]:
+    """The key's latest results on devices without a stable identity (``stable_identity``)
+    of the nodes that hold several: (outcome_id, environment_id, model, node name,
+    devices). Such a node's devices giving one answer are one voter (design §3.3.12); an
+    honest fleet (GPUs known by UUID, one CPU a node) has no such row, and ``latest`` is
+    read only for the nodes that may (``reads.voters.crowded_nodes``)."""
+    if not any_crowded(session):
+        return []
+    unstable = (Latest.node_id.in_(crowded_nodes()), Latest.suite == suite,
+                Latest.workload == workload, Latest.variant == variant,
+                stable_identity() == 0)
+    crowded = (select(Latest.node_id).join(Device, Device.id == Latest.device_id)
+               .where(*unstable).group_by(Latest.node_id).having(func.count() > 1))
+    rows = session.execute(
+        select(Latest.outcome_id, Latest.environment_id, Latest.model, Node.name,
+               func.count())
+        .join(Device, Device.id == Latest.device_id)
+        .join(Node, Node.id == Latest.node_id)
+        .where(*unstable, Latest.node_id.in_(crowded))
+        .group_by(Latest.outcome_id, Latest.environment_id, Latest.model, Node.name)
+    ).all()
+    return [(int(outcome), int(env), model, node, int(devices))
+            for outcome, env, model, node, devices in rows]
 
 
 @dataclass(frozen=True)

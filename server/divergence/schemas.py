@@ -57,6 +57,10 @@ class GroupOut(BaseModel):
     hash: str = Field(description="The answer: the manifest hash (whole result) or the "
                                   "tensor's hash")
     size: int = Field(description="Members (devices) giving this answer")
+    voters: int | None = Field(
+        None, description="Voters giving this answer, what orders the groups (design "
+                          "§3.3.12): each device known by a UUID or serial, and each "
+                          "node's other devices together")
     nodes: list[str] = Field(description="Each member's node (a node once per device in the "
                                          "group), by name: the first `members_limit`")
     nodes_total: int = Field(description="Entries `nodes` would have uncapped (= size)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -59,12 +60,19 @@ def divergence(
                else consensus.newest_version(answers))
     # Other input or parameter bytes are a bug on that node, not a divergence (design
     # §2.1): such results, and those of another version, are left out and named.
-    comparable, left_out = consensus.comparable(answers, version=version,
-                                                support_of=lambda answer: answer.support)
+    # Counted in voters: a node's devices without a stable identity are one (§3.3.12).
+    crowded = repository.crowded_answers(session, suite=suite, workload=workload,
+                                         variant=variant)
+    crowded_of: dict[tuple[int, int, str], list[tuple[str, int]]] = defaultdict(list)
+    for outcome, environment, model, node, devices in crowded:
+        crowded_of[(outcome, environment, model)].append((node, devices))
+    comparable, left_out = consensus.comparable(
+        answers, version=version, support_of=lambda answer: answer.support,
+        crowded=lambda a: crowded_of.get((a.outcome, a.environment_id, a.model), ()))
     if not comparable:
         raise NotFound(f"no ok results of {workload!r} version {version} for variant "
                        f"{variant!r}")
-    ranked, lacking = analysis.group_answers(comparable, tensor)
+    ranked, lacking, voters = analysis.group_answers(comparable, tensor, crowded)
     if not ranked:
         names = dict.fromkeys(name for a in comparable for name, _kind, _hash in a.tensors)
         raise NotFound(f"no result of {workload!r} under {variant!r} has a tensor {tensor!r}; "
@@ -73,7 +81,7 @@ def divergence(
     members = _Members(session, (suite, workload, variant), answers,
                        None if members_limit is None else members_offset + members_limit)
     groups = [analysis.Group(id=number, hash=digest, members=tuple(members(held)),
-                             counted=analysis.counted(held),
+                             counted=analysis.counted(held, voters[digest]),
                              nondeterministic=any(a.repeats_agree is False for a in held))
               for number, (digest, held) in enumerate(ranked, start=1)]
     reference_hash = baseline_hash = None
@@ -295,17 +303,14 @@ class _Members:
 
 def _consensus_hash(session: Session, suite: str, workload: str, variant: str, tensor: str,
                     version: int | None, device: str | None = None) -> str | None:
-    """The usual hash of ``tensor`` (``consensus.usual``) among the latest ok results of
-    another variant."""
-    holders = []
-    for answer in repository.counted_answers(session, suite=suite, workload=workload,
-                                             variant=variant):
-        if version is not None and answer.workload_version != version:
-            continue
-        if device is not None and answer.slot != device:
-            continue
-        digest = answer.tensor_hash(tensor)
-        if digest is not None:
-            holders.append((digest, answer.support))
-    return consensus.usual(consensus.tally(holders))
+    """The usual hash of ``tensor`` (``consensus.usual``, counted in voters) among the
+    latest ok results of another variant."""
+    answers = [answer for answer in repository.counted_answers(
+                   session, suite=suite, workload=workload, variant=variant)
+               if (version is None or answer.workload_version == version)
+               and (device is None or answer.slot == device)]
+    ranked, _without, _voters = analysis.group_answers(
+        answers, tensor, repository.crowded_answers(session, suite=suite, workload=workload,
+                                                    variant=variant))
+    return ranked[0][0] if ranked else None
 

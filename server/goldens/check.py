@@ -44,12 +44,14 @@ class _Expected:
 
 
 def _expected(session: Session, question: CheckQuestion, force: rules.Pin | None,
-              own: Sequence[rules.Holding]) -> dict[tuple[str, str], _Expected]:
+              own: Sequence[rules.Holding],
+              crowded: Sequence[tuple[str, str, str, str, int]] = ()
+              ) -> dict[tuple[str, str], _Expected]:
     """The answers of the keys asked: the pin's where it has the key, else the fleet's
     majority on the environment (keys whose repeats disagree there left out)."""
     unsteady = {(h.workload, h.variant) for h in own if h.repeats_agree is False}
     found = {key: _Expected("fleet", majority.answer, majority.holders, majority.devices)
-             for key, majority in rules.majority_answers(own).items()
+             for key, majority in rules.majority_answers(own, crowded).items()
              if majority.answer is not None and key not in unsteady}
     if force is not None:
         rows = {(a.workload, a.variant): a for a in repository.answers_of(
@@ -81,7 +83,9 @@ def check_plan(*, session: Session, question: CheckQuestion) -> CheckPlan:
         force = rules.pin_in_force(pins, suite=question.suite, model=model,
                                    env_key=question.env_key, promoted=promoted)
         own = [h for h in held if h.model == model]
-        expected = _expected(session, question, force, own)
+        expected = _expected(session, question, force, own, repository.crowded(
+            session, suite=question.suite, models=[model],
+            environment_ids=[environment.id]) if own and environment is not None else [])
         walls = {(h.workload, h.variant): h.wall_s for h in own if h.wall_s is not None}
         entries = manifest_entries(session, {e.answer.manifest_hash
                                              for e in expected.values()})

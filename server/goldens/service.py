@@ -184,7 +184,8 @@ def _from_majority(session: Session, request: PinIn
             if _wanted(request, h.workload, h.variant)]
     answers: Answers = []
     left_out: list[LeftOut] = []
-    for (workload, variant), found in rules.majority_answers(held).items():
+    for (workload, variant), found in rules.majority_answers(held, repository.crowded(
+            session, suite=request.suite, models=[model], environment_ids=in_scope)).items():
         if found.answer is None:
             left_out.append(LeftOut(workload=workload, variant=variant,
                                     reason=found.note or "no majority"))

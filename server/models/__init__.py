@@ -4,7 +4,7 @@ from numparity_server.models.base import Base, UTCDateTime, utcnow
 from numparity_server.models.comparisons import KeptComparison
 from numparity_server.models.content import STAT_FIELDS, Fingerprint, Manifest, Trace
 from numparity_server.models.explanations import Explanation
-from numparity_server.models.fleet import Device, Environment, Node
+from numparity_server.models.fleet import Device, Environment, Node, stable_identity
 from numparity_server.models.goldens import Golden, GoldenAnswer
 from numparity_server.models.runs import Latest, LatestCount, Outcome, Result, Run
 from numparity_server.models.tokens import Token
@@ -14,6 +14,7 @@ __all__ = [
     "STAT_FIELDS",
     "Base",
     "Device",
+    "stable_identity",
     "Environment",
     "Explanation",
     "Fingerprint",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, ForeignKey, Integer, String
+from sqlalchemy import JSON, Boolean, ForeignKey, Integer, String, case
 from sqlalchemy.orm import Mapped, mapped_column
 
 from numparity_server.models.base import Base, UTCDateTime, utcnow
@@ -52,6 +52,14 @@ class Environment(Base):
     cpu_model: Mapped[str | None] = mapped_column(String(255))
     document: Mapped[dict[str, Any]] = mapped_column(JSON)
     first_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+def stable_identity() -> Any:
+    """1 for a device known by a UUID or serial (each a voter, design §3.3.12), 0 for one
+    known by its slot on its node or claiming another node's device (all of a node's
+    such devices together one voter): the SQL every voter count reads."""
+    return case((Device.identity.like("uuid:%") | Device.identity.like("serial:%"), 1),
+                else_=0)
 
 
 class Device(Base):

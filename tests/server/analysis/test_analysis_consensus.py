@@ -9,6 +9,7 @@ from numparity_server.analysis.consensus import (
     broken_inputs,
     comparable,
     fleet_inputs,
+    in_voters,
     judges,
     majority,
     newest_version,
@@ -84,3 +85,23 @@ def test_comparable_results_are_the_newest_version_on_the_fleets_bytes():
     everything, none_left = comparable(results[:2] + results[4:], version=None,
                                        support_of=lambda r: Support(1, r.node))
     assert len(everything) == 3 and none_left == []
+
+
+def test_a_nodes_devices_without_identity_are_one_voter_for_each_answer():
+    """Finding 3 (issue 29): node-a's 8 GPUs without a UUID give "wrong"; 4 honest GPUs
+    known by UUID give "right". Counted in devices "wrong" is usual (8 > 4); in voters
+    it is one voter, and "right" is usual. node-z's 2 such devices split over two
+    answers give one voter to each."""
+    devices = {"wrong": Support(8 + 1, "node-a"), "right": Support(4 + 1, "node-b")}
+    assert usual(devices) == "wrong"
+    voted = in_voters(devices, [("wrong", "node-a", 8), ("wrong", "node-z", 1),
+                                ("right", "node-z", 1)])
+    assert voted == {"wrong": Support(2, "node-a"), "right": Support(5, "node-b")}
+    assert usual(voted) == "right" and ranked(voted) == ["right", "wrong"]
+
+
+def test_an_honest_fleet_has_as_many_voters_as_devices():
+    """GPUs known by UUID and one CPU a node: nothing to count apart, the same answers."""
+    devices = {"a": Support(3, "n-1"), "b": Support(3, "m-1")}
+    assert in_voters(devices, [("a", "n-1", 1), ("b", "m-1", 1)]) == devices
+    assert usual(in_voters(devices, [])) == usual(devices) == "b"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import subprocess
 from typing import Any
 
@@ -325,3 +326,101 @@ def test_values_sent_in_parts_replace_forged_stats_too(live_server):
     compared = get(live_server, "/compare", run_a=reference["run_id"], run_b=honest["run_id"])
     (pair,) = [pair for pair in compared["pairs"] if pair["compared"]]
     assert pair["first_nonfinite"] is None
+
+
+def stuff(server: Any, *, shift: float = WRONG, input_hash: str | None = None) -> None:
+    """Finding 3's upload: node-a, with its own bound token, lists 8 made-up GPUs (no
+    UUID, no serial) on node-b's environment, copied, each answering with ``shift``
+    (and reporting ``input_hash`` when given)."""
+    fakes = [f"fake-{i}" for i in range(8)]
+    stuffed = gpu_document("node-a", 1, fakes, shifted=dict.fromkeys(fakes, shift))
+    for device in stuffed["devices"]:
+        device["uuid"] = device["serial"] = None
+    for result in stuffed["results"]:
+        result["input_hash"] = input_hash or result["input_hash"]
+    stuffed["environment"] = gpu_document("node-b", 1, [UUID["node-b"]])["environment"]
+    response = post(server, stuffed, bound_token(server, "node-a"))
+    assert response.status_code == 201, response.text
+
+
+def _fleet_page_cells(server: Any) -> dict[str, list[str]]:
+    """node → the verdicts of its row's cells on the fleet page (in column order)."""
+    response = httpx.get(f"{server.base_url}/", headers=server.headers("reader"), timeout=60)
+    assert response.status_code == 200, response.text[:2000]
+    found: dict[str, list[str]] = {}
+    for row in re.findall(r'<tr[^>]*data-node="([^"]+)"[^>]*>(.*?)</tr>', response.text,
+                          flags=re.S):
+        found[row[0]] = re.findall(r'class="cell"[^>]*data-verdict="([^"]+)"', row[1])
+    return found
+
+
+def test_devices_without_identity_do_not_make_the_usual_answer(live_server):
+    """Finding 3 on the fleet page and /divergence: node-a's 8 made-up GPUs (no UUID, no
+    serial) on node-b's environment with a wrong answer are one voter. The usual answer
+    stays the 4 honest nodes': their cells stay identical, /divergence's baseline is
+    theirs, and each group says how many voters it has beside its devices."""
+    honest = HONEST[:4]
+    for node in honest:
+        honest_upload(live_server, gpu_document(node, 2, [UUID[node]]))
+    before = _fleet_page_cells(live_server)
+    assert {tuple(before[node]) for node in honest} == {("identical",)}, before
+    stuff(live_server)
+
+    after = _fleet_page_cells(live_server)
+    assert {node: after[node] for node in honest} == {node: before[node] for node in honest}
+    assert after["node-a"] == ["divergent"], after
+    report = get(live_server, "/divergence", workload="cnn", variant="strict")
+    baseline, other = report["groups"]
+    assert sorted(set(baseline["nodes"])) == honest
+    assert (baseline["size"], baseline["voters"]) == (4, 4)
+    assert set(other["nodes"]) == {"node-a"}
+    assert (other["size"], other["voters"]) == (8, 1)
+
+
+def test_devices_without_identity_do_not_make_the_fleets_input_bytes(live_server):
+    """Finding 3 on the input bytes: node-a's 8 made-up GPUs report other input bytes.
+    They are one voter, so the fleet's bytes stay the honest nodes': /divergence leaves
+    node-a's results out as broken inputs, not the honest ones."""
+    honest = HONEST[:4]
+    for node in honest:
+        honest_upload(live_server, gpu_document(node, 2, [UUID[node]]))
+    stuff(live_server, shift=0.0, input_hash="in-" + "f" * 61)
+
+    report = get(live_server, "/divergence", workload="cnn", variant="strict")
+    (group,) = report["groups"]
+    assert sorted(group["nodes"]) == honest
+    assert {entry["node"] for entry in report["excluded"]} == {"node-a"}
+
+
+def test_devices_without_identity_do_not_make_a_pins_majority(live_server):
+    """Finding 3 on pins: an admin pinning node-b's environment from the majority pins
+    the 4 honest nodes' answer, not the one node-a's 8 made-up GPUs give."""
+    honest = HONEST[:4]
+    for node in honest:
+        honest_upload(live_server, gpu_document(node, 2, [UUID[node]]))
+    stuff(live_server)
+
+    response = httpx.post(f"{live_server.base_url}/api/v1/goldens",
+                          json={"source": "majority", "node": "node-b", "reason": "x"},
+                          headers=live_server.headers("admin"), timeout=60)
+    assert response.status_code == 201, response.text
+    run_id = get(live_server, "/runs", node="node-b")["items"][0]["run_id"]
+    honest_answer = get(live_server, f"/runs/{run_id}")["results"][0]["manifest_hash"]
+    (answer,) = response.json()["answers"]
+    assert (answer["variant"], answer["manifest_hash"]) == ("strict", honest_answer)
+    assert answer["holders"] == 4
+
+
+def test_the_workload_page_orders_groups_by_voters_and_says_so(live_server):
+    """Finding 3 on the workload page: node-a's 8 made-up GPUs are group 2, their size
+    shown with their one voter; the honest nodes' answer is group 1."""
+    honest = HONEST[:4]
+    for node in honest:
+        honest_upload(live_server, gpu_document(node, 2, [UUID[node]]))
+    stuff(live_server)
+    response = httpx.get(f"{live_server.base_url}/workloads/cnn",
+                         headers=live_server.headers("reader"), timeout=60)
+    assert response.status_code == 200, response.text[:2000]
+    rows = dict(re.findall(r'<tr data-group="(\d+)">(.*?)</tr>', response.text, flags=re.S))
+    assert "node-b" in rows["1"] and "node-a" not in rows["1"]
+    assert "node-a" in rows["2"] and "(1 voter)" in rows["2"]
