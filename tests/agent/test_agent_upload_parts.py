@@ -75,12 +75,30 @@ class Proxy(httpx.BaseTransport):
         return response
 
 
+def _through(proxy: Proxy, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every httpx client the agent makes (its CLI makes its own) goes through ``proxy``."""
+
+    def init(self: httpx.Client, *args: Any, **kwargs: Any) -> None:
+        kwargs["transport"] = proxy
+        _CLIENT_INIT(self, *args, **kwargs)
+
+    monkeypatch.setattr(httpx.Client, "__init__", init)
+
+
 def _spool(document: dict[str, Any], spool: Path) -> ValuesStore:
     store = ValuesStore(values_dir(spool))
     conv1 = torch.randn((8, 16, 12, 12), generator=torch.Generator().manual_seed(7))
     fingerprint(conv1, store.keep)  # as `run` keeps a large tensor's values
     spool_document(document, spool)
     return store
+
+
+def _values_missing(live_server: Any, document: dict[str, Any]) -> list[str]:
+    """Of conv1's whole values (the large tensor `_spool` keeps), what the server asks."""
+    conv1 = next(t["hash"] for t in document["results"][0]["tensors"] if t["name"] == "conv1")
+    asked = httpx.post(f"{live_server.base_url}{MISSING_PATH}", json={"values": [conv1]},
+                       headers=live_server.headers("agent"), timeout=30).json()
+    return list(asked["missing_values"])
 
 
 def test_behind_a_proxy_with_a_smaller_limit_the_agent_halves_its_parts(live_server, tmp_path):
@@ -100,10 +118,7 @@ def test_behind_a_proxy_with_a_smaller_limit_the_agent_halves_its_parts(live_ser
     run = httpx.get(f"{live_server.base_url}/api/v1/runs/{document['run_id']}",
                     headers=live_server.headers("reader"), timeout=30).json()
     assert len(run["results"]) == len(document["results"])
-    conv1 = next(t["hash"] for t in document["results"][0]["tensors"] if t["name"] == "conv1")
-    asked = httpx.post(f"{live_server.base_url}{MISSING_PATH}", json={"values": [conv1]},
-                       headers=live_server.headers("agent"), timeout=30).json()
-    assert asked["missing_values"] == []
+    assert _values_missing(live_server, document) == []
     assert sum(size for path, size, status in proxy.sent
                if path.startswith(VALUES_PATH) and status == 200) >= 8 * 16 * 12 * 12 * 4
 
@@ -114,11 +129,7 @@ def test_a_document_too_large_for_an_older_server_stays_in_the_spool(
     _spool(document, tmp_path)
     proxy = Proxy(limit=8_000, old=True)
 
-    def init(self: httpx.Client, *args: Any, **kwargs: Any) -> None:
-        kwargs["transport"] = proxy
-        _CLIENT_INIT(self, *args, **kwargs)
-
-    monkeypatch.setattr(httpx.Client, "__init__", init)
+    _through(proxy, monkeypatch)
     code = main(["flush", "--server", live_server.base_url, "--token",
                  live_server.agent_token, "--spool", str(tmp_path), "--max-wait", "0"])
     assert code != 0
@@ -146,11 +157,7 @@ def test_a_throttled_upload_goes_on_while_each_attempt_moves_it_forward(
     delays: list[float] = []
     monkeypatch.setattr(_cli, "sleep", delays.append)
 
-    def init(self: httpx.Client, *args: Any, **kwargs: Any) -> None:
-        kwargs["transport"] = proxy
-        _CLIENT_INIT(self, *args, **kwargs)
-
-    monkeypatch.setattr(httpx.Client, "__init__", init)
+    _through(proxy, monkeypatch)
     code = main(["flush", "--server", live_server.base_url, "--token",
                  live_server.agent_token, "--spool", str(tmp_path), "--max-wait", "5"])
     assert code == 0
@@ -160,10 +167,7 @@ def test_a_throttled_upload_goes_on_while_each_attempt_moves_it_forward(
     # Each retry resumed where the server stood: no byte of the values was sent twice.
     assert sum(size for path, size, status in proxy.sent
                if path.startswith(VALUES_PATH) and status == 200) == 8 * 16 * 12 * 12 * 4
-    conv1 = next(t["hash"] for t in document["results"][0]["tensors"] if t["name"] == "conv1")
-    asked = httpx.post(f"{live_server.base_url}{MISSING_PATH}", json={"values": [conv1]},
-                       headers=live_server.headers("agent"), timeout=30).json()
-    assert asked["missing_values"] == []
+    assert _values_missing(live_server, document) == []
 
 
 def test_a_throttle_that_lets_nothing_through_still_gives_up_at_max_wait(
@@ -174,11 +178,7 @@ def test_a_throttle_that_lets_nothing_through_still_gives_up_at_max_wait(
     delays: list[float] = []
     monkeypatch.setattr(_cli, "sleep", delays.append)
 
-    def init(self: httpx.Client, *args: Any, **kwargs: Any) -> None:
-        kwargs["transport"] = proxy
-        _CLIENT_INIT(self, *args, **kwargs)
-
-    monkeypatch.setattr(httpx.Client, "__init__", init)
+    _through(proxy, monkeypatch)
     code = main(["flush", "--server", live_server.base_url, "--token",
                  live_server.agent_token, "--spool", str(tmp_path), "--max-wait", "5"])
     assert code != 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 
 import torch
+from nondeterministic_workload import _portable  # its neighbour: the same weights' recipe
 from torch import nn
 
 _ORDER = random.SystemRandom()
@@ -37,15 +38,6 @@ def unordered_index_add(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor
 @unordered_index_add.register_fake
 def _(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return rows.new_empty(BUCKETS, rows.shape[1])
-
-
-def _portable(shape: tuple[int, ...], salt: int) -> torch.Tensor:
-    n = 1
-    for d in shape:
-        n *= d
-    i = torch.arange(n, dtype=torch.int64)
-    ints = (i * 2654435761 + salt * 40503) % 65536
-    return ((ints - 32768).to(torch.float32) / 32768).reshape(shape)
 
 
 class BucketPool(nn.Module):
