@@ -41,7 +41,17 @@ from .report import (
     plan_divergence,
     plan_groups,
 )
-from .result_pair import ROWS, SUMMARY, ResultComparison, compare_results, result_pair_key
+from .result_pair import (
+    ROWS,
+    SUMMARY,
+    PartComparison,
+    ResultComparison,
+    compare_part,
+    compare_results,
+    part_bounds,
+    result_pair_key,
+    summarize,
+)
 from .tolerance import DEFAULT_TOLERANCES, Tolerance, default_tolerance
 from .trace import Trace, trace_from_body
 from .ulp import ulp_distance
@@ -112,7 +122,11 @@ __all__ = [
     "PENDING",
     "ROWS",
     "SUMMARY",
+    "PartComparison",
     "ResultComparison",
+    "compare_part",
     "compare_results",
+    "part_bounds",
     "result_pair_key",
+    "summarize",
 ]

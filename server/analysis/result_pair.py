@@ -7,7 +7,9 @@ largest jump, the first NaN or Inf). It reads only content — the two manifests
 fingerprints they name, the workload's tolerances — so /compare keeps it by content
 (``result_pair_key``) and a page of rows is a slice of what was kept.
 
-The fingerprints are asked for ``CHUNK`` tensors at a time (``fingerprints_of``), and
+The tensors are compared in parts of ``CHUNK`` (``compare_part``): a read computes and
+keeps each part on its own, within its computing time, and the summary once every part
+is (``summarize``). A part's fingerprints are asked for at once (``fingerprints_of``), and
 whole values are decoded a chunk of elements at a time (``StoredValues``): a result of
 4,096 tensors of millions of elements each is compared holding a chunk's fingerprints,
 never all of them. Lists a result may make as long as its manifest (its outputs, the
@@ -38,8 +40,14 @@ from .pairs import COMPARISON_VERSION, key_of
 from .tolerance import Tolerance
 from .verdicts import result_verdict, worst_verdict
 
-# Tensors whose fingerprints are read at once.
+# Tensors whose fingerprints are read at once: at most a part's.
 CHUNK = 256
+# Elements a part compares from whole values (a 5.5-million-element pair takes ~0.15 s on
+# a 2-core machine): a part of 256 such tensors would be one unit of ~40 s.
+PART_ELEMENTS = 1 << 22
+# What comparing two tensors without their whole values (statistics, sketch, sample)
+# counts for, in elements.
+_WITHOUT_VALUES_COST = 1024
 # Names listed of a list as long as a manifest (outputs, tensors of one side only).
 LISTED = 50
 
@@ -49,15 +57,20 @@ FingerprintsOf = Callable[[Collection[str]], Mapping[str, Fingerprint]]
 
 
 def result_pair_key(kind: str, manifest_a: str, manifest_b: str, *,
-                    tolerance_for: Callable[[str], Tolerance], semantics: str = "cpu") -> str:
+                    tolerance_for: Callable[[str], Tolerance], semantics: str = "cpu",
+                    part: tuple[int, int] | None = None) -> str:
     """The key of b's result against a's (``kind``: its summary, or its rows): the two
     manifests and the tolerance of every dtype (what the workload and the policy make
     them; not their names: 256 results of as many workloads holding one manifest each
     side, under the same tolerances, are one comparison), and whose isclose arithmetic
-    judges them (``semantics``: two CUDA devices' results are judged in CUDA's)."""
+    judges them (``semantics``: two CUDA devices' results are judged in CUDA's); rows
+    are kept a ``part`` (its bounds) at a time."""
     tolerances = [f"{dtype}:{t.rtol!r}:{t.atol!r}" for dtype in DTYPES
                   for t in (tolerance_for(dtype),)]
-    return key_of(kind, COMPARISON_VERSION, manifest_a, manifest_b, semantics, *tolerances)
+    # A summary says its rows are kept in parts (before, in one record under "rows").
+    layout = "parts" if part is None else f"part:{part[0]}:{part[1]}"
+    return key_of(kind, COMPARISON_VERSION, manifest_a, manifest_b, semantics, *tolerances,
+                  layout)
 
 
 @dataclass(frozen=True)
@@ -69,42 +82,97 @@ class ResultComparison:
     complete: bool  # every fingerprint it read was stored
 
 
-def compare_results(manifest_a: Manifest, manifest_b: Manifest,
-                    fingerprints_of: FingerprintsOf, *,
-                    tolerance_for: Callable[[str], Tolerance],
-                    semantics: str = "cpu") -> ResultComparison:
-    """Result b (``manifest_b``) against result a, its fingerprints asked ``CHUNK``
-    tensors at a time, closeness judged in the isclose arithmetic of ``semantics``."""
+def part_bounds(manifest_a: Manifest, manifest_b: Manifest,
+                value_counts: Mapping[str, int]) -> list[tuple[int, int]]:
+    """The parts of the comparison of the two results: (start, stop) among the tensors
+    both have, in a's order. A part is a unit of work a read computes and keeps on its
+    own (``compare_part``): at most ``CHUNK`` tensors, and at most ``PART_ELEMENTS``
+    elements compared from whole values (``value_counts``: the element count of each
+    stored fingerprint that has them) unless one tensor alone is larger."""
+    by_name = {name: digest for name, _kind, digest in manifest_b}
+    bounds: list[tuple[int, int]] = []
+    start = work = 0
+    common = [(digest, by_name[name]) for name, _kind, digest in manifest_a if name in by_name]
+    for index, (digest, own) in enumerate(common):
+        cost = 0 if own == digest else _WITHOUT_VALUES_COST + (
+            max(value_counts[digest], value_counts[own])
+            if digest in value_counts and own in value_counts else 0)
+        if index > start and (index - start == CHUNK or work + cost > PART_ELEMENTS):
+            bounds.append((start, index))
+            start, work = index, 0
+        work += cost
+    if start < len(common):
+        bounds.append((start, len(common)))
+    return bounds
+
+
+@dataclass(frozen=True)
+class PartComparison:
+    """The rows of one part: the tensors both results have from ``start`` to ``stop``
+    (``part_bounds``), in a's order."""
+
+    rows: list[dict[str, Any]]  # compare_manifests' rows, each with its ``order`` in a
+    nonfinite: list[dict[str, Any]]  # where b has NaN or Inf that a has not, in a's order
+    read: frozenset[str]
+    awaiting: tuple[str, ...]
+    complete: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """As kept (``from_dict`` reads it back)."""
+        return {"rows": self.rows, "nonfinite": json_safe(self.nonfinite),
+                "awaiting": list(self.awaiting)}
+
+    @classmethod
+    def from_dict(cls, kept: Mapping[str, Any]) -> PartComparison:
+        return cls(kept["rows"], kept["nonfinite"], frozenset(), tuple(kept["awaiting"]),
+                   complete=True)
+
+
+def compare_part(manifest_a: Manifest, manifest_b: Manifest, bounds: tuple[int, int],
+                 fingerprints_of: FingerprintsOf, *, tolerance_for: Callable[[str], Tolerance],
+                 semantics: str = "cpu") -> PartComparison:
+    """The part ``bounds`` of result b (``manifest_b``) against result a: its
+    fingerprints asked at once, closeness judged in the isclose arithmetic of
+    ``semantics``."""
+    by_name = {name: digest for name, _kind, digest in manifest_b}
+    common = [(order, entry) for order, entry in enumerate(manifest_a) if entry[0] in by_name]
+    part = common[bounds[0]:bounds[1]]
+    hashes = {digest for _order, (_name, _kind, digest) in part}
+    hashes |= {by_name[name] for _order, (name, _kind, _digest) in part}
+    fingerprints = fingerprints_of(hashes)
+    reference = [entry for _order, entry in part]
+    candidate = [(name, kind, by_name[name]) for name, kind, _digest in reference]
+    rows = [{**row, "order": order} for (order, _entry), row in zip(part, compare_manifests(
+        candidate, reference, fingerprints, tolerance_for=tolerance_for, semantics=semantics),
+        strict=True)]
+    read: set[str] = set()
+    stored: set[str] = set()
+    awaiting: set[str] = set()
+    nonfinite: list[dict[str, Any]] = []
+    for order, (name, kind, digest) in part:
+        own = by_name[name]
+        if own == digest:
+            continue
+        read.update((own, digest))
+        stored.update(h for h in (own, digest) if h in fingerprints)
+        awaiting.update(h for h in (own, digest)
+                        if h in fingerprints and not fingerprints[h].has_values)
+        found = first_nonfinite([(name, kind, own)], [(name, kind, digest)], fingerprints)
+        if found is not None:
+            nonfinite.append({**found, "order": order})
+    return PartComparison(rows, nonfinite, frozenset(read), tuple(sorted(awaiting)),
+                          complete=read <= stored)
+
+
+def summarize(manifest_a: Manifest, manifest_b: Manifest, parts: Sequence[PartComparison],
+              fingerprints_of: FingerprintsOf, *, tolerance_for: Callable[[str], Tolerance],
+              semantics: str = "cpu", bounds: Sequence[tuple[int, int]] = ()
+              ) -> dict[str, Any]:
+    """What every part's rows say together (JSON-ready): the fields of /compare's pair
+    besides the rows, and ``parts``, the parts' ``bounds`` (where a page's rows are)."""
+    rows = [row for part in parts for row in part.rows]
     by_name = {name: digest for name, _kind, digest in manifest_b}
     names_a = {name for name, _kind, _digest in manifest_a}
-    common = [(order, entry) for order, entry in enumerate(manifest_a) if entry[0] in by_name]
-    rows: list[dict[str, Any]] = []
-    read: set[str] = set()
-    awaiting: set[str] = set()
-    stored: set[str] = set()
-    nonfinite: list[dict[str, Any]] = []
-    for start in range(0, len(common), CHUNK):
-        part = common[start:start + CHUNK]
-        hashes = {digest for _order, (_name, _kind, digest) in part}
-        hashes |= {by_name[name] for _order, (name, _kind, _digest) in part}
-        fingerprints = fingerprints_of(hashes)
-        reference = [entry for _order, entry in part]
-        candidate = [(name, kind, by_name[name]) for name, kind, _digest in reference]
-        for (order, _entry), row in zip(part, compare_manifests(
-                candidate, reference, fingerprints, tolerance_for=tolerance_for,
-                semantics=semantics), strict=True):
-            rows.append({**row, "order": order})
-        for order, (name, kind, digest) in part:
-            own = by_name[name]
-            if own == digest:
-                continue
-            read.update((own, digest))
-            stored.update(h for h in (own, digest) if h in fingerprints)
-            awaiting.update(h for h in (own, digest)
-                            if h in fingerprints and not fingerprints[h].has_values)
-            found = first_nonfinite([(name, kind, own)], [(name, kind, digest)], fingerprints)
-            if found is not None:
-                nonfinite.append({**found, "order": order})
     layers = [row for row in rows if row["kind"] == LAYER]
     first = first_divergent_layer(layers)
     if first is not None:
@@ -112,7 +180,8 @@ def compare_results(manifest_a: Manifest, manifest_b: Manifest,
     only_a = [name for name, _k, _h in manifest_a if name not in by_name]
     only_b = [name for name, _k, _h in manifest_b if name not in names_a]
     dtypes = sorted({row["dtype"] for row in rows if row["dtype"] is not None})
-    summary = {
+    nonfinite = [found for part in parts for found in part.nonfinite]
+    return json_safe({
         "summary": _summary(rows),
         "semantics": semantics,
         "first_divergent_layer": first,
@@ -124,9 +193,27 @@ def compare_results(manifest_a: Manifest, manifest_b: Manifest,
         "tensors_only_in_a": only_a[:LISTED], "tensors_only_in_a_total": len(only_a),
         "tensors_only_in_b": only_b[:LISTED], "tensors_only_in_b_total": len(only_b),
         "tensors_total": len(rows),
-    }
-    return ResultComparison(json_safe(summary), rows, frozenset(read),
-                            tuple(sorted(awaiting)), complete=read <= stored)
+        "parts": [list(bound) for bound in bounds],
+    })
+
+
+def compare_results(manifest_a: Manifest, manifest_b: Manifest,
+                    fingerprints_of: FingerprintsOf, *,
+                    tolerance_for: Callable[[str], Tolerance],
+                    semantics: str = "cpu") -> ResultComparison:
+    """Result b (``manifest_b``) against result a, every part at once (``compare_part``,
+    ``summarize``)."""
+    parts = [compare_part(manifest_a, manifest_b, bounds, fingerprints_of,
+                          tolerance_for=tolerance_for, semantics=semantics)
+             for bounds in part_bounds(manifest_a, manifest_b, {})]
+    summary = summarize(manifest_a, manifest_b, parts, fingerprints_of,
+                        tolerance_for=tolerance_for, semantics=semantics)
+    del summary["parts"]
+    return ResultComparison(
+        summary, [row for part in parts for row in part.rows],
+        frozenset().union(*(part.read for part in parts)),
+        tuple(sorted({digest for part in parts for digest in part.awaiting})),
+        complete=all(part.complete for part in parts))
 
 
 def _bit_flip(name: str, manifest_a: Manifest, by_name: Mapping[str, str],

@@ -40,7 +40,11 @@ from numparity_server.kit.compute import Budget, Postponed, unbounded
 from numparity_server.kit.db import release, writing
 from numparity_server.kit.errors import NotFound
 from numparity_server.reads.explanations import explanations_among
-from numparity_server.reads.fingerprints import FingerprintsOnDemand, load_fingerprints
+from numparity_server.reads.fingerprints import (
+    FingerprintsOnDemand,
+    load_fingerprints,
+    value_counts,
+)
 from numparity_server.reads.kept import keep_comparisons, kept_comparisons, usable_comparisons
 from numparity_server.reads.traces import load_traces
 
@@ -95,6 +99,9 @@ def compare_runs(
     for key in common:
         pair = _pair(results_a[key], results_b[key], key in ok, key in compared,
                      summaries.get(key), rows.get(key, []), origins.get(key), policy)
+        if key in work.rows_pending:
+            pair.pending = True
+            pair.notes.append(PENDING)
         _nondeterminism(pair, results_a[key], results_b[key],
                         same_environment=a.env_key == b.env_key)
         pairs.append(pair)
@@ -118,86 +125,143 @@ def compare_runs(
 
 
 Sides = tuple[ResultRow, ResultRow]
+Manifest = list[tuple[str, str, str]]  # (name, kind, hash) in execution order
+Bounds = tuple[int, int]  # a part of a result pair's tensors (analysis.part_bounds)
 
 
 class _Work:
     """The kept comparisons of one request: read by key, the missing ones computed within
-    its budget (each a unit of ``kit.compute``) and kept; ``pending`` counts those left."""
+    its budget and kept; ``pending`` counts those left. A result pair's rows are computed
+    and kept a part at a time (``analysis.part_bounds``: at most 256 tensors and 4 Mi
+    elements of whole values), each part a unit of ``kit.compute``, and its summary once
+    every part is: a pair of 4,096 tensors is spread over as many requests as its
+    computing time needs."""
 
     def __init__(self, session: Session, policy: Policy, budget: Budget) -> None:
         self.session, self.policy, self.budget = session, policy, budget
         self.pending = 0
-        self.row_keys: dict[ResultKey, str] = {}
-        # Rows computed by this request but not kept (a fingerprint they read is gone).
-        self._unkept_rows: dict[str, dict[str, Any]] = {}
+        self.rows_pending: set[ResultKey] = set()  # pairs whose page rows are left
+        self._sides: dict[ResultKey, Sides] = {}
+        # The parts this request read or computed (those computed but not kept too: a
+        # fingerprint they read is gone), by key.
+        self._parts: dict[str, analysis.PartComparison] = {}
 
-    def _keys(self, kind: str, sides: Sides) -> str:
+    def _key(self, kind: str, sides: Sides, part: Bounds | None = None) -> str:
         a, b = sides
         assert a.manifest_hash is not None and b.manifest_hash is not None
         workload = a.workload
         return analysis.result_pair_key(
             kind, a.manifest_hash, b.manifest_hash,
             tolerance_for=lambda dtype: self.policy.tolerance(workload, dtype),
-            semantics=analysis.semantics_of(a.device, b.device))
+            semantics=analysis.semantics_of(a.device, b.device), part=part)
 
     def summaries(self, pairs: dict[ResultKey, Sides]
                   ) -> dict[ResultKey, dict[str, Any] | None]:
         """Each pair's summary (None: pending, or a fingerprint it needs is gone)."""
-        keys = {key: self._keys(analysis.SUMMARY, sides) for key, sides in pairs.items()}
-        self.row_keys = {key: self._keys(analysis.ROWS, sides) for key, sides in pairs.items()}
+        self._sides = dict(pairs)
+        keys = {key: self._key(analysis.SUMMARY, sides) for key, sides in pairs.items()}
         found, stale = usable_comparisons(self.session, set(keys.values()))
         # Computing, or waiting for another request's computation, holds no connection.
         release(self.session)
-        records: list[analysis.ComparisonRecord] = []
-        done: dict[str, dict[str, Any]] = {}
+        left: set[str] = set()  # summaries this request could not finish
         for key, sides in pairs.items():
-            if keys[key] in found or keys[key] in done:
+            if keys[key] in found:
                 continue
-            try:
-                summary, rows = self.budget.run(keys[key], partial(self._compare, sides))
-            except Postponed:
+            summary = None if keys[key] in left else self._summary(keys[key], sides,
+                                                                   refresh=keys[key] in stale)
+            if summary is None:
+                left.add(keys[key])
                 self.pending += 1
-                continue
-            done[keys[key]] = summary.value
-            if summary.complete:
-                records += [summary, rows]
             else:
-                self._unkept_rows[self.row_keys[key]] = rows.value
-        self._keep(records, refreshed=stale | {self.row_keys[key] for key in keys
-                                               if keys[key] in stale})
-        found.update(done)
+                found[keys[key]] = summary
         return {key: found.get(keys[key]) for key in pairs}
 
-    def _compare(self, sides: Sides) -> tuple[analysis.ComparisonRecord,
-                                              analysis.ComparisonRecord]:
+    def _summary(self, key: str, sides: Sides, *, refresh: bool) -> dict[str, Any] | None:
+        """The pair's summary from its parts, those not kept computed within the budget
+        (None when one is left for a later request); kept once every part is complete."""
+        if self.budget.spent():
+            return None
+        a, b = sides
+        manifests = self._manifests(sides)
+        bounds = analysis.part_bounds(*manifests, value_counts(
+            self.session, {digest for manifest in manifests for _n, _k, digest in manifest}))
+        release(self.session)
+        if not self._parts_of(sides, bounds, manifests):
+            return None
+        parts = [self._parts[self._key(analysis.ROWS, sides, bound)] for bound in bounds]
+        workload = a.workload
+        value = analysis.summarize(
+            *manifests, parts, partial(load_fingerprints, self.session),
+            tolerance_for=lambda dtype: self.policy.tolerance(workload, dtype),
+            semantics=analysis.semantics_of(a.device, b.device), bounds=bounds)
+        release(self.session)
+        if all(part.complete for part in parts):
+            assert a.manifest_hash is not None and b.manifest_hash is not None
+            awaiting = tuple(sorted({digest for part in parts for digest in part.awaiting}))
+            self._keep([analysis.ComparisonRecord(key, analysis.SUMMARY, a.manifest_hash,
+                                                  b.manifest_hash, value, awaiting, True)],
+                       refreshed={key} if refresh else set())
+        return value
+
+    def _manifests(self, sides: Sides) -> tuple[Manifest, Manifest]:
         a, b = sides
         assert a.manifest_hash is not None and b.manifest_hash is not None
         manifests = repository.manifest_entries(self.session, {a.manifest_hash,
                                                                b.manifest_hash})
         release(self.session)
+        return manifests[a.manifest_hash], manifests[b.manifest_hash]
+
+    def _parts_of(self, sides: Sides, bounds: Sequence[Bounds],
+                  manifests: tuple[Manifest, Manifest] | None = None) -> bool:
+        """Whether every part of ``bounds`` is read or computed into ``_parts``: those
+        kept are read, the others computed within the budget and kept."""
+        wanted = [(bound, part_key) for bound in bounds
+                  if (part_key := self._key(analysis.ROWS, sides, bound)) not in self._parts]
+        if not wanted:
+            return True
+        kept, stale = usable_comparisons(self.session, {part_key for _b, part_key in wanted})
+        release(self.session)
+        self._parts.update((part_key, analysis.PartComparison.from_dict(value))
+                           for part_key, value in kept.items())
+        records: list[analysis.ComparisonRecord] = []
+        done = True
+        for bound, part_key in wanted:
+            if part_key in self._parts:
+                continue
+            manifests = manifests or self._manifests(sides)
+            try:
+                part = self.budget.run(part_key, partial(self._compare, sides, manifests,
+                                                         bound))
+            except Postponed:
+                done = False
+                break
+            self._parts[part_key] = part
+            if part.complete:
+                a, b = sides
+                assert a.manifest_hash is not None and b.manifest_hash is not None
+                records.append(analysis.ComparisonRecord(
+                    part_key, analysis.ROWS, a.manifest_hash, b.manifest_hash,
+                    part.to_dict(), part.awaiting, True))
+        self._keep(records, refreshed=stale)
+        return done
+
+    def _compare(self, sides: Sides, manifests: tuple[Manifest, Manifest],
+                 bounds: Bounds) -> analysis.PartComparison:
+        a, b = sides
         workload = a.workload
-        compared = analysis.compare_results(
-            manifests[a.manifest_hash], manifests[b.manifest_hash],
-            partial(load_fingerprints, self.session),
+        part = analysis.compare_part(
+            *manifests, bounds, partial(load_fingerprints, self.session),
             tolerance_for=lambda dtype: self.policy.tolerance(workload, dtype),
             # Two results of CUDA devices are judged in CUDA's isclose arithmetic.
             semantics=analysis.semantics_of(a.device, b.device))
         release(self.session)
-
-        def record(kind: str, value: dict[str, Any]) -> analysis.ComparisonRecord:
-            assert a.manifest_hash is not None and b.manifest_hash is not None
-            return analysis.ComparisonRecord(
-                self._keys(kind, sides), kind, a.manifest_hash, b.manifest_hash, value,
-                compared.awaiting, compared.complete)
-
-        return (record(analysis.SUMMARY, compared.summary),
-                record(analysis.ROWS, {"rows": compared.rows}))
+        return part
 
     def rows_of_page(self, summaries: dict[ResultKey, dict[str, Any] | None], *,
                      limit: int, offset: int) -> dict[ResultKey, list[dict[str, Any]]]:
-        """The rows of the page, by pair: only the kept rows of the pairs it reaches are
-        read."""
-        wanted: dict[ResultKey, slice] = {}
+        """The rows of the page, by pair: only the kept parts holding them are read (one
+        a retention pass dropped is computed again, within the budget)."""
+        wanted: dict[ResultKey, tuple[int, int, list[Bounds]]] = {}
         start = 0
         for key, summary in summaries.items():
             if summary is None:
@@ -205,15 +269,27 @@ class _Work:
             total = summary["tensors_total"]
             low, high = max(offset - start, 0), min(offset + limit - start, total)
             if low < high:
-                wanted[key] = slice(low, high)
+                wanted[key] = (low, high, [(first, stop) for first, stop in summary["parts"]
+                                           if first < high and stop > low])
             start += total
-        kept = {found_key: value for found_key, value in self._unkept_rows.items()}
-        needed = {self.row_keys[key] for key in wanted} - kept.keys()
+        needed = {part_key for key, (_low, _high, bounds) in wanted.items() for bound in bounds
+                  if (part_key := self._key(analysis.ROWS, self._sides[key], bound))
+                  not in self._parts}
         if needed:
-            kept.update({found_key: found.value for found_key, found in
-                         kept_comparisons(self.session, needed).items()})
-        return {key: kept[self.row_keys[key]]["rows"][cut] for key, cut in wanted.items()
-                if self.row_keys[key] in kept}
+            self._parts.update(
+                (part_key, analysis.PartComparison.from_dict(found.value))
+                for part_key, found in kept_comparisons(self.session, needed).items())
+        page: dict[ResultKey, list[dict[str, Any]]] = {}
+        for key, (low, high, bounds) in wanted.items():
+            if not self._parts_of(self._sides[key], bounds):
+                self.pending += 1
+                self.rows_pending.add(key)
+                continue
+            rows = [row for bound in bounds
+                    for row in self._parts[self._key(analysis.ROWS, self._sides[key],
+                                                     bound)].rows]
+            page[key] = rows[low - bounds[0][0]:high - bounds[0][0]]
+        return page
 
     def origins(self, pairs: dict[ResultKey, Sides]) -> dict[ResultKey, _Origin]:
         """Each traced pair's origin ops (kept, or computed within the budget)."""
@@ -394,7 +470,8 @@ def _pair(a: ResultRow, b: ResultRow, ok: bool, stored: bool,
         notes.append(PENDING)
         pair["pending"] = True
         return ResultPair.model_validate(pair)
-    pair.update(compared=True, **summary, tensors=rows)
+    pair.update(compared=True, **{name: value for name, value in summary.items()
+                                  if name != "parts"}, tensors=rows)
     without = [f"run {side}'s result" for side, row in (("a", a), ("b", b))
                if row.trace_hash is None]
     if without:

@@ -1,9 +1,9 @@
 """The reads' heavy computations, bounded per process and per request (design §3.3.15).
 
 Some answers need work that grows with what nodes uploaded: aligning two op traces,
-comparing two results' tensors with their whole values. Each such unit is kept by
-content once computed (``comparisons``), so it runs once per content; this module bounds
-how it runs until then:
+comparing two results' tensors with their whole values (256 tensors a unit). Each such
+unit is kept by content once computed (``comparisons``), so it runs once per content;
+this module bounds how it runs until then:
 
 - **one flight per key**: a second request for a unit being computed waits for that
   computation's answer instead of computing it again (45 readers of one new pair: one
@@ -118,8 +118,12 @@ class Budget:
         self.started = 0
         self.postponed = 0
 
+    def spent(self) -> bool:
+        """Whether a new unit would be postponed (so its inputs need not be read)."""
+        return bool(self.started) and time.monotonic() > self.until
+
     def run(self, key: Hashable, compute: Callable[[], T]) -> T:
-        if self.started and time.monotonic() > self.until:
+        if self.spent():
             self.postponed += 1
             raise Postponed
         self.started += 1

@@ -102,8 +102,8 @@ class Settings(BaseSettings):
         "this many seconds.")
     compute_seconds: float = Field(
         default=1.0, ge=0,
-        description="The reads' heavy computations (an op-trace alignment, a result's "
-        "tensors compared with their whole values): a request starts none after computing "
+        description="The reads' heavy computations (an op-trace alignment, 256 tensors of "
+        "a result compared with their whole values): a request starts none after computing "
         "this many seconds; what is left is answered as pending and computed by the next "
         "asks (what was computed is kept).")
     compute_slots: int = Field(

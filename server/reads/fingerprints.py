@@ -11,24 +11,34 @@ from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from numparity_server import analysis
 from numparity_server.kit.db import chunked, release
 from numparity_server.models import STAT_FIELDS, Fingerprint
 
-# Every column but the whole values, and whether there are any.
+# Whole values stored in at most this many bytes are read with the rest of their
+# fingerprint: a comparison of 4,096 small tensors reads them in 16 queries, not 8,192
+# (one per tensor and side took seconds). A batch of ``chunked`` hashes then holds at
+# most 500 x 16 KiB of them; larger values stay in the database until read, one at a time.
+SMALL_VALUES_BYTES = 16 * 1024
+
+# Every column but the large whole values, and whether there are any.
 _WITHOUT_VALUES = (*(getattr(Fingerprint, name) for name in (
     "hash", "dtype", "shape", *STAT_FIELDS, "sketch", "sketch_dtype", "sample",
-    "sample_dtype", "values_dtype")), Fingerprint.values.is_not(None).label("has_values"))
+    "sample_dtype", "values_dtype", "values_codec")),
+    Fingerprint.values.is_not(None).label("has_values"),
+    case((func.length(Fingerprint.values) <= SMALL_VALUES_BYTES, Fingerprint.values),
+         else_=None).label("small_values"))
 
 
 def load_fingerprints(session: Session, hashes: Iterable[str]
                       ) -> dict[str, analysis.Fingerprint]:
     """Hash -> fingerprint of every stored hash among ``hashes`` (unknown ones absent).
-    Whole values are not read: a comparison that needs them reads a fingerprint's when
-    it does (and gives the session's connection back after each read)."""
+    Large whole values are not read: a comparison that needs them reads a fingerprint's
+    when it does (and gives the session's connection back after each read); small ones
+    (``SMALL_VALUES_BYTES``) come with the rest."""
     found: dict[str, analysis.Fingerprint] = {}
     for part in chunked(sorted(set(hashes))):
         for row in session.execute(select(*_WITHOUT_VALUES).where(Fingerprint.hash.in_(part))):
@@ -43,8 +53,9 @@ def _without_values(session: Session, row: Any) -> analysis.Fingerprint:
         stats = {field: getattr(row, field) for field in STAT_FIELDS}
     stored = None
     if row.has_values and row.values_dtype is not None:
-        stored = analysis.StoredValues(row.values_dtype, math.prod(shape),
-                                       partial(_read_values, session, row.hash))
+        read = (partial(_read_values, session, row.hash) if row.small_values is None
+                else partial(_held, bytes(row.small_values), row.values_codec))
+        stored = analysis.StoredValues(row.values_dtype, math.prod(shape), read)
     return analysis.Fingerprint(
         hash=row.hash, dtype=row.dtype, shape=shape, stats=stats,
         sketch=_decode(row.sketch_dtype, row.sketch),
@@ -58,12 +69,27 @@ def _read_values(session: Session, digest: str) -> tuple[bytes, str | None]:
     return bytes(values), codec
 
 
+def _held(values: bytes, codec: str | None) -> tuple[bytes, str | None]:
+    return values, codec
+
+
 def with_values(session: Session, hashes: Iterable[str]) -> set[str]:
     """Of these hashes, the fingerprints stored with their whole values (no blob read)."""
     found: set[str] = set()
     for part in chunked(sorted(set(hashes))):
         found.update(session.scalars(select(Fingerprint.hash).where(
             Fingerprint.hash.in_(part), Fingerprint.values.is_not(None))))
+    return found
+
+
+def value_counts(session: Session, hashes: Iterable[str]) -> dict[str, int]:
+    """Of these hashes, the fingerprints stored with their whole values, and how many
+    elements each holds (no blob read)."""
+    found: dict[str, int] = {}
+    for part in chunked(sorted(set(hashes))):
+        found.update((digest, math.prod(int(n) for n in shape)) for digest, shape in
+                     session.execute(select(Fingerprint.hash, Fingerprint.shape).where(
+                         Fingerprint.hash.in_(part), Fingerprint.values.is_not(None))))
     return found
 
 
