@@ -12,7 +12,7 @@ accepted, SIGTERM during the worst read ends the server within 5 s.
 - compare: two runs of 256 results that each point at one stored 4,096-tensor manifest;
   /compare asked until its parts are all computed, again, a deep page, and its page;
 - values: 24 tensors of 5.5 million elements with their whole values (~40 KiB of gzip
-  each) on each side; one /compare over them;
+  each) on each side; one /compare over them as 24 results, then as one result's;
 - environments: uploads each with a new env_key and the largest environment document
   the server takes (and one past it); disk growth against the bytes accepted;
 - spellings: one token under 8 spellings of its Authorization header, gzip bodies;
@@ -353,7 +353,7 @@ def values(args: Any, workdir: Path) -> list[str]:
     print(f"values: {count} tensors of {elements:,} elements with their whole values a "
           "side", flush=True)
     with case(args, workdir, "values") as c:
-        runs = []
+        runs, together = [], []
         sent = 0
         for side in (1.0, 1.5):
             entries = []
@@ -368,11 +368,18 @@ def values(args: Any, workdir: Path) -> list[str]:
                                               for k in range(count)])
             c.upload(doc)
             runs.append(doc["run_id"])
+            # The same tensors as one result's: one pair of `count` tensors.
+            doc = document(f"together-{side}", [result("all", [
+                {**entry, "name": f"t{k:02d}", "order": k} for k, entry in enumerate(entries)])])
+            c.upload(doc)
+            together.append(doc["run_id"])
         print(f"  uploaded {sent / count / 2 / 1024:.0f} KiB gzip a tensor", flush=True)
         c.read_until_computed(f"/compare over {count} pairs of whole values",
                               "/api/v1/compare", asks=count + 1, run_a=runs[0],
                               run_b=runs[1])
         c.read("/compare again (kept)", "/api/v1/compare", run_a=runs[0], run_b=runs[1])
+        c.read_until_computed(f"/compare of one result of all {count}", "/api/v1/compare",
+                              asks=count + 1, run_a=together[0], run_b=together[1])
         return c.failures
 
 
