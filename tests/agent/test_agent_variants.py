@@ -132,7 +132,14 @@ def test_bf16_autocast_is_close_to_fp64_within_bf16_tolerance(suite_document):
     by_key = results(suite_document)
     for workload in ("mlp", "cnn", "transformer", "lstm"):
         bf16 = by_key[(workload, "bf16-autocast")]
-        assert bf16["status"] == "ok", bf16.get("error")
+        if workload == "lstm" and bf16["status"] == "skipped":
+            # oneDNN has no bfloat16 LSTM on a CPU without native bf16 (an AMD EPYC with
+            # AVX2 alone): skipped with its reason, the others run everywhere.
+            assert bf16["reason"].startswith(
+                "oneDNN on this CPU has no bfloat16 kernel for lstm: "
+                "could not create a primitive descriptor"), bf16["reason"]
+            continue
+        assert bf16["status"] == "ok", bf16.get("error") or bf16.get("reason")
         reference = output_values(by_key[(workload, "fp64-reference")])
         values = output_values(bf16)
         assert values.dtype == torch.bfloat16
