@@ -73,15 +73,6 @@ def result_pair_key(kind: str, manifest_a: str, manifest_b: str, *,
                   layout)
 
 
-@dataclass(frozen=True)
-class ResultComparison:
-    summary: dict[str, Any]  # JSON-ready: the fields of /compare's pair besides the rows
-    rows: list[dict[str, Any]]  # compare_manifests' rows, in a's order
-    read: frozenset[str]  # the fingerprints the comparison read beyond their names
-    awaiting: tuple[str, ...]  # of those, the ones read without their whole values
-    complete: bool  # every fingerprint it read was stored
-
-
 def part_bounds(manifest_a: Manifest, manifest_b: Manifest,
                 value_counts: Mapping[str, int]) -> list[tuple[int, int]]:
     """The parts of the comparison of the two results: (start, stop) among the tensors
@@ -113,9 +104,8 @@ class PartComparison:
 
     rows: list[dict[str, Any]]  # compare_manifests' rows, each with its ``order`` in a
     nonfinite: list[dict[str, Any]]  # where b has NaN or Inf that a has not, in a's order
-    read: frozenset[str]
-    awaiting: tuple[str, ...]
-    complete: bool
+    awaiting: tuple[str, ...]  # the fingerprints it read without their whole values
+    complete: bool  # every fingerprint it read was stored
 
     def to_dict(self) -> dict[str, Any]:
         """As kept (``from_dict`` reads it back)."""
@@ -124,8 +114,7 @@ class PartComparison:
 
     @classmethod
     def from_dict(cls, kept: Mapping[str, Any]) -> PartComparison:
-        return cls(kept["rows"], kept["nonfinite"], frozenset(), tuple(kept["awaiting"]),
-                   complete=True)
+        return cls(kept["rows"], kept["nonfinite"], tuple(kept["awaiting"]), complete=True)
 
 
 def compare_part(manifest_a: Manifest, manifest_b: Manifest, bounds: tuple[int, int],
@@ -160,13 +149,12 @@ def compare_part(manifest_a: Manifest, manifest_b: Manifest, bounds: tuple[int, 
         found = first_nonfinite([(name, kind, own)], [(name, kind, digest)], fingerprints)
         if found is not None:
             nonfinite.append({**found, "order": order})
-    return PartComparison(rows, nonfinite, frozenset(read), tuple(sorted(awaiting)),
-                          complete=read <= stored)
+    return PartComparison(rows, nonfinite, tuple(sorted(awaiting)), complete=read <= stored)
 
 
 def summarize(manifest_a: Manifest, manifest_b: Manifest, parts: Sequence[PartComparison],
-              fingerprints_of: FingerprintsOf, *, tolerance_for: Callable[[str], Tolerance],
-              semantics: str = "cpu", bounds: Sequence[tuple[int, int]] = ()
+              fingerprints_of: FingerprintsOf, *, bounds: Sequence[tuple[int, int]],
+              tolerance_for: Callable[[str], Tolerance], semantics: str = "cpu"
               ) -> dict[str, Any]:
     """What every part's rows say together (JSON-ready): the fields of /compare's pair
     besides the rows, and ``parts``, the parts' ``bounds`` (where a page's rows are)."""
@@ -195,25 +183,6 @@ def summarize(manifest_a: Manifest, manifest_b: Manifest, parts: Sequence[PartCo
         "tensors_total": len(rows),
         "parts": [list(bound) for bound in bounds],
     })
-
-
-def compare_results(manifest_a: Manifest, manifest_b: Manifest,
-                    fingerprints_of: FingerprintsOf, *,
-                    tolerance_for: Callable[[str], Tolerance],
-                    semantics: str = "cpu") -> ResultComparison:
-    """Result b (``manifest_b``) against result a, every part at once (``compare_part``,
-    ``summarize``)."""
-    parts = [compare_part(manifest_a, manifest_b, bounds, fingerprints_of,
-                          tolerance_for=tolerance_for, semantics=semantics)
-             for bounds in part_bounds(manifest_a, manifest_b, {})]
-    summary = summarize(manifest_a, manifest_b, parts, fingerprints_of,
-                        tolerance_for=tolerance_for, semantics=semantics)
-    del summary["parts"]
-    return ResultComparison(
-        summary, [row for part in parts for row in part.rows],
-        frozenset().union(*(part.read for part in parts)),
-        tuple(sorted({digest for part in parts for digest in part.awaiting})),
-        complete=all(part.complete for part in parts))
 
 
 def _bit_flip(name: str, manifest_a: Manifest, by_name: Mapping[str, str],

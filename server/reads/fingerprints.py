@@ -73,15 +73,6 @@ def _held(values: bytes, codec: str | None) -> tuple[bytes, str | None]:
     return values, codec
 
 
-def with_values(session: Session, hashes: Iterable[str]) -> set[str]:
-    """Of these hashes, the fingerprints stored with their whole values (no blob read)."""
-    found: set[str] = set()
-    for part in chunked(sorted(set(hashes))):
-        found.update(session.scalars(select(Fingerprint.hash).where(
-            Fingerprint.hash.in_(part), Fingerprint.values.is_not(None))))
-    return found
-
-
 def value_counts(session: Session, hashes: Iterable[str]) -> dict[str, int]:
     """Of these hashes, the fingerprints stored with their whole values, and how many
     elements each holds (no blob read)."""
@@ -91,6 +82,11 @@ def value_counts(session: Session, hashes: Iterable[str]) -> dict[str, int]:
                      session.execute(select(Fingerprint.hash, Fingerprint.shape).where(
                          Fingerprint.hash.in_(part), Fingerprint.values.is_not(None))))
     return found
+
+
+def with_values(session: Session, hashes: Iterable[str]) -> set[str]:
+    """Of these hashes, the fingerprints stored with their whole values (no blob read)."""
+    return set(value_counts(session, hashes))
 
 
 def to_analysis(row: Fingerprint) -> analysis.Fingerprint:
