@@ -10,17 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from numparity_server.kit.db import chunked, codepoint_order
-from numparity_server.models import (
-    Device,
-    Latest,
-    LatestCount,
-    Node,
-    Outcome,
-    Result,
-    Run,
-    stable_identity,
-)
-from numparity_server.reads.voters import any_crowded, crowded_nodes
+from numparity_server.models import Device, Latest, LatestCount, Node, Outcome, Result, Run
 
 
 @dataclass(frozen=True)
@@ -60,32 +50,6 @@ def answer_counts(session: Session, *, suite: str) -> list[tuple[str, str, str, 
                Outcome.manifest_hash.is_not(None))
         .group_by(Outcome.workload, Outcome.variant, LatestCount.model,
                   Outcome.manifest_hash)
-    ).all()
-    return [tuple(row) for row in rows]  # type: ignore[misc]
-
-
-def crowded_answers(session: Session, *, suite: str
-                    ) -> list[tuple[str, str, str, str, str, int]]:
-    """Where one node holds an answer on several devices without a stable identity
-    (``stable_identity``, design §3.3.12): (workload, variant, device model, manifest
-    hash, node name, devices). They are one voter (``consensus.in_voters``); an honest
-    fleet (GPUs known by UUID, one CPU a node) has no such row, and ``latest`` is read
-    only for the nodes that may (``reads.voters.crowded_nodes``)."""
-    if not any_crowded(session, per_model=True):
-        return []
-    rows = session.execute(
-        select(Outcome.workload, Outcome.variant, Latest.model, Outcome.manifest_hash,
-               Node.name, func.count())
-        .select_from(Latest)
-        .join(Device, Device.id == Latest.device_id)
-        .join(Outcome, Outcome.id == Latest.outcome_id)
-        .join(Node, Node.id == Latest.node_id)
-        .where(Latest.node_id.in_(crowded_nodes(per_model=True)), Latest.suite == suite,
-               stable_identity() == 0, Outcome.status == "ok",
-               Outcome.manifest_hash.is_not(None))
-        .group_by(Outcome.workload, Outcome.variant, Latest.model, Outcome.manifest_hash,
-                  Node.name)
-        .having(func.count() > 1)
     ).all()
     return [tuple(row) for row in rows]  # type: ignore[misc]
 

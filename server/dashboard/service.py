@@ -26,6 +26,7 @@ from numparity_server.divergence.service import answer_accuracy, comparisons, di
 from numparity_server.kit.compute import Budget
 from numparity_server.kit.errors import NotFound
 from numparity_server.reads import results as reads_results
+from numparity_server.reads.voters import crowded_answers
 
 
 def compare_url(run_a: str, run_b: str, workload: str | None = None,
@@ -94,8 +95,7 @@ def overview(*, session: Session, policy: Policy, suite: str, limit: int,
             session, suite=suite):
         answers[(workload, variant, model)].append(_Answer(digest, count, first))
     crowded: dict[Column, list[tuple[str, str, int]]] = defaultdict(list)
-    for workload, variant, model, digest, node, count in repository.crowded_answers(
-            session, suite=suite):
+    for workload, variant, model, digest, node, count in crowded_answers(session, suite=suite):
         crowded[(workload, variant, model)].append((digest, node, count))
     baselines: dict[Column, _Answer] = {}
     for key, held in answers.items():

@@ -15,15 +15,13 @@ from numparity_server.models import (
     Environment,
     Golden,
     GoldenAnswer,
-    Latest,
     LatestCount,
     Node,
     Outcome,
     Result,
     Run,
-    stable_identity,
 )
-from numparity_server.reads.voters import any_crowded, crowded_nodes
+from numparity_server.reads.voters import crowded_answers
 
 
 def newest_versions() -> Select[Any]:
@@ -160,33 +158,15 @@ def holdings(session: Session, *, suite: str | None = None,
             if chosen is None or (row.workload, row.variant) in chosen]
 
 
-def crowded(session: Session, *, suite: str, models: Sequence[str] | None = None,
+def crowded(session: Session, *, suite: str, models: Sequence[str],
             environment_ids: Sequence[int] | None = None
             ) -> list[tuple[str, str, str, str, int]]:
-    """Where one node holds an answer on several devices without a stable identity
-    (``stable_identity``, design §3.3.12): (workload, variant, manifest hash, node name,
-    devices), for ``majority_answers`` to count them one voter. An honest fleet (GPUs
-    known by UUID, one CPU a node) has no such row, and ``latest`` is read only for the
-    nodes that may (``reads.voters.crowded_nodes``)."""
-    if not any_crowded(session, per_model=True):
-        return []
-    query = (select(Outcome.workload, Outcome.variant, Outcome.manifest_hash, Node.name,
-                    func.count())
-             .select_from(Latest)
-             .join(Device, Device.id == Latest.device_id)
-             .join(Outcome, Outcome.id == Latest.outcome_id)
-             .join(Node, Node.id == Latest.node_id)
-             .where(Latest.node_id.in_(crowded_nodes(per_model=True)),
-                    Latest.suite == suite, stable_identity() == 0,
-                    Outcome.manifest_hash.is_not(None))
-             .group_by(Outcome.workload, Outcome.variant, Outcome.manifest_hash, Node.name)
-             .having(func.count() > 1))
-    if models is not None:
-        query = query.where(Latest.model.in_(sorted(set(models))))
-    if environment_ids is not None:
-        query = query.where(Latest.environment_id.in_(sorted(set(environment_ids))))
-    return [(workload, variant, manifest, node, int(devices))
-            for workload, variant, manifest, node, devices in session.execute(query)]
+    """``reads.voters.crowded_answers`` as ``majority_answers`` takes them: (workload,
+    variant, manifest hash, node name, devices), the model left out (pins and check ask
+    about one)."""
+    return [(workload, variant, manifest, node, devices)
+            for workload, variant, _model, manifest, node, devices in crowded_answers(
+                session, suite=suite, models=models, environment_ids=environment_ids)]
 
 
 def split_keys(session: Session, suite: str) -> set[tuple[str, str]]:

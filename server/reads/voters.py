@@ -10,10 +10,12 @@ none, and nothing more is read than ``devices``, a row per device, not per resul
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
-from numparity_server.models import Device, stable_identity
+from numparity_server.models import Device, Latest, Node, Outcome, stable_identity
 
 
 def crowded_nodes(*, per_model: bool = False) -> Select[tuple[int]]:
@@ -34,3 +36,34 @@ def any_crowded(session: Session, *, per_model: bool = False) -> bool:
     model with ``per_model``): none in an honest fleet, where the readers then skip
     ``latest``."""
     return session.scalar(select(crowded_nodes(per_model=per_model).exists())) or False
+
+
+def crowded_answers(session: Session, *, suite: str, models: Sequence[str] | None = None,
+                    environment_ids: Sequence[int] | None = None
+                    ) -> list[tuple[str, str, str, str, str, int]]:
+    """Where one node holds an ok answer on several devices of one model without a
+    stable identity (``stable_identity``): (workload, variant, device model, manifest
+    hash, node name, devices), of ``models`` and ``environment_ids`` when given. They
+    are one voter (``consensus.in_voters``) to the readers that count each model apart
+    (the fleet page's columns, pins); an honest fleet has no such row, and ``latest``
+    is read only for the nodes that may (``crowded_nodes``)."""
+    if not any_crowded(session, per_model=True):
+        return []
+    query = (select(Outcome.workload, Outcome.variant, Latest.model, Outcome.manifest_hash,
+                    Node.name, func.count())
+             .select_from(Latest)
+             .join(Device, Device.id == Latest.device_id)
+             .join(Outcome, Outcome.id == Latest.outcome_id)
+             .join(Node, Node.id == Latest.node_id)
+             .where(Latest.node_id.in_(crowded_nodes(per_model=True)), Latest.suite == suite,
+                    stable_identity() == 0, Outcome.status == "ok",
+                    Outcome.manifest_hash.is_not(None))
+             .group_by(Outcome.workload, Outcome.variant, Latest.model,
+                       Outcome.manifest_hash, Node.name)
+             .having(func.count() > 1))
+    if models is not None:
+        query = query.where(Latest.model.in_(sorted(set(models))))
+    if environment_ids is not None:
+        query = query.where(Latest.environment_id.in_(sorted(set(environment_ids))))
+    return [(workload, variant, model, manifest, node, int(devices))
+            for workload, variant, model, manifest, node, devices in session.execute(query)]
