@@ -4,9 +4,10 @@
   PostgreSQL: a uniquely named database created on the server of
   ``NUMPARITY_TEST_DATABASE_URL`` and dropped afterwards (skipped when it is unset,
   with an example value; the summary folds those skips into one line).
-- ``migrated_database_url``: the same, migrated to head.
+- ``migrated_database_url``: the same, migrated to head (a copy of a template migrated
+  once per test process).
 - ``live_server``: ``numparity-server serve`` as a real uvicorn subprocess on a free
-  loopback port, with an agent, a reader and an admin token made by the CLI.
+  loopback port, with an agent, a reader and an admin token.
 
 The server's packages (SQLAlchemy, psycopg, the server itself) are imported by the
 fixtures that need them, never at module level: ``tests/agent`` runs where only the
@@ -29,7 +30,6 @@ from pathlib import Path
 import pytest
 from helpers import scheduling
 from helpers.processes import (
-    server_command,
     start_server,
     stop_process,
     wait_ready,
@@ -266,23 +266,21 @@ class LiveServer:
 
 
 def _create_tokens(roles: tuple[str, ...], database_url: str) -> dict[str, str]:
-    """One `numparity-server token create` per role, run side by side (each takes ~1 s)."""
-    env = {**os.environ, "NUMPARITY_DATABASE_URL": database_url}
-    processes = {
-        role: subprocess.Popen(
-            [*server_command(), "token", "create", "--role", role, "--label", f"live-{role}"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        for role in roles
-    }
-    tokens = {}
-    for role, process in processes.items():
-        out, err = process.communicate(timeout=120)
-        assert process.returncode == 0, f"token create --role {role} failed:\n{err}"
-        token = out.strip()
-        assert token and "\n" not in token, out
-        tokens[role] = token
-    return tokens
+    """A token per role, made in this process as `numparity-server token create` makes
+    them (tests/server/cli tests the command): three CLI processes cost ~3 CPU seconds
+    per live server."""
+    from numparity_server.auth import service
+    from numparity_server.kit.db import dispose_engine, get_engine, session_factory
+    from numparity_server.kit.settings import Settings
+
+    settings = Settings(database_url=database_url)
+    try:
+        with session_factory(get_engine(settings))() as session:
+            return {role: service.create_token(session=session, role=role,
+                                               label=f"live-{role}").token
+                    for role in roles}
+    finally:
+        dispose_engine(database_url)
 
 
 @pytest.fixture
@@ -301,7 +299,7 @@ def live_server(migrated_database_url: str, tmp_path: Path) -> Iterator[LiveServ
                         agent_token=tokens["agent"], reader_token=tokens["reader"],
                         admin_token=tokens["admin"], log_path=log_path, process=process)
     try:
-        wait_ready(server.base_url, process, log_path, timeout=60)
+        wait_ready(server.base_url, process, log_path)
         yield server
     finally:
         stop_process(process)
