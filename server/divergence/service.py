@@ -19,7 +19,7 @@ from numparity_server.divergence import repository
 from numparity_server.divergence.schemas import DivergenceKey, DivergenceOut, Excluded
 from numparity_server.goldens import drift as goldens
 from numparity_server.kit.compute import Budget, Postponed, unbounded
-from numparity_server.kit.db import release, writing
+from numparity_server.kit.db import after_read, release, writing
 from numparity_server.kit.errors import NotFound
 from numparity_server.reads import environments as reads_environments
 from numparity_server.reads.explanations import explanations_of_key
@@ -214,14 +214,20 @@ def comparisons(session: Session, plan: analysis.DivergencePlan,
     found_values.update((record.key, record.value) for record in computed)
     complete = [record for record in computed if record.complete]
     if complete:
-        try:
-            with writing(session):
-                keep_comparisons(session, complete, refreshed=stale)
-        except OperationalError as exc:
-            # A database that cannot take the write now (SQLite busy past its timeout, a
-            # read-only replica) costs the next request a computation, not this answer.
-            log.warning("divergence: %d comparisons not kept: %s", len(complete), exc)
+        # Kept once the read's snapshot ends, if it runs in one (kit.db.snapshot).
+        after_read(session, partial(_keep, session, complete, stale))
     return found_values, pending
+
+
+def _keep(session: Session, complete: list[analysis.ComparisonRecord], stale: set[str]
+          ) -> None:
+    try:
+        with writing(session, changes_answers=False):
+            keep_comparisons(session, complete, refreshed=stale)
+    except OperationalError as exc:
+        # A database that cannot take the write now (SQLite busy past its timeout, a
+        # read-only replica) costs the next request a computation, not this answer.
+        log.warning("divergence: %d comparisons not kept: %s", len(complete), exc)
 
 
 # Findings beside one pair of groups: the newest per direction and pair of nodes.
