@@ -116,6 +116,7 @@ def run_variant(
     on_progress: Callable[[int], None] | None = None,
     values_dir: Path | None = None,
     trace_ops: bool = False,
+    study_budget_s: float | None = None,
     suite: str = _workloads.SUITE,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """(environment or None, results) of one variant's child process; with
@@ -126,7 +127,7 @@ def run_variant(
     run = run_variants([variant], workloads=workloads, device=device, repeats=repeats,
                        timeout=timeout, node_env_vars=node_env_vars,
                        fault_drill=fault_drill, on_progress=on_progress,
-                       values_dir=values_dir, trace_ops=trace_ops, suite=suite)
+                       values_dir=values_dir, trace_ops=trace_ops, study_budget_s=study_budget_s, suite=suite)
     return run.environment, run.results
 
 
@@ -142,6 +143,7 @@ def run_variants(
     on_progress: Callable[[int], None] | None = None,
     values_dir: Path | None = None,
     trace_ops: bool = False,
+    study_budget_s: float | None = None,
     suite: str = _workloads.SUITE,
     environment: bool = True,
 ) -> ChildRun:
@@ -162,7 +164,7 @@ def run_variants(
         part = _run_child(pending, workloads=workloads, device=device, repeats=repeats,
                           timeout=timeout, node_env_vars=node_env_vars,
                           fault_drill=fault_drill, on_progress=progress,
-                          values_dir=values_dir, trace_ops=trace_ops, suite=suite,
+                          values_dir=values_dir, trace_ops=trace_ops, study_budget_s=study_budget_s, suite=suite,
                           environment=environment and run.environment is None)
         run.environment = run.environment or part.environment
         run.results.extend(part.results)
@@ -190,6 +192,7 @@ def _run_child(
     trace_ops: bool,
     suite: str,
     environment: bool,
+    study_budget_s: float | None = None,
 ) -> ChildRun:
     """One child for `variants`: its results for the variants it finished, failed
     results for the one a crash or a timeout hit, nothing for those it left (the
@@ -203,6 +206,7 @@ def _run_child(
         "node_env_vars": node_env_vars,
         "fault_drill": fault_drill,
         "trace_ops": trace_ops,
+        "study_budget_s": study_budget_s,
         "values_dir": str(values_dir) if values_dir is not None else None,
         "environment": environment,
     }
@@ -460,6 +464,7 @@ def run_suite(
     on_progress: Progress | None = None,
     values_dir: Path | None = None,
     trace_ops: bool = False,
+    study_budget_s: float | None = None,
     suite: str = _workloads.SUITE,
 ) -> dict[str, Any]:
     """Run `workloads` of `suite` under `variants` (by default its built-ins under
@@ -537,7 +542,7 @@ def run_suite(
                 fault_drill=(drill_at == slot and _variants.FAULT_DRILL_VARIANT in group),
                 on_progress=watch,
                 values_dir=values_dir,
-                trace_ops=trace_ops,
+                trace_ops=trace_ops, study_budget_s=study_budget_s,
                 suite=suite,
                 environment=environment is None,
             )

@@ -55,7 +55,8 @@ def _measure(out: Path, name: str, args: tuple[str, ...], env: dict[str, str],
 def documents(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     out = tmp_path_factory.mktemp("determinism")
     jobs = [
-        ("lab-traced", ("--workloads", ND, TWIN, "mlp", "--repeats", "3", "--trace-ops"), {}),
+        ("lab-traced", ("--workloads", ND, TWIN, "mlp", "--repeats", "3", "--trace-ops",
+                        "--study-budget", "2"), {}),
         # The finding: a variable with no effect on a CPU separates two
         # nondeterministic nodes.
         ("lab-untraced", ("--workloads", ND, "--repeats", "2"),
@@ -67,7 +68,8 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
         found = list(pool.map(lambda job: _measure(out, *job), jobs))
     # A second run of the traced node: two repeats to compare.
     return [*found, _measure(out, "lab-traced", ("--workloads", ND, "--repeats", "2",
-                                                 "--trace-ops"), {}, tag="-2")]
+                                                 "--trace-ops", "--study-budget", "2"), {},
+                             tag="-2")]
 
 
 @pytest.fixture
