@@ -127,7 +127,8 @@ def run_variant(
     run = run_variants([variant], workloads=workloads, device=device, repeats=repeats,
                        timeout=timeout, node_env_vars=node_env_vars,
                        fault_drill=fault_drill, on_progress=on_progress,
-                       values_dir=values_dir, trace_ops=trace_ops, study_budget_s=study_budget_s, suite=suite)
+                       values_dir=values_dir, trace_ops=trace_ops,
+                       study_budget_s=study_budget_s, suite=suite)
     return run.environment, run.results
 
 
@@ -164,7 +165,8 @@ def run_variants(
         part = _run_child(pending, workloads=workloads, device=device, repeats=repeats,
                           timeout=timeout, node_env_vars=node_env_vars,
                           fault_drill=fault_drill, on_progress=progress,
-                          values_dir=values_dir, trace_ops=trace_ops, study_budget_s=study_budget_s, suite=suite,
+                          values_dir=values_dir, trace_ops=trace_ops,
+                          study_budget_s=study_budget_s, suite=suite,
                           environment=environment and run.environment is None)
         run.environment = run.environment or part.environment
         run.results.extend(part.results)
@@ -423,19 +425,43 @@ def device_workloads(plan: Sequence[tuple[dict[str, Any], list[str]]],
     return found
 
 
+def _checks_said(checks: Any) -> str:
+    """A result's checks on its log line: how many hold, and which do not."""
+    if not isinstance(checks, dict) or not checks:
+        return ""
+    failing = [name for name, check in checks.items()
+               if isinstance(check, dict) and check.get("equal") is False]
+    said = f", checks: {len(checks) - len(failing)} of {len(checks)} hold"
+    if failing:
+        said += f" (not {', '.join(failing[:4])}{', …' if len(failing) > 4 else ''})"
+    return said
+
+
 def _log_results(log_line: Callable[[str], None], prefix: str,
                  results: list[dict[str, Any]]) -> None:
     for result in results:
         status = result["status"]
         detail = ""
         if status == "ok":
-            detail = f" in {result['wall_s']:.3f} s, repeats agree: {result['repeats_agree']}"
+            detail = f" in {result['wall_s']:.3f} s"
+            # One repeat compares nothing: a workload that repeats its own measurement
+            # (the data pipeline) says what its checks say instead.
+            if (result.get("repeats") or 0) >= 2:
+                detail += f", repeats agree: {result['repeats_agree']}"
+            detail += _checks_said(result.get("checks"))
             study = result.get("nondeterminism")
             if study:
                 ops = study.get("ops") or []
-                detail += (f"; nondeterministic at {ops[0]['op']} in "
-                           f"{ops[0]['module'] or 'the model'} ({ops[0]['phase']})"
-                           if ops else f"; {study.get('note') or study.get('hint') or ''}")
+                sources = study.get("sources") or []
+                if ops:
+                    detail += (f"; nondeterministic at {ops[0]['op']} in "
+                               f"{ops[0]['module'] or 'the model'} ({ops[0]['phase']})")
+                elif sources:
+                    detail += (f"; the difference enters at {sources[0]['op']} in "
+                               f"{sources[0]['module'] or 'the model'} from "
+                               f"{sources[0]['source']}: recipe {sources[0]['recipe']}")
+                else:
+                    detail += f"; {study.get('note') or study.get('hint') or ''}"
             if "drill" in result:
                 flip = result["drill"]
                 detail += (

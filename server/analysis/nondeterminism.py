@@ -206,9 +206,14 @@ def combined_cost(studies: list[StudyCost]) -> Cost | None:
     else:
         value, half = studies[0].ratio, None
     found = verdict(value, half)
-    cost = Cost(value, half, repeatable, found == "measured",
-                None if half is None else value - half,
-                None if half is None else value + half, found, "", len(studies))
+    low = None if half is None else value - half
+    high = None if half is None else value + half
+    if len(weighted) == 1 and len(studies) == 1:
+        # One study keeps its own (bootstrap, perhaps lopsided) interval: the audit says
+        # what `doctor --recipe` says of that run.
+        low, high = weighted[0][0].low, weighted[0][0].high
+    cost = Cost(value, half, repeatable, found == "measured", low, high, found, "",
+                len(studies))
     words = cost_words(cost)
     if found == "noisy":
         why = [f"± {half * 100:.0f} %" if half is not None else "no interval"]
