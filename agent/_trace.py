@@ -39,6 +39,7 @@ import hashlib
 import json
 import os
 import sys
+import types
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -393,7 +394,7 @@ def _caller() -> dict[str, str]:
     function"} of the first frame outside torch, the standard library and the agent's
     hooks, and {"via": "DataLoader"} when torch.utils.data ran in between."""
     found: dict[str, str] = {}
-    frame = sys._getframe(2)
+    frame: types.FrameType | None = sys._getframe(2)
     for _ in range(200):  # bounded: a deep stack is named as unknown
         if frame is None:
             break
