@@ -10,6 +10,7 @@ written by hand, where each kind of source is known.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 
 from numparity_agent._sources import difference_sources
 from numparity_agent.testing import load_workload, run_workload, variant
+from numparity_server.runs.schemas import NondeterminismDoc
 
 CPU = torch.device("cpu")
 E2E = Path(__file__).resolve().parents[1] / "e2e"
@@ -34,6 +36,9 @@ def _study(name: str) -> dict[str, Any]:
     assert result["repeats_agree"] is False
     study: dict[str, Any] = result["nondeterminism"]
     assert study["traced"] is True and "error" not in study, study
+    # The server reads it as the agent wrote it (the wire format is the agent's).
+    wire = NondeterminismDoc.model_validate_json(json.dumps(study))
+    assert [s.source for s in wire.sources] == [s["source"] for s in study["sources"]]
     return study
 
 
