@@ -79,14 +79,17 @@ def selective_against_strict(rounds: int, studies: int, budget: float) -> None:
     print(f"\n{studies} studies, each at least {rounds} paired rounds (the first a "
           f"warm-up), more until narrow or {budget:g} s; the median paired ratio and its "
           "95 % bootstrap interval, as the agent reports it:")
-    print(f"{'study':>5} {'rounds':>6} {'load':>6} {'default s':>10}  {'strict':<34} "
-          f"{'selective':<34} repeatable (default/strict/selective)")
+    print(f"{'study':>5} {'rounds':>6} {'load':>6} {'default s':>10}  "
+          f"{'strict ratio [95 %]':<22} {'selective ratio [95 %]':<22} repeatable "
+          "(default/strict/selective)")
     for index, cost in enumerate(found, start=1):
         print(f"{index:>5} {cost['rounds']:>6} {cost['load']['load']!s:>6} "
-              f"{cost['default']['wall_s']:>10.4f}  {cost['strict']['cost']:<34} "
-              f"{cost['selective']['cost']:<34} "
+              f"{cost['default']['wall_s']:>10.4f}  {_interval(cost['strict']):<22} "
+              f"{_interval(cost['selective']):<22} "
               + "/".join(str(cost[m]["repeatable"]) for m in ("default", "strict",
                                                               "selective")))
+        for mode in ("strict", "selective"):
+            print(f"{'':>5} {mode}: {cost[mode]['cost']}")
     # The audit's rule: the studies combined by their precision (as if from several
     # nodes), in the audit's words.
     combined = {mode: combined_cost([
@@ -96,6 +99,11 @@ def selective_against_strict(rounds: int, studies: int, budget: float) -> None:
     print("\ncombined (the audit's rule): " + cost_in_words(
         ops[0].get("recipe") if ops else None, ops[0].get("no_recipe") if ops else None,
         combined["selective"], combined["strict"]))
+
+
+def _interval(mode: dict[str, float]) -> str:
+    """The raw figure, whatever its verdict: ratio [low, high]."""
+    return f"{mode['ratio']:.3f} [{mode['ratio_low']:.3f}, {mode['ratio_high']:.3f}]"
 
 
 def omp_dynamic() -> None:
