@@ -116,9 +116,11 @@ class _Pass:
                 self.computed.update(view["out"])
             if any(r in self.tainted for r in ins):
                 self.tainted.update(view["out"])
-            for ref in view["out"]:
-                if any(r in self.uninitialized.values() for r in ins):
-                    self.uninitialized.setdefault(ref, f"uninitialized#{ref}")
+            if any(r in self.uninitialized.values() for r in ins):
+                # A view of an unwritten buffer: as meaningless, named by its place.
+                for position, ref in enumerate(view["out"]):
+                    self.uninitialized.setdefault(
+                        ref, f"uninitialized#view{self._next_view}.{position}")
 
     def canonical(self, ref: str) -> str:
         return self.uninitialized.get(ref, ref)
