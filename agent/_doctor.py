@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from numparity_agent import _cost
 from numparity_agent._determinism import OMP_DYNAMIC_CAUSE, omp_dynamic, recipe_code
 
 Status = Literal["ok", "warn", "fact"]
@@ -477,7 +478,16 @@ def selective_recipes(document: Mapping[str, Any]) -> str:
             continue
         head = f"{result.get('workload')} / {result.get('variant')} on {result.get('device')}"
         ops = study.get("ops") or []
+        sources = study.get("sources") or []
+        if sources:
+            blocks.append("\n".join(
+                [f"# {head}: the difference enters from outside torch's ops"]
+                + [f"# at {s['op']} in {s.get('module') or 'the model'}"
+                   + (f" ({s['at']})" if s.get("at") else "")
+                   + f": {s.get('what', '')}; {s.get('advice', '')}" for s in sources]) + "\n")
         if not ops:
+            if sources:
+                continue
             why = study.get("note") or study.get("error") or study.get("hint") or "no op named"
             blocks.append(f"# {head}: nondeterministic; {why}\n")
             continue
@@ -487,6 +497,12 @@ def selective_recipes(document: Mapping[str, Any]) -> str:
             + ("" if cost[mode].get("repeatable") else " (not repeatable)")
             for mode in ("default", "strict", "selective") if mode in cost)
         lines = [f"# {head}: measured {measured}" if measured else f"# {head}"]
+        # The cost in the audit's words (`_cost.words`: the same rule and figures).
+        costs = [f"{mode}: {_cost.words(cost[mode], load=cost.get('load'))}"
+                 for mode in ("selective", "strict") if cost.get(mode, {}).get("ratio")
+                 is not None]
+        if costs:
+            lines.append(f"# cost against default: {'; '.join(costs)}")
         if study.get("cause"):
             lines.append(f"# {study['cause']}")
         blocks.append("\n".join(lines) + "\n" + recipe_code(ops, workload=str(
