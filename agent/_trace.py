@@ -377,7 +377,7 @@ def _conv_backend(args: Any) -> str | None:
 
 
 class KernelSession:
-    """The CUDA kernels the traced ops launched, from one torch.profiler session around
+    """The CUDA kernels the traced ops launched, from one profiler session around
     every traced pass of a variant (`record` opens it on CUDA; elsewhere it records
     nothing). Each op of KERNEL_CHOICE_OPS runs inside `record_function("numparity#<trace>#
     <seq>")`; once the session is closed, each kernel is joined to the annotation around
@@ -388,7 +388,7 @@ class KernelSession:
     instruments every loaded CUDA module (seconds on a large torch), and tears it down
     on exit (kineto's TEARDOWN_CUPTI, the default from CUDA 12.6). The events are read
     raw (`_ProfilerResult.events()`, joined by correlation id), without the Python
-    event tree that `profile.events()` builds (tens of microseconds an event); any
+    event tree that `function_events` builds (tens of microseconds an event); any
     torch whose raw events do not read so falls back to that tree."""
 
     PREFIX = "numparity#"
@@ -402,9 +402,7 @@ class KernelSession:
         if device.type != "cuda":
             yield self
             return
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+        with open_profiler(device.type) as profiler:
             self._profiler = profiler
             yield self
         self._kernels = None
@@ -412,7 +410,7 @@ class KernelSession:
     def around(self, trace: str, seq: int) -> Any:
         if self._profiler is None:
             return contextlib.nullcontext()
-        return torch.profiler.record_function(f"{self.PREFIX}{trace}#{seq}")
+        return torch.autograd.profiler.record_function(f"{self.PREFIX}{trace}#{seq}")
 
     def annotate(self, trace: str, ops: list[dict[str, Any]]) -> None:
         """Add the kernels of trace `trace`'s ops to their `kernel` (after `record`)."""
@@ -427,14 +425,14 @@ class KernelSession:
 
     def kernels_by_op(self) -> dict[tuple[str, int], list[str]]:
         try:
-            raw = self._profiler.profiler.kineto_results.events()
+            raw = self._profiler.kineto_results.events()
             return _join_raw(raw, self.PREFIX)
         except Exception:  # noqa: BLE001 - this torch's raw events differ: the tree
             return self._from_tree()
 
     def _from_tree(self) -> dict[tuple[str, int], list[str]]:
         found: dict[tuple[str, int], list[str]] = {}
-        for event in self._profiler.events() or []:
+        for event in self._profiler.function_events or []:
             key = _annotation(getattr(event, "name", ""), self.PREFIX)
             if key is not None:
                 found[key] = list(dict.fromkeys(_kernel_names(event)))
@@ -452,17 +450,36 @@ def _annotation(name: str, prefix: str) -> tuple[str, int] | None:
         return None
 
 
+def open_profiler(device_type: str) -> Any:
+    """A kineto profiler session recording CPU ops and `device_type`'s kernels:
+    `torch.autograd.profiler.profile`, not `torch.profiler.profile`, whose
+    `prepare_trace` evaluates `hasattr(torch, "_inductor")` and so imports inductor
+    (1.25 s on a CPU build, more on a CUDA one) in every traced child. Its raw events are
+    `kineto_results.events()` once it is closed; its event tree, `function_events`, is
+    built only when asked for."""
+    from torch.autograd.profiler import profile
+
+    return profile(use_kineto=True, use_device=device_type if device_type != "cpu" else None)
+
+
 def _join_raw(events: Any, prefix: str) -> dict[tuple[str, int], list[str]]:
-    """Each device event's name under the annotation around the CPU event that launched
-    it (its `linked_correlation_id`), from the profiler's raw events: an op's kernels
-    link to the innermost recorded op, which runs inside one annotation on its thread
-    (annotations do not nest: the op inside one is the tracer's own)."""
-    cpu: dict[int, tuple[int, int]] = {}  # correlation id -> (thread, start)
+    """Each device event's name under the annotation around the CPU op that launched it
+    (its `linked_correlation_id`), from the profiler's raw events: an op's kernels link
+    to the innermost recorded op, which runs inside one annotation on its thread
+    (annotations do not nest: the op inside one is the tracer's own).
+
+    Only the CPU events with no linked id are ops (torch's own parser,
+    `_parse_kineto_results`, keys the same ones): a CUDA runtime event (`cudaLaunchKernel`)
+    is a CPU event too, but its `correlation_id` is CUPTI's, a counter of its own that
+    also starts near 1, and would overwrite the op whose id it happens to share."""
+    cpu: dict[int, tuple[int, int]] = {}  # an op's correlation id -> (thread, start)
     spans: dict[int, list[tuple[int, int, tuple[str, int]]]] = {}  # thread -> spans
     device: list[tuple[int, str]] = []
     for event in events:
         kind = str(event.device_type())
         if kind.endswith("CPU"):
+            if int(event.linked_correlation_id()) != 0:
+                continue  # a runtime call: its correlation id is CUPTI's, not an op's
             start, end = _span_ns(event)
             thread = int(event.start_thread_id())
             cpu[int(event.correlation_id())] = (thread, start)
