@@ -50,9 +50,18 @@ def _strip_identity(value: Any) -> Any:
 
 
 def compute_env_key(environment: dict[str, Any]) -> str:
-    canonical = json.dumps(
-        _strip_identity(environment), sort_keys=True, separators=(",", ":"), default=str
-    )
+    """sha256 of the canonical JSON of the environment without identity and `unknown`,
+    its `gpus` as the set of GPU models this process saw: which GPUs and how many a
+    scheduler exposed (`CUDA_VISIBLE_DEVICES=1` or `=0,1`) is not the environment, so
+    neither a GPU's index nor the count is in the key."""
+    stripped = _strip_identity(environment)
+    gpus = stripped.get("gpus")
+    if isinstance(gpus, list):
+        models = {json.dumps({k: v for k, v in gpu.items() if k != "index"}, sort_keys=True,
+                             separators=(",", ":"), default=str)
+                  if isinstance(gpu, dict) else json.dumps(gpu, default=str) for gpu in gpus}
+        stripped["gpus"] = sorted(models)
+    canonical = json.dumps(stripped, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
