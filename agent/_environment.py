@@ -213,9 +213,7 @@ def _nvml(unknown: dict[str, str], gpus: list[dict[str, Any]]) -> None:
             prefix = f"gpus.{gpu['index']}"
             try:
                 if gpu.get("uuid"):
-                    uuid = gpu["uuid"]
-                    uuid = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-                    handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+                    handle = _nvml_handle(pynvml, gpu["uuid"], mig=_is_mig(gpu))
                 else:
                     # Without a UUID the NVML index only matches when nothing is hidden.
                     handle = pynvml.nvmlDeviceGetHandleByIndex(gpu["index"])
@@ -223,13 +221,20 @@ def _nvml(unknown: dict[str, str], gpus: list[dict[str, Any]]) -> None:
                 for field in ("ecc", "serial"):
                     unknown[f"{prefix}.{field}"] = f"no NVML handle: {type(exc).__name__}: {exc}"
                 continue
+            # A MIG instance's ECC mode and serial are its board's.
+            board = handle
             try:
-                current, _pending = pynvml.nvmlDeviceGetEccMode(handle)
+                if pynvml.nvmlDeviceIsMigDeviceHandle(handle):
+                    board = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+            except Exception:  # noqa: BLE001, S110 - bindings without MIG: the handle is it
+                pass
+            try:
+                current, _pending = pynvml.nvmlDeviceGetEccMode(board)
                 gpu["ecc"] = bool(current)
             except Exception as exc:  # noqa: BLE001 - consumer GPUs have no ECC
                 unknown[f"{prefix}.ecc"] = f"{type(exc).__name__}: {exc}"
             try:
-                gpu["serial"] = text(pynvml.nvmlDeviceGetSerial(handle))
+                gpu["serial"] = text(pynvml.nvmlDeviceGetSerial(board))
             except Exception as exc:  # noqa: BLE001
                 unknown[f"{prefix}.serial"] = f"{type(exc).__name__}: {exc}"
     finally:
@@ -237,6 +242,24 @@ def _nvml(unknown: dict[str, str], gpus: list[dict[str, Any]]) -> None:
             pynvml.nvmlShutdown()
         except Exception:  # noqa: BLE001, S110 - shutting down is best effort
             pass
+
+
+def _is_mig(gpu: dict[str, Any]) -> bool:
+    # CUDA names a MIG instance after its GPU and profile: "NVIDIA A100-SXM4-40GB MIG 1g.5gb".
+    return " MIG " in f" {gpu.get('name') or ''} "
+
+
+def _nvml_handle(pynvml: Any, uuid: str, *, mig: bool) -> Any:
+    """NVML's handle of the device torch calls `uuid`: torch's UUID has no prefix, and a
+    MIG instance is `MIG-…` to NVML, never `GPU-…` (tried second, in case the name did
+    not say MIG)."""
+    if uuid.startswith(("GPU-", "MIG-")):
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    first, second = ("MIG", "GPU") if mig else ("GPU", "MIG")
+    try:
+        return pynvml.nvmlDeviceGetHandleByUUID(f"{first}-{uuid}")
+    except Exception:  # noqa: BLE001 - not under this spelling
+        return pynvml.nvmlDeviceGetHandleByUUID(f"{second}-{uuid}")
 
 
 def _gpus(unknown: dict[str, str]) -> list[dict[str, Any]]:
