@@ -137,6 +137,7 @@ def _torch(unknown: dict[str, str]) -> dict[str, Any]:
         )
     except Exception as exc:  # noqa: BLE001
         unknown["torch.cudnn"] = f"{type(exc).__name__}: {exc}"
+    doc.update(_cuda_blas(unknown, expected=bool(doc["cuda"])))
     if torch.cuda.is_available():
         try:
             version = torch.cuda.nccl.version()
@@ -153,6 +154,61 @@ def _torch(unknown: dict[str, str]) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001
             unknown[f"torch.{key}"] = f"{type(exc).__name__}: {exc}"
     return doc
+
+
+# The cuBLAS libraries torch's CUDA build links (pip's nvidia-cublas wheels, a CUDA
+# toolkit, a container's): which kernels a GEMM gets, hence its rounding, is theirs, and
+# the CUDA runtime's version does not say which one was loaded.
+_BLAS_LIBRARIES = (("cublas", "libcublas.so"), ("cublaslt", "libcublasLt.so"))
+
+
+def _mapped_libraries() -> list[str]:
+    """The files of the shared libraries mapped into this process (Linux)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            return list(dict.fromkeys(line.split(None, 5)[5].strip() for line in f
+                                      if len(line.split(None, 5)) == 6))
+    except OSError:
+        return []
+
+
+def _blas_version(name: str, path: str) -> str:
+    """The version a loaded cuBLAS (cublasGetProperty) or cuBLASLt (cublasLtGetVersion)
+    library reports of itself."""
+    import ctypes
+
+    library = ctypes.CDLL(path)  # already mapped: the same handle, nothing loaded again
+    if name == "cublas":
+        parts = []
+        for prop in (0, 1, 2):  # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+            value = ctypes.c_int()
+            status = library.cublasGetProperty(prop, ctypes.byref(value))
+            if status != 0:
+                raise RuntimeError(f"cublasGetProperty({prop}) returned {status}")
+            parts.append(value.value)
+        return ".".join(map(str, parts))
+    library.cublasLtGetVersion.restype = ctypes.c_size_t
+    version = int(library.cublasLtGetVersion())
+    return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+
+
+def _cuda_blas(unknown: dict[str, str], *, expected: bool) -> dict[str, Any]:
+    """cuBLAS and cuBLASLt as this process loaded them, by their own account; null where
+    they are not loaded (a CPU build: nothing noted)."""
+    found: dict[str, Any] = {name: None for name, _ in _BLAS_LIBRARIES}
+    mapped = _mapped_libraries()
+    for name, stem in _BLAS_LIBRARIES:
+        path = next((p for p in mapped if os.path.basename(p).startswith(stem + ".")
+                     or os.path.basename(p) == stem), None)
+        if path is None:
+            if expected:
+                unknown[f"torch.{name}"] = f"{stem} is not loaded in this process"
+            continue
+        try:
+            found[name] = _blas_version(name, path)
+        except Exception as exc:  # noqa: BLE001 - recorded, never guessed
+            unknown[f"torch.{name}"] = f"{path}: {type(exc).__name__}: {exc}"
+    return found
 
 
 def _threads(unknown: dict[str, str]) -> dict[str, Any]:

@@ -76,3 +76,40 @@ def test_nccl_variables_that_change_reductions_are_part_of_the_environment(
     from numparity_agent._knobs import numeric_env_vars
 
     assert (name in numeric_env_vars({name: value})) is numeric
+
+
+# cuBLAS and cuBLASLt as a CUDA toolkit ships them, reduced to the calls that say their
+# version (the fake at the edge: there is no CUDA here).
+_FAKE_CUBLAS = """
+int cublasGetProperty(int type, int *value) {
+    static const int version[3] = {12, 4, 5};
+    if (type < 0 || type > 2) return 7;
+    *value = version[type];
+    return 0;
+}
+"""
+_FAKE_CUBLASLT = "unsigned long cublasLtGetVersion(void) { return 120405; }\n"
+
+
+def test_the_cublas_libraries_a_process_loaded_are_in_its_environment(tmp_path):
+    import shutil
+
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler to build the fake cuBLAS libraries with")
+    for name, source in (("libcublas.so.12", _FAKE_CUBLAS),
+                         ("libcublasLt.so.12", _FAKE_CUBLASLT)):
+        (tmp_path / f"{name}.c").write_text(source)
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / name),
+                        str(tmp_path / f"{name}.c")], check=True, timeout=120)
+    code = ("import ctypes, json, sys\n"
+            f"for name in ('libcublas.so.12', 'libcublasLt.so.12'):\n"
+            f"    ctypes.CDLL({str(tmp_path)!r} + '/' + name, mode=ctypes.RTLD_GLOBAL)\n"
+            "from numparity_agent._environment import capture_environment\n"
+            "environment = capture_environment()\n"
+            "print(json.dumps([environment['torch'], environment['unknown']]))\n")
+    done = subprocess.run([sys.executable, "-c", code], env=clean_env(),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    torch_section, unknown = json.loads(done.stdout)
+    assert torch_section["cublas"] == "12.4.5" and torch_section["cublaslt"] == "12.4.5"
+    assert not [key for key in unknown if "cublas" in key]
