@@ -261,14 +261,18 @@ class DeferredHashes:
         self._pending: list[tuple[int, torch.Tensor]] = []
         self._done: list[tuple[str, str, list[int]] | None] = []
         self._bytes = 0
-        self._gpu = False
+        # The devices whose copies are pending: each is synchronised by name, as
+        # `torch.cuda.synchronize()` without one syncs the current device (cuda:0, whose
+        # context it creates) rather than the one the copies run on.
+        self._devices: set[torch.device] = set()
 
     def add(self, tensor: torch.Tensor) -> int:
         on_gpu = tensor.device.type == "cuda"
         with _unfilled():
             host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=on_gpu)
         host.copy_(tensor, non_blocking=on_gpu)
-        self._gpu = self._gpu or on_gpu
+        if on_gpu:
+            self._devices.add(tensor.device)
         index = len(self._done)
         self._done.append(None)
         self._pending.append((index, host))
@@ -280,8 +284,8 @@ class DeferredHashes:
     def _hash_pending(self) -> None:
         if not self._pending:
             return
-        if self._gpu:
-            torch.cuda.synchronize()
+        for device in self._devices:
+            torch.cuda.synchronize(device)
         digests = tensor_hashes([host for _, host in self._pending])
         for (index, host), digest in zip(self._pending, digests, strict=True):
             self._done[index] = (reference(digest), str(host.dtype).removeprefix("torch."),
