@@ -5,7 +5,7 @@ network namespace with no network (`unshare -rn`) from wheels/ alone, into a fre
 folder, for a fresh Python; the server imports from there and migrates a database.
 
 Slow (the wheels are downloaded once for the module, the checkout is built with its
-manual): about two minutes. Skipped, saying why, only where the wheels cannot be
+manual): minutes (about four on a quiet 2-core machine, more under load). Skipped, saying why, only where the wheels cannot be
 downloaded (no network and no package index) or no network namespace can be made."""
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
+# Downloading the wheels, building the checkout with its manual, installing: minutes on
+# a shared CPU; every process below has its own timeout.
+pytestmark = pytest.mark.timeout(2400)
 
 ROOT = Path(__file__).resolve().parents[2]
 # pip's words for an index it cannot reach: the only failure of `make wheels` that skips.
