@@ -5,8 +5,9 @@ network namespace with no network (`unshare -rn`) from wheels/ alone, into a fre
 folder, for a fresh Python; the server imports from there and migrates a database.
 
 Slow (the wheels are downloaded once for the module, the checkout is built with its
-manual): minutes (about four on a quiet 2-core machine, more under load). Skipped, saying why, only where the wheels cannot be
-downloaded (no network and no package index) or no network namespace can be made."""
+manual): minutes (10 on a saturated 2-core machine in the session that wrote it).
+Skipped, saying why, only where the wheels cannot be downloaded (no network and no
+package index) or no network namespace can be made."""
 
 from __future__ import annotations
 
