@@ -73,25 +73,31 @@ $(STAMP): pyproject.toml setup.py
 	@echo "==> $(VENV) is ready"
 
 # numparity's CUDA paths on this machine's GPU, in one table (docs/how-to/gpu-type.md;
-# tools/gpu_check.py). GPU_PYTHON: the Python whose torch has CUDA (default .venv's once
-# it is made, else python3). No network: where the server's packages are missing, they
-# are installed from wheels/ (`make wheels`, where there is network) into .gpu-check/.
+# tools/gpu_check.py), each row printed as it finishes, each under a deadline. It runs
+# under the Python whose torch sees a GPU: GPU_PYTHON when given, else the first of
+# python3, python and .venv's (whose torch is the CPU build) that does; none: exit 2,
+# naming each one and why. No network: where the server's packages are missing, they are
+# installed from wheels/ (`make wheels`, where there is network) into .gpu-check/.
 # NUMPARITY_GPU_CHECK_FAKE=1: the dry run, with a fake GPU (tests/helpers/fake_cuda).
-GPU_PYTHON ?= $(if $(wildcard $(STAMP)),$(PY),python3)
+GPU_PYTHON ?=
 GPU_CHECK_ARGS ?=
 gpu-check:
-	$(GPU_PYTHON) tools/gpu_check.py $(GPU_CHECK_ARGS)
+	GPU_PYTHON='$(GPU_PYTHON)' $(PYTHON) tools/gpu_check.py $(GPU_CHECK_ARGS)
 
 # The wheels `make gpu-check` installs on a machine without network, for that machine's
-# Python (WHEELS_PYTHON, default 3.12) on x86-64 Linux; setuptools builds the checkout.
+# Python (WHEELS_PYTHON, default 3.12) on x86-64 Linux: the server's packages, numpy
+# (installed only where the node has none), and the checkout's build requirements
+# (setuptools, MkDocs and its theme: pip builds the checkout with them, offline).
 WHEELS_PYTHON ?= 3.12
+WHEELS_DIR ?= wheels
 WHEELS_PLATFORMS := $(foreach p,manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014,--platform $(p)_x86_64)
 wheels:
-	mkdir -p wheels
-	$(PYTHON) tools/gpu_check.py --requirements > wheels/requirements.txt
+	mkdir -p $(WHEELS_DIR)
+	$(PYTHON) tools/gpu_check.py --requirements > $(WHEELS_DIR)/requirements.txt
+	$(PYTHON) tools/gpu_check.py --build-requirements > $(WHEELS_DIR)/build-requirements.txt
 	$(PYTHON) -m pip download --quiet --only-binary=:all: --python-version $(WHEELS_PYTHON) \
-		--implementation cp $(WHEELS_PLATFORMS) -d wheels -r wheels/requirements.txt \
-		'setuptools>=77'
+		--implementation cp $(WHEELS_PLATFORMS) -d $(WHEELS_DIR) -r $(WHEELS_DIR)/requirements.txt \
+		-r $(WHEELS_DIR)/build-requirements.txt 'numpy>=1.24'
 
 clean:
 	rm -rf $(VENV) build *.egg-info site .gpu-check

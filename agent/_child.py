@@ -83,7 +83,10 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                 for name in variant_names for w in spec["workloads"]]
 
     try:
-        requested = _devices.torch_device(slot)
+        # A child that sees only its own device (CUDA_VISIBLE_DEVICES set by the parent,
+        # `_suite.isolated_visible`) computes on that process's cuda:0; its results still
+        # name the node's slot.
+        requested = _devices.torch_device(spec.get("torch_device") or slot)
         with clock.phase("device_init"):
             _init_device(torch, requested)
     except Exception as exc:  # noqa: BLE001

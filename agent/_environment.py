@@ -50,9 +50,18 @@ def _strip_identity(value: Any) -> Any:
 
 
 def compute_env_key(environment: dict[str, Any]) -> str:
-    canonical = json.dumps(
-        _strip_identity(environment), sort_keys=True, separators=(",", ":"), default=str
-    )
+    """sha256 of the canonical JSON of the environment without identity and `unknown`,
+    its `gpus` as the set of GPU models this process saw: which GPUs and how many a
+    scheduler exposed (`CUDA_VISIBLE_DEVICES=1` or `=0,1`) is not the environment, so
+    neither a GPU's index nor the count is in the key."""
+    stripped = _strip_identity(environment)
+    gpus = stripped.get("gpus")
+    if isinstance(gpus, list):
+        models = {json.dumps({k: v for k, v in gpu.items() if k != "index"}, sort_keys=True,
+                             separators=(",", ":"), default=str)
+                  if isinstance(gpu, dict) else json.dumps(gpu, default=str) for gpu in gpus}
+        stripped["gpus"] = sorted(models)
+    canonical = json.dumps(stripped, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -128,6 +137,7 @@ def _torch(unknown: dict[str, str]) -> dict[str, Any]:
         )
     except Exception as exc:  # noqa: BLE001
         unknown["torch.cudnn"] = f"{type(exc).__name__}: {exc}"
+    doc.update(_cuda_blas(unknown, expected=bool(doc["cuda"])))
     if torch.cuda.is_available():
         try:
             version = torch.cuda.nccl.version()
@@ -144,6 +154,61 @@ def _torch(unknown: dict[str, str]) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001
             unknown[f"torch.{key}"] = f"{type(exc).__name__}: {exc}"
     return doc
+
+
+# The cuBLAS libraries torch's CUDA build links (pip's nvidia-cublas wheels, a CUDA
+# toolkit, a container's): which kernels a GEMM gets, hence its rounding, is theirs, and
+# the CUDA runtime's version does not say which one was loaded.
+_BLAS_LIBRARIES = (("cublas", "libcublas.so"), ("cublaslt", "libcublasLt.so"))
+
+
+def _mapped_libraries() -> list[str]:
+    """The files of the shared libraries mapped into this process (Linux)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            return list(dict.fromkeys(line.split(None, 5)[5].strip() for line in f
+                                      if len(line.split(None, 5)) == 6))
+    except OSError:
+        return []
+
+
+def _blas_version(name: str, path: str) -> str:
+    """The version a loaded cuBLAS (cublasGetProperty) or cuBLASLt (cublasLtGetVersion)
+    library reports of itself."""
+    import ctypes
+
+    library = ctypes.CDLL(path)  # already mapped: the same handle, nothing loaded again
+    if name == "cublas":
+        parts = []
+        for prop in (0, 1, 2):  # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+            value = ctypes.c_int()
+            status = library.cublasGetProperty(prop, ctypes.byref(value))
+            if status != 0:
+                raise RuntimeError(f"cublasGetProperty({prop}) returned {status}")
+            parts.append(value.value)
+        return ".".join(map(str, parts))
+    library.cublasLtGetVersion.restype = ctypes.c_size_t
+    version = int(library.cublasLtGetVersion())
+    return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+
+
+def _cuda_blas(unknown: dict[str, str], *, expected: bool) -> dict[str, Any]:
+    """cuBLAS and cuBLASLt as this process loaded them, by their own account; null where
+    they are not loaded (a CPU build: nothing noted)."""
+    found: dict[str, Any] = {name: None for name, _ in _BLAS_LIBRARIES}
+    mapped = _mapped_libraries()
+    for name, stem in _BLAS_LIBRARIES:
+        path = next((p for p in mapped if os.path.basename(p).startswith(stem + ".")
+                     or os.path.basename(p) == stem), None)
+        if path is None:
+            if expected:
+                unknown[f"torch.{name}"] = f"{stem} is not loaded in this process"
+            continue
+        try:
+            found[name] = _blas_version(name, path)
+        except Exception as exc:  # noqa: BLE001 - recorded, never guessed
+            unknown[f"torch.{name}"] = f"{path}: {type(exc).__name__}: {exc}"
+    return found
 
 
 def _threads(unknown: dict[str, str]) -> dict[str, Any]:
@@ -204,9 +269,7 @@ def _nvml(unknown: dict[str, str], gpus: list[dict[str, Any]]) -> None:
             prefix = f"gpus.{gpu['index']}"
             try:
                 if gpu.get("uuid"):
-                    uuid = gpu["uuid"]
-                    uuid = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-                    handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+                    handle = _nvml_handle(pynvml, gpu["uuid"], mig=_is_mig(gpu))
                 else:
                     # Without a UUID the NVML index only matches when nothing is hidden.
                     handle = pynvml.nvmlDeviceGetHandleByIndex(gpu["index"])
@@ -214,13 +277,20 @@ def _nvml(unknown: dict[str, str], gpus: list[dict[str, Any]]) -> None:
                 for field in ("ecc", "serial"):
                     unknown[f"{prefix}.{field}"] = f"no NVML handle: {type(exc).__name__}: {exc}"
                 continue
+            # A MIG instance's ECC mode and serial are its board's.
+            board = handle
             try:
-                current, _pending = pynvml.nvmlDeviceGetEccMode(handle)
+                if pynvml.nvmlDeviceIsMigDeviceHandle(handle):
+                    board = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+            except Exception:  # noqa: BLE001, S110 - bindings without MIG: the handle is it
+                pass
+            try:
+                current, _pending = pynvml.nvmlDeviceGetEccMode(board)
                 gpu["ecc"] = bool(current)
             except Exception as exc:  # noqa: BLE001 - consumer GPUs have no ECC
                 unknown[f"{prefix}.ecc"] = f"{type(exc).__name__}: {exc}"
             try:
-                gpu["serial"] = text(pynvml.nvmlDeviceGetSerial(handle))
+                gpu["serial"] = text(pynvml.nvmlDeviceGetSerial(board))
             except Exception as exc:  # noqa: BLE001
                 unknown[f"{prefix}.serial"] = f"{type(exc).__name__}: {exc}"
     finally:
@@ -228,6 +298,24 @@ def _nvml(unknown: dict[str, str], gpus: list[dict[str, Any]]) -> None:
             pynvml.nvmlShutdown()
         except Exception:  # noqa: BLE001, S110 - shutting down is best effort
             pass
+
+
+def _is_mig(gpu: dict[str, Any]) -> bool:
+    # CUDA names a MIG instance after its GPU and profile: "NVIDIA A100-SXM4-40GB MIG 1g.5gb".
+    return " MIG " in f" {gpu.get('name') or ''} "
+
+
+def _nvml_handle(pynvml: Any, uuid: str, *, mig: bool) -> Any:
+    """NVML's handle of the device torch calls `uuid`: torch's UUID has no prefix, and a
+    MIG instance is `MIG-…` to NVML, never `GPU-…` (tried second, in case the name did
+    not say MIG)."""
+    if uuid.startswith(("GPU-", "MIG-")):
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    first, second = ("MIG", "GPU") if mig else ("GPU", "MIG")
+    try:
+        return pynvml.nvmlDeviceGetHandleByUUID(f"{first}-{uuid}")
+    except Exception:  # noqa: BLE001 - not under this spelling
+        return pynvml.nvmlDeviceGetHandleByUUID(f"{second}-{uuid}")
 
 
 def _gpus(unknown: dict[str, str]) -> list[dict[str, Any]]:

@@ -65,22 +65,38 @@ _GETTERS = [
     ("cuda.preferred_linalg_library", "cuda", "preferred_linalg_library"),
 ]
 
-NUMERIC_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "PYTORCH_")
+# NCCL_*: NCCL's algorithm, protocol, channels and NVLink SHARP (NVLS, on NVSwitch
+# systems) decide a collective's reduction order, hence its rounding.
+NUMERIC_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "PYTORCH_", "NCCL_")
 NUMERIC_ENV_NAMES = (
     "CUBLAS_WORKSPACE_CONFIG",
     "ATEN_CPU_CAPABILITY",
     "NVIDIA_TF32_OVERRIDE",
-    "CUDA_VISIBLE_DEVICES",
 )
+# Where NCCL writes what it logs: never what it computes.
+_NCCL_LOGGING = frozenset({"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE",
+                           "NCCL_DEBUG_TIMESTAMP_FORMAT", "NCCL_TOPO_DUMP_FILE",
+                           "NCCL_GRAPH_DUMP_FILE"})
+# Which devices a process sees is a scheduler's choice (Slurm's gres, Kubernetes' device
+# plugin), not arithmetic: under a scheduler each allocation (`0`, `1`, `1,2`) would be
+# an environment of its own, and identical nodes would have no peers. The devices a run
+# measured are named by UUID and slot in the run document (`devices`), never here.
+DEVICE_SELECTION_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                                    "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL",
+                                    "NVIDIA_VISIBLE_DEVICES"})
+DEVICE_SELECTION_PREFIXES = ("SLURM_",)
 
 
 def numeric_env_vars(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment variables that change numerics and are set (sorted by name)."""
+    """The environment variables that change numerics and are set (sorted by name);
+    never one that selects devices (DEVICE_SELECTION_NAMES)."""
     environ = dict(os.environ if environ is None else environ)
     return {
         k: v
         for k, v in sorted(environ.items())
-        if k in NUMERIC_ENV_NAMES or k.startswith(NUMERIC_ENV_PREFIXES)
+        if (k in NUMERIC_ENV_NAMES or k.startswith(NUMERIC_ENV_PREFIXES))
+        and k not in DEVICE_SELECTION_NAMES and not k.startswith(DEVICE_SELECTION_PREFIXES)
+        and k not in _NCCL_LOGGING
     }
 
 

@@ -1,5 +1,5 @@
-"""Run the suite: device after device, one child process per variant, results gathered
-into a run document.
+"""Run the suite: every device at once, one child process per variant (group) after
+another on each, results gathered into a run document.
 
 Each variant runs in its own interpreter (design §2.3): knobs such as
 CUBLAS_WORKSPACE_CONFIG must be set before torch starts, and a crash or a hang in one
@@ -16,8 +16,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,6 +149,7 @@ def run_variants(
     study_budget_s: float | None = None,
     suite: str = _workloads.SUITE,
     environment: bool = True,
+    visible: str | None = None,
 ) -> ChildRun:
     """`variants` (one `_variants.process_groups` group) in one child process, each
     with `timeout` seconds (from when it starts): the variants a crash or a timeout
@@ -167,7 +170,8 @@ def run_variants(
                           fault_drill=fault_drill, on_progress=progress,
                           values_dir=values_dir, trace_ops=trace_ops,
                           study_budget_s=study_budget_s, suite=suite,
-                          environment=environment and run.environment is None)
+                          environment=environment and run.environment is None,
+                          visible=visible)
         run.environment = run.environment or part.environment
         run.results.extend(part.results)
         run.timeline.extend(part.timeline)
@@ -195,10 +199,12 @@ def _run_child(
     suite: str,
     environment: bool,
     study_budget_s: float | None = None,
+    visible: str | None = None,
 ) -> ChildRun:
     """One child for `variants`: its results for the variants it finished, failed
     results for the one a crash or a timeout hit, nothing for those it left (the
-    caller starts another child for them)."""
+    caller starts another child for them). `visible`: the child sees only this device
+    (its CUDA_VISIBLE_DEVICES) and computes on its cuda:0."""
     spec = {
         "variants": variants,
         "suite": suite,
@@ -214,6 +220,9 @@ def _run_child(
     }
     # The group's variants have the same child environment (`process_groups`).
     env = _variants.get(variants[0]).child_env(dict(os.environ))
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+        spec["torch_device"] = "cuda:0"
     per_variant = max(len(workloads), 1)
     with tempfile.TemporaryDirectory(prefix="numparity-") as tmp:
         spec_path = os.path.join(tmp, "spec.json")
@@ -343,6 +352,17 @@ def _environment_child(timeout: float) -> dict[str, Any]:
     return json.loads(proc.stdout)
 
 
+@dataclass
+class _DeviceRun:
+    """What one device's children gave: its results, timeline, its `devices` entry,
+    and the environment when its first child captured it."""
+
+    environment: dict[str, Any] | None = None
+    results: list[dict[str, Any]] = field(default_factory=list)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    entry: dict[str, Any] = field(default_factory=dict)
+
+
 class DeviceListError(RuntimeError):
     """The child that lists the node's devices crashed or timed out."""
 
@@ -390,6 +410,28 @@ def drill_slot(devices: Sequence[dict[str, Any]], drill_device: str | None) -> s
         raise UsageError(f"--drill-device {drill_device} is not one device of this run; "
                          f"its devices: {', '.join(slots)}")
     return items[0]
+
+
+def isolated_visible(device: dict[str, Any], workloads: Sequence[str],
+                     environ: dict[str, str] | None = None) -> str | None:
+    """What CUDA_VISIBLE_DEVICES shows a CUDA device's children only that device with:
+    its UUID (a MIG instance's `MIG-…` too: CUDA shows one MIG instance per process),
+    else its item of the parent's own CUDA_VISIBLE_DEVICES (a scheduler's `1,2`), else
+    its index. None for the CPU, and for a device that runs a node-wide workload (the
+    collectives span every GPU). A child that sees one device creates no context on
+    another (`torch.cuda.synchronize()` without a device would on cuda:0)."""
+    if device.get("type") != "cuda" or any(w in _workloads.NODE_WIDE for w in workloads):
+        return None
+    if device.get("uuid"):
+        return str(device["uuid"])
+    index = device.get("index")
+    if not isinstance(index, int):
+        return None
+    listed = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return str(index)
+    items = [item.strip() for item in listed.split(",") if item.strip()]
+    return items[index] if index < len(items) else None
 
 
 def device_plan(
@@ -498,9 +540,10 @@ def run_suite(
     are kept in `values_dir` when given (`_values`).
 
     `device` is a selection (see select_devices; default every visible CUDA device,
-    else the CPU) or the devices select_devices gave for one. Devices run one after
-    another, each variant of each in its own child; the float64 reference runs once,
-    on the CPU (device_plan). The document lists the devices with the seconds each
+    else the CPU) or the devices select_devices gave for one. The devices run at once,
+    each variant (group) of each in its own child, one after another; a CUDA device's
+    children see only it (`isolated_visible`); the float64 reference runs once, on the
+    CPU (device_plan). The document lists the devices with the seconds each
     took and its status: "failed" when every one of its results failed.
 
     With `drill` (`run --fault-drill`, design §2.6) the document is marked as a drill
@@ -529,32 +572,47 @@ def run_suite(
         )
     node_env_vars = numeric_env_vars()
     started_at = utc_now()
-    environment: dict[str, Any] | None = None
-    results: list[dict[str, Any]] = []
-    entries: list[dict[str, Any]] = []
-    timeline: list[dict[str, Any]] = []
     per_device = device_workloads(plan, workloads)
     total = sum(len(runs) * len(names) for (_, runs), names in zip(plan, per_device,
                                                                     strict=True))
-    for (entry, runs), on_device in zip(plan, per_device, strict=True):
+    # The devices run at once, each in its own thread of children (a node's total is
+    # about one device's, not N times it); what they report goes through one lock.
+    lock = threading.Lock()
+    finished: dict[int, int] = {}
+
+    def say(line: str) -> None:
+        with lock:
+            log_line(line)
+
+    isolated = [isolated_visible(entry, names)
+                for (entry, _runs), names in zip(plan, per_device, strict=True)]
+    # A child that sees one GPU would describe one GPU: where the first device's children
+    # are isolated, the environment (every GPU this agent sees) comes from a child of its
+    # own, beside the devices' (as `numparity-agent env` captures it).
+    own_environment_child = bool(isolated) and isolated[0] is not None
+
+    def run_device(position: int, entry: dict[str, Any], runs: list[str],
+                   on_device: list[str]) -> _DeviceRun:
         slot = entry["device"]
         prefix = f"{slot} " if several else ""
+        visible = isolated[position]
         device_started = time.monotonic()
-        device_results: list[dict[str, Any]] = []
-        groups = _variants.process_groups(runs, dict(os.environ))
-        for group in groups:
+        run = _DeviceRun()
+        done_here = 0
+        for group in _variants.process_groups(runs, dict(os.environ)):
             names = ", ".join(group)
-            log_line(f"{prefix}variant{'s' if len(group) > 1 else ''} {names}: running "
-                     f"{', '.join(on_device)}" + ("" if several else f" on {slot}")
-                     + (" (one process)" if len(group) > 1 else ""))
+            say(f"{prefix}variant{'s' if len(group) > 1 else ''} {names}: running "
+                f"{', '.join(on_device)}" + ("" if several else f" on {slot}")
+                + (" (one process)" if len(group) > 1 else ""))
             watch = None
             if on_progress is not None:
-                def watch(finished: int, group: list[str] = group, done: int = len(results),
+                def watch(count: int, group: list[str] = group, before: int = done_here,
                           prefix: str = prefix, on_device: list[str] = on_device) -> None:
-                    variant = group[min(finished // max(len(on_device), 1), len(group) - 1)]
-                    now = on_device[min(finished % max(len(on_device), 1),
-                                        len(on_device) - 1)]
-                    on_progress(done + finished, total, f"{prefix}{now}/{variant}")
+                    variant = group[min(count // max(len(on_device), 1), len(group) - 1)]
+                    now = on_device[min(count % max(len(on_device), 1), len(on_device) - 1)]
+                    with lock:
+                        finished[position] = before + count
+                        on_progress(sum(finished.values()), total, f"{prefix}{now}/{variant}")
 
                 watch(0)
             started = time.monotonic()
@@ -570,23 +628,47 @@ def run_suite(
                 values_dir=values_dir,
                 trace_ops=trace_ops, study_budget_s=study_budget_s,
                 suite=suite,
-                environment=environment is None,
+                # The first device's first child captures the environment.
+                environment=(position == 0 and not own_environment_child
+                             and run.environment is None),
+                visible=visible,
             )
-            environment = environment or child.environment
-            timeline.extend(child.timeline)
-            _log_results(log_line, prefix, child.results)
-            results.extend(child.results)
-            device_results.extend(child.results)
-            log_line(f"{prefix}variant{'s' if len(group) > 1 else ''} {names}: done in "
-                     f"{time.monotonic() - started:.1f} s")
+            run.environment = run.environment or child.environment
+            run.timeline.extend(child.timeline)
+            with lock:
+                _log_results(log_line, prefix, child.results)
+            run.results.extend(child.results)
+            done_here += len(child.results)
+            say(f"{prefix}variant{'s' if len(group) > 1 else ''} {names}: done in "
+                f"{time.monotonic() - started:.1f} s")
             if on_progress is not None:
-                on_progress(len(results), total, f"{prefix}{names} done")
+                with lock:
+                    finished[position] = done_here
+                    on_progress(sum(finished.values()), total, f"{prefix}{names} done")
         wall_s = time.monotonic() - device_started
-        failed = all(r["status"] == "failed" for r in device_results)
-        entries.append({**entry, "wall_s": round(wall_s, 3),
-                        "status": "failed" if failed else "ok"})
-        log_line(f"device {_devices.describe(entry)}: done in {wall_s:.1f} s"
-                 + (", every result failed" if failed else ""))
+        failed = all(r["status"] == "failed" for r in run.results)
+        run.entry = {**entry, "wall_s": round(wall_s, 3), "status": "failed" if failed else "ok"}
+        say(f"device {_devices.describe(entry)}: done in {wall_s:.1f} s"
+            + (", every result failed" if failed else ""))
+        return run
+
+    with ThreadPoolExecutor(max_workers=len(plan) + 1,
+                            thread_name_prefix="numparity-device") as pool:
+        captured = pool.submit(_environment_child, timeout) if own_environment_child else None
+        futures = [pool.submit(run_device, position, entry, runs, on_device)
+                   for position, ((entry, runs), on_device)
+                   in enumerate(zip(plan, per_device, strict=True))]
+        device_runs = [future.result() for future in futures]
+        environment: dict[str, Any] | None = next(
+            (r.environment for r in device_runs if r.environment), None)
+        if captured is not None:
+            try:
+                environment = captured.result()
+            except Exception as exc:  # noqa: BLE001 - captured again below
+                log_line(f"environment capture failed, once: {exc}")
+    results = [result for r in device_runs for result in r.results]
+    entries = [r.entry for r in device_runs]
+    timeline = [t for r in device_runs for t in r.timeline]
     if environment is None:
         try:
             environment = _environment_child(timeout)

@@ -302,14 +302,18 @@ class DeferredHashes:
         self._pending: list[tuple[int, torch.Tensor]] = []
         self._done: list[tuple[str, str, list[int]] | None] = []
         self._bytes = 0
-        self._gpu = False
+        # The devices whose copies are pending: each is synchronised by name, as
+        # `torch.cuda.synchronize()` without one syncs the current device (cuda:0, whose
+        # context it creates) rather than the one the copies run on.
+        self._devices: set[torch.device] = set()
 
     def add(self, tensor: torch.Tensor) -> int:
         on_gpu = tensor.device.type == "cuda"
         with _unfilled():
             host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=on_gpu)
         host.copy_(tensor, non_blocking=on_gpu)
-        self._gpu = self._gpu or on_gpu
+        if on_gpu:
+            self._devices.add(tensor.device)
         index = len(self._done)
         self._done.append(None)
         self._pending.append((index, host))
@@ -321,8 +325,8 @@ class DeferredHashes:
     def _hash_pending(self) -> None:
         if not self._pending:
             return
-        if self._gpu:
-            torch.cuda.synchronize()
+        for device in self._devices:
+            torch.cuda.synchronize(device)
         digests = tensor_hashes([host for _, host in self._pending])
         for (index, host), digest in zip(self._pending, digests, strict=True):
             self._done[index] = (reference(digest), str(host.dtype).removeprefix("torch."),
@@ -442,7 +446,7 @@ def _conv_backend(args: Any) -> str | None:
 
 
 class KernelSession:
-    """The CUDA kernels the traced ops launched, from one torch.profiler session around
+    """The CUDA kernels the traced ops launched, from one profiler session around
     every traced pass of a variant (`record` opens it on CUDA; elsewhere it records
     nothing). Each op of KERNEL_CHOICE_OPS runs inside `record_function("numparity#<trace>#
     <seq>")`; once the session is closed, each kernel is joined to the annotation around
@@ -453,7 +457,7 @@ class KernelSession:
     instruments every loaded CUDA module (seconds on a large torch), and tears it down
     on exit (kineto's TEARDOWN_CUPTI, the default from CUDA 12.6). The events are read
     raw (`_ProfilerResult.events()`, joined by correlation id), without the Python
-    event tree that `profile.events()` builds (tens of microseconds an event); any
+    event tree that `function_events` builds (tens of microseconds an event); any
     torch whose raw events do not read so falls back to that tree."""
 
     PREFIX = "numparity#"
@@ -467,9 +471,7 @@ class KernelSession:
         if device.type != "cuda":
             yield self
             return
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+        with open_profiler(device.type) as profiler:
             self._profiler = profiler
             yield self
         self._kernels = None
@@ -477,7 +479,7 @@ class KernelSession:
     def around(self, trace: str, seq: int) -> Any:
         if self._profiler is None:
             return contextlib.nullcontext()
-        return torch.profiler.record_function(f"{self.PREFIX}{trace}#{seq}")
+        return torch.autograd.profiler.record_function(f"{self.PREFIX}{trace}#{seq}")
 
     def annotate(self, trace: str, ops: list[dict[str, Any]]) -> None:
         """Add the kernels of trace `trace`'s ops to their `kernel` (after `record`)."""
@@ -492,14 +494,14 @@ class KernelSession:
 
     def kernels_by_op(self) -> dict[tuple[str, int], list[str]]:
         try:
-            raw = self._profiler.profiler.kineto_results.events()
+            raw = self._profiler.kineto_results.events()
             return _join_raw(raw, self.PREFIX)
         except Exception:  # noqa: BLE001 - this torch's raw events differ: the tree
             return self._from_tree()
 
     def _from_tree(self) -> dict[tuple[str, int], list[str]]:
         found: dict[tuple[str, int], list[str]] = {}
-        for event in self._profiler.events() or []:
+        for event in self._profiler.function_events or []:
             key = _annotation(getattr(event, "name", ""), self.PREFIX)
             if key is not None:
                 found[key] = list(dict.fromkeys(_kernel_names(event)))
@@ -517,17 +519,36 @@ def _annotation(name: str, prefix: str) -> tuple[str, int] | None:
         return None
 
 
+def open_profiler(device_type: str) -> Any:
+    """A kineto profiler session recording CPU ops and `device_type`'s kernels:
+    `torch.autograd.profiler.profile`, not `torch.profiler.profile`, whose
+    `prepare_trace` evaluates `hasattr(torch, "_inductor")` and so imports inductor
+    (1.25 s on a CPU build, more on a CUDA one) in every traced child. Its raw events are
+    `kineto_results.events()` once it is closed; its event tree, `function_events`, is
+    built only when asked for."""
+    from torch.autograd.profiler import profile
+
+    return profile(use_kineto=True, use_device=device_type if device_type != "cpu" else None)
+
+
 def _join_raw(events: Any, prefix: str) -> dict[tuple[str, int], list[str]]:
-    """Each device event's name under the annotation around the CPU event that launched
-    it (its `linked_correlation_id`), from the profiler's raw events: an op's kernels
-    link to the innermost recorded op, which runs inside one annotation on its thread
-    (annotations do not nest: the op inside one is the tracer's own)."""
-    cpu: dict[int, tuple[int, int]] = {}  # correlation id -> (thread, start)
+    """Each device event's name under the annotation around the CPU op that launched it
+    (its `linked_correlation_id`), from the profiler's raw events: an op's kernels link
+    to the innermost recorded op, which runs inside one annotation on its thread
+    (annotations do not nest: the op inside one is the tracer's own).
+
+    Only the CPU events with no linked id are ops (torch's own parser,
+    `_parse_kineto_results`, keys the same ones): a CUDA runtime event (`cudaLaunchKernel`)
+    is a CPU event too, but its `correlation_id` is CUPTI's, a counter of its own that
+    also starts near 1, and would overwrite the op whose id it happens to share."""
+    cpu: dict[int, tuple[int, int]] = {}  # an op's correlation id -> (thread, start)
     spans: dict[int, list[tuple[int, int, tuple[str, int]]]] = {}  # thread -> spans
     device: list[tuple[int, str]] = []
     for event in events:
         kind = str(event.device_type())
         if kind.endswith("CPU"):
+            if int(event.linked_correlation_id()) != 0:
+                continue  # a runtime call: its correlation id is CUPTI's, not an op's
             start, end = _span_ns(event)
             thread = int(event.start_thread_id())
             cpu[int(event.correlation_id())] = (thread, start)

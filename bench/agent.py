@@ -1,6 +1,7 @@
 """Agent benchmark: the whole standard suite through the real CLI. Not run by CI.
 
     .venv/bin/python bench/agent.py [--repeats 2] [--device all] [--keep FILE]
+        [--fake-gpus N] [--workloads W ...] [--variants V ...]
 
 1. Runs ``python -m numparity_agent run --output FILE`` with every registered workload
    and every registered variant (names read from the registries, so new ones are
@@ -20,7 +21,11 @@
    process-wide sharing one) its phases -- start, import, device_init, environment,
    build, run, fingerprint, trace, write, other -- and the overhead per variant: the
    child's wall time less its workloads' `run`, divided by the variants it ran.
-3. Fingerprint overhead, measured by the agent itself in the same run: each result's
+3. Per device, its overhead (its children's wall less its workloads' runs), and the
+   whole node's: the run against its slowest device (the devices run at once, design
+   §2.6) and against their sum; `--fake-gpus N` runs it on N fake GPUs
+   (tests/helpers/fake_cuda), each computing on this CPU with one thread.
+4. Fingerprint overhead, measured by the agent itself in the same run: each result's
    `timeline.fingerprint_s` (hashing the built inputs and parameters of the first
    repeat, fingerprinting its recorded tensors, checking every later repeat against it
    bit for bit) over its `timeline.run_s` (``workload.run`` inside the variant's run
@@ -51,8 +56,25 @@ TARGET_VARIANT_OVERHEAD_S = 3.0
 # cnn, … on cpu" (one).
 
 
+FAKE_CUDA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         "tests", "helpers", "fake_cuda")
+
+
+def fake_gpu_env(count: int) -> dict[str, str]:
+    """The agent's environment on a node of `count` fake GPUs (tests/helpers/fake_cuda:
+    each computes on this CPU, with one thread)."""
+    gpus = [{"uuid": f"GPU-00000000-0000-4000-8000-{n:012x}", "serial": f"13202210{n:05d}",
+             "pci_bus_id": f"00000000:{7 + n:02X}:00.0", "name": "NVIDIA H200 (fake)",
+             "cc": "9.0", "threads": 1} for n in range(count)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [FAKE_CUDA, env.get("PYTHONPATH")]))
+    env["NUMPARITY_TEST_FAKE_GPUS"] = json.dumps(gpus)
+    return env
+
+
 def run_cli(
-    workloads: list[str], variants: list[str], repeats: int, device: str, output: str
+    workloads: list[str], variants: list[str], repeats: int, device: str, output: str,
+    env: dict[str, str] | None = None,
 ) -> tuple[float, list[str], int]:
     """(run wall s, log lines, return code) of one CLI run."""
     cmd = [sys.executable, "-m", "numparity_agent", "run", "--workloads", *workloads,
@@ -60,8 +82,27 @@ def run_cli(
            "--node", "bench", "--output", output]
     start = time.perf_counter()
     done = subprocess.run(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                          check=False)
+                          check=False, env=env)
     return time.perf_counter() - start, done.stderr.splitlines(), done.returncode
+
+
+def print_node(document: dict[str, Any], total_s: float) -> None:
+    """Per-device overhead (its children's wall less its workloads' runs) and the whole
+    node's: the run against its slowest device (the devices run at once) and against
+    their sum (what one device after another would take)."""
+    devices = [d for d in document["devices"] if d["type"] != "cpu"] or document["devices"]
+    print("per device: wall (its children, one after another), runs (its workloads' "
+          "run_s), overhead = wall - runs")
+    for device in devices:
+        runs = sum(r.get("timeline", {}).get("run_s", 0.0) for r in document["results"]
+                   if r["device"] == device["device"] and r["status"] == "ok")
+        print(f"  {device['device']:<8} wall {device['wall_s']:7.2f} s  runs {runs:7.2f} s  "
+              f"overhead {device['wall_s'] - runs:7.2f} s")
+    walls = [d["wall_s"] for d in devices]
+    print(f"== whole node, {len(devices)} device(s): the run {total_s:.1f} s; slowest device "
+          f"{max(walls):.1f} s; sum of devices {sum(walls):.1f} s; run / slowest "
+          f"{total_s / max(max(walls), 1e-9):.2f}x (one device after another would be "
+          f"{sum(walls) / max(max(walls), 1e-9):.2f}x)")
 
 
 def print_timeline(document: dict[str, Any]) -> None:
@@ -133,10 +174,15 @@ def main() -> int:
                         help="as the agent's --device (default all: every visible GPU, "
                         "else the CPU)")
     parser.add_argument("--keep", help="also keep the run document here")
+    parser.add_argument("--fake-gpus", type=int, default=0, metavar="N",
+                        help="a node of N fake GPUs (tests/helpers/fake_cuda), each on this "
+                        "CPU: the per-device and whole-node overhead of running them at once")
+    parser.add_argument("--workloads", nargs="+", help="only these (default every one)")
+    parser.add_argument("--variants", nargs="+", help="only these (default every one)")
     args = parser.parse_args()
 
-    workloads = builtin_workloads()
-    variants = variant_names()
+    workloads = args.workloads or builtin_workloads()
+    variants = args.variants or variant_names()
     print(f"workloads ({len(workloads)}): {', '.join(workloads)}")
     print(f"variants  ({len(variants)}): {', '.join(variants)}")
     print(f"repeats {args.repeats}, device {args.device}, python {sys.executable}")
@@ -145,7 +191,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="numparity-bench-") as tmp:
         output = args.keep or os.path.join(tmp, "run.json")
         total_s, lines, code = run_cli(
-            workloads, variants, args.repeats, args.device, output
+            workloads, variants, args.repeats, args.device, output,
+            env=fake_gpu_env(args.fake_gpus) if args.fake_gpus else None,
         )
         peak_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # KiB
         if code != 0 or not os.path.exists(output):
@@ -219,6 +266,8 @@ def main() -> int:
     print()
 
     print_timeline(document)
+    print()
+    print_node(document, total_s)
     print()
     print_fingerprint_overhead(results)
     return 0

@@ -39,10 +39,12 @@ import contextlib
 import inspect
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -88,6 +90,15 @@ class Check:
         self.server = ""
         self.tokens: dict[str, str] = {}
         self.documents: dict[str, dict[str, Any]] = {}
+        self.identity: dict[str, Any] = {}
+        self.split: dict[str, Any] = {}
+        # When the row now running must have answered (time.monotonic()): every process
+        # a row starts gets what is left of it as its timeout.
+        self.deadline = float("inf")
+
+    def remaining(self) -> float:
+        """Seconds left to the row now running (at least 1: a process gets to start)."""
+        return max(min(self.deadline - time.monotonic(), 24 * 3600.0), 1.0)
 
     # ---- processes ------------------------------------------------------------------
 
@@ -102,7 +113,7 @@ class Check:
         return env
 
     def agent(self, *args: str, node: str = "gpu-check", env: dict[str, str] | None = None,
-              timeout: float = 3600, upload: bool = True) -> subprocess.CompletedProcess[str]:
+              upload: bool = True) -> subprocess.CompletedProcess[str]:
         flags = ["--node", node] if args and args[0] in ("run", "explain") else []
         if node in SHARING_NODES:
             # The stock node owns this machine's GPUs: a second node reporting them by
@@ -113,7 +124,7 @@ class Check:
                       "--spool", str(self.work / f"spool-{node}")]
         done = subprocess.run([sys.executable, "-m", "numparity_agent", *args, *flags],
                               env=env or self.agent_env(), capture_output=True, text=True,
-                              timeout=timeout, check=False)
+                              timeout=self.remaining(), check=False)
         # Each agent's log, whole, beside the database (--keep): a row shows its last line.
         with (self.work / f"agent-{node}.log").open("a") as log:
             log.write(f"$ numparity-agent {' '.join(args)}\n{done.stderr}")
@@ -162,7 +173,8 @@ class Check:
     def get(self, path: str, **params: Any) -> Any:
         import httpx
 
-        response = httpx.get(f"{self.server}/api/v1{path}", params=params, timeout=120,
+        response = httpx.get(f"{self.server}/api/v1{path}", params=params,
+                             timeout=min(self.remaining(), 120),
                              headers={"Authorization": f"Bearer {self.tokens['reader']}"})
         response.raise_for_status()
         return response.json()
@@ -186,8 +198,8 @@ class Check:
 
 def check_identity(check: Check) -> Row:
     done = subprocess.run([sys.executable, "-m", "numparity_agent._devices"],
-                          env=check.agent_env(), capture_output=True, text=True, timeout=300,
-                          check=False)
+                          env=check.agent_env(), capture_output=True, text=True,
+                          timeout=check.remaining(), check=False)
     if done.returncode != 0:
         return Row("identity", "FAIL", f"listing the devices failed: {_last_line(done.stderr)}")
     devices = json.loads(done.stdout)
@@ -196,6 +208,7 @@ def check_identity(check: Check) -> Row:
         return Row("identity", "FAIL", f"{check.device} is not among "
                    f"{', '.join(d.get('device', '?') for d in devices) or 'no devices'}")
     fields = ("uuid", "serial", "pci_bus_id", "name", "compute_capability")
+    check.identity = mine
     missing = [f for f in fields if not mine.get(f)]
     detail = (f"{mine.get('name')}, cc {mine.get('compute_capability')}, {mine.get('uuid')}, "
               f"serial {mine.get('serial')}, PCI {mine.get('pci_bus_id')}")
@@ -269,6 +282,12 @@ def _timeline_row(document: dict[str, Any], fake: bool) -> Row:
 
 
 def check_tf32_split(check: Check) -> list[Row]:
+    rows = _tf32_split(check)
+    check.split = rows[0].data
+    return rows
+
+
+def _tf32_split(check: Check) -> list[Row]:
     stock = check.documents.get("stock")
     if stock is None:
         return [Row("TF32 split", "FAIL", "no stock run to compare with")]
@@ -319,25 +338,95 @@ def check_explain(check: Check, split: dict[str, Any]) -> Row:
     return Row("explain", "ok" if ok else "FAIL", detail, finding)
 
 
+# The SDPA backends and the dtypes each takes (torch's sdp_utils.cpp: flash and cuDNN
+# attention take float16 and bfloat16 only, from compute capability 8.0; memory-efficient
+# attention also float32, from 5.0; math anything). The decoder's default variant is
+# float32: flash cannot run there, so the fused backends are probed under half types.
+SDPA_DTYPES = {"flash": ("float16", "bfloat16"), "cudnn": ("float16", "bfloat16"),
+               "efficient": ("float32", "float16", "bfloat16"),
+               "math": ("float32", "float16", "bfloat16")}
+SDPA_MIN_CC = {"flash": (8, 0), "cudnn": (8, 0), "efficient": (5, 0), "math": (0, 0)}
+# cuDNN attention is optional (a torch built with cuDNN >= 9, and torch's own gating):
+# reported, never required.
+SDPA_REQUIRED = ("flash", "efficient", "math")
+# Each fused backend's output against float64 math, as a multiple of the dtype's eps
+# (one rounding of the output plus float32 accumulation in blocks: a few eps).
+SDPA_EPS_BOUND = 8.0
+
+
+def sdpa_expected(dtype: str, cc: tuple[int, int]) -> set[str]:
+    """The backends that must run attention in `dtype` on a GPU of capability `cc`."""
+    return {b for b in SDPA_REQUIRED if dtype in SDPA_DTYPES[b] and cc >= SDPA_MIN_CC[b]}
+
+
+def sdpa_probe(slot: str) -> dict[str, Any]:
+    """Each backend under float16 and bfloat16 on `slot` (`--sdpa-probe`, in a child: it
+    computes on the device): whether it ran, and its largest error against float64
+    math in eps of the dtype."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from numparity_agent._devices import torch_device
+
+    device = torch_device(slot)
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "math": SDPBackend.MATH}
+    if hasattr(SDPBackend, "CUDNN_ATTENTION"):
+        backends["cudnn"] = SDPBackend.CUDNN_ATTENTION
+    generator = torch.Generator().manual_seed(42)
+    q, k, v = (torch.randn(2, 4, 128, 64, generator=generator, dtype=torch.float64)
+               for _ in range(3))
+    found: dict[str, Any] = {}
+    for dtype_name in ("float16", "bfloat16"):
+        dtype = getattr(torch, dtype_name)
+        qd, kd, vd = (t.to(dtype) for t in (q, k, v))
+        exact = F.scaled_dot_product_attention(qd.double(), kd.double(), vd.double())
+        eps = torch.finfo(dtype).eps
+        for name, backend in backends.items():
+            try:
+                with sdpa_kernel([backend]):
+                    out = F.scaled_dot_product_attention(qd.to(device), kd.to(device),
+                                                         vd.to(device))
+                error = float((out.double().cpu() - exact).abs().max()) / eps
+                found[f"{name}/{dtype_name}"] = {"ran": True, "eps": round(error, 3)}
+            except RuntimeError as exc:
+                found[f"{name}/{dtype_name}"] = {"ran": False,
+                                                 "reason": _short(str(exc), 120)}
+    return found
+
+
 def check_sdpa(check: Check) -> Row:
+    """The fused attention backends under float16 and bfloat16 on the device (each
+    against float64 math), and what the decoder's float32 attention ran through."""
+    done = subprocess.run([sys.executable, __file__, "--sdpa-probe", check.device],
+                          env=check.agent_env(), capture_output=True, text=True,
+                          timeout=check.remaining(), check=False)
+    if done.returncode != 0:
+        return Row("SDPA backends", "FAIL", f"the probe failed: {_last_line(done.stderr)}")
+    probes: dict[str, Any] = json.loads(done.stdout)
+    ran = sorted(k for k, p in probes.items() if p["ran"])
+    cc = _cc(check.identity.get("compute_capability")) if not check.fake else (0, 0)
+    missing = sorted(f"{b}/{d}" for d in ("float16", "bfloat16") for b in sdpa_expected(d, cc)
+                     if not probes.get(f"{b}/{d}", {}).get("ran"))
+    wrong = sorted(k for k, p in probes.items() if p["ran"] and p["eps"] > SDPA_EPS_BOUND)
+    worst = max((p["eps"] for p in probes.values() if p["ran"]), default=0.0)
+    detail = (f"fp16/bf16 ran {', '.join(ran) or 'none'}; worst {worst:.1f} eps from float64 "
+              f"math (bound {SDPA_EPS_BOUND:g})")
     decoder = _result(check.documents.get("stock"), "decoder", "default")
-    if decoder is None:
-        return Row("SDPA backends", "n/a", "decoder not in this check's workloads")
-    if decoder["status"] != "ok":
-        return Row("SDPA backends", "FAIL", f"decoder {decoder['status']}: "
-                   f"{_short(decoder.get('error') or decoder.get('reason', ''))}")
-    backends = [t["name"].removeprefix("sdpa.") for t in decoder["tensors"]
-                if t["name"].startswith("sdpa.")]
-    agree = decoder.get("checks", {}).get("attention_backends_agree", {})
-    detail = f"ran {', '.join(backends) or 'none'}; agree with math: {agree.get('equal')}"
-    if agree.get("op"):
-        detail += f" (first differing: {agree['op']})"
-    # On a GPU flash and efficient attention run (cuDNN where this build has it).
-    wanted = {"math"} if check.fake else {"math", "flash", "efficient"}
-    missing = wanted - set(backends)
-    return Row("SDPA backends", "FAIL" if missing else "ok",
-               detail + (f"; missing {', '.join(sorted(missing))}" if missing else ""),
-               {"backends": backends})
+    decoder_backends: list[str] = []
+    if decoder is not None and decoder["status"] == "ok":
+        decoder_backends = [t["name"].removeprefix("sdpa.") for t in decoder["tensors"]
+                            if t["name"].startswith("sdpa.")]
+        detail += f"; decoder/default (float32) ran {', '.join(decoder_backends) or 'none'}"
+    if missing:
+        detail += f"; did not run: {', '.join(missing)}"
+    if wrong:
+        detail += f"; past the bound: {', '.join(wrong)}"
+    data = {"probes": probes, "decoder_backends": decoder_backends, "missing": missing}
+    if check.fake:
+        return Row("SDPA backends", "n/a", detail + " (fake CUDA: the CPU's backends)", data)
+    return Row("SDPA backends", "FAIL" if missing or wrong else "ok", detail, data)
 
 
 def check_collectives(check: Check) -> Row:
@@ -356,14 +445,27 @@ def check_collectives(check: Check) -> Row:
     return Row("NCCL collectives", "ok" if backend == "nccl" else "FAIL", detail, info)
 
 
+# Workloads whose repeats agree bitwise on a GPU under `strict` (deterministic
+# algorithms): a trace is kept only when its pass recorded the fingerprinted bits, so
+# `probes` (index_add_'s atomics) or a nondeterministic backward would fail the row for
+# the GPU's arithmetic, not for the profiler.
+TRACE_WORKLOADS = ("mlp", "cnn", "transformer")
+TRACE_VARIANT = "strict"
+
+
+def trace_workloads(workloads: list[str]) -> list[str]:
+    """The deterministic workloads the kernel-names row traces (mlp at least)."""
+    return [w for w in workloads if w in TRACE_WORKLOADS] or ["mlp"]
+
+
 def check_kernel_names(check: Check) -> Row:
     """`--trace-ops` on the device: kernel names on GEMMs and convolutions, and the cost
-    (the default variant's child, traced over untraced)."""
-    workloads = [w for w in check.workloads if w != "collectives"]
+    (the strict variant's child, traced over untraced), on deterministic workloads."""
+    workloads = trace_workloads(check.workloads)
     plain, error = check.run_document("untraced", "--workloads", *workloads, "--variants",
-                                      "default", node="gpu-check-trace", upload=False)
+                                      TRACE_VARIANT, node="gpu-check-trace", upload=False)
     traced, error_traced = check.run_document("traced", "--workloads", *workloads,
-                                              "--variants", "default", "--trace-ops",
+                                              "--variants", TRACE_VARIANT, "--trace-ops",
                                               node="gpu-check-trace", upload=False)
     if plain is None or traced is None:
         return Row("profiler kernel names", "FAIL", error or error_traced)
@@ -373,11 +475,13 @@ def check_kernel_names(check: Check) -> Row:
              op["kernel"].startswith(("conv:", "sdpa:")) or "; " in op.get("kernel", "")]
     errors = [r["trace_error"] for r in traced["results"] if r.get("trace_error")]
     examples = sorted({op["kernel"].split("; ")[-1] for op in named})[:2]
-    detail = (f"{len(named)} of {len(ops)} ops name CUDA kernels ({'; '.join(examples) or '-'});"
-              f" traced/untraced {ratio:.2f}x (target {TARGET_TRACE_RATIO}x)")
+    detail = (f"{', '.join(workloads)}/{TRACE_VARIANT}: {len(named)} of {len(ops)} ops name "
+              f"CUDA kernels ({'; '.join(examples) or '-'}); traced/untraced {ratio:.2f}x "
+              f"(target {TARGET_TRACE_RATIO}x)")
     if errors:
         detail += f"; trace_error: {_short(errors[0])}"
-    data = {"ratio": ratio, "named": len(named)}
+    data = {"ratio": ratio, "named": len(named), "workloads": workloads,
+            "variant": TRACE_VARIANT, "trace_errors": len(errors)}
     if check.fake:
         return Row("profiler kernel names", "n/a",
                    detail + " (fake CUDA: no CUDA kernels to name)", data)
@@ -461,25 +565,119 @@ def check_isclose(check: Check) -> Row:
 # ---- the table ---------------------------------------------------------------------------
 
 
-def run_checks(check: Check) -> list[Row]:
-    rows = [check_identity(check)]
-    with check.embedded_server():
-        rows += check_variants(check)
-        split_rows = check_tf32_split(check)
-        rows += split_rows
-        rows.append(check_explain(check, split_rows[0].data))
-        rows.append(check_sdpa(check))
-        rows.append(check_collectives(check))
-        rows.append(check_kernel_names(check))
-        rows.append(check_large_upload(check))
-    rows.append(check_isclose(check))
+# Each step of the check: the rows it answers (in the table's order) and its deadline
+# in seconds on one GPU. A step past its deadline is FAIL with that reason, the steps
+# after it still run; the whole check stops starting steps at --deadline.
+ROWS = ["identity", "variants", "variant overhead", "TF32 split", "explain", "SDPA backends",
+        "NCCL collectives", "profiler kernel names", "large-suite upload", "CUDA isclose"]
+DEADLINES_S = {"identity": 60, "variants": 240, "TF32 split": 90, "explain": 120,
+               "SDPA backends": 60, "NCCL collectives": 5, "profiler kernel names": 150,
+               "large-suite upload": 180, "CUDA isclose": 60}
+# The fake GPU computes on the CPU: slower, on a machine CI shares.
+FAKE_DEADLINE_SCALE = 4.0
+DEADLINE_S = 900.0
+# How long past its deadline a step that has not answered is waited for (its processes
+# are killed at the deadline; one that hangs in this process is left behind).
+HANG_GRACE_S = 5.0
+
+
+@dataclass
+class Step:
+    rows: list[str]
+    run: Any  # Callable[[Check], list[Row]]
+    needs_server: bool = True
+
+
+def steps() -> list[Step]:
+    return [
+        Step(["identity"], lambda c: [check_identity(c)], needs_server=False),
+        Step(["variants", "variant overhead"], check_variants),
+        Step(["TF32 split"], check_tf32_split),
+        Step(["explain"], lambda c: [check_explain(c, c.split)]),
+        Step(["SDPA backends"], lambda c: [check_sdpa(c)]),
+        Step(["NCCL collectives"], lambda c: [check_collectives(c)]),
+        Step(["profiler kernel names"], lambda c: [check_kernel_names(c)]),
+        Step(["large-suite upload"], lambda c: [check_large_upload(c)]),
+        Step(["CUDA isclose"], lambda c: [check_isclose(c)], needs_server=False),
+    ]
+
+
+def run_step(check: Check, step: Step, seconds: float) -> list[Row]:
+    """The step's rows, or for each a FAIL saying why it has none: an exception, a
+    process past the deadline, or no answer at all by then (a hang in this process, on
+    the device: the step is left behind in its thread)."""
+    check.deadline = time.monotonic() + seconds
+    found: list[list[Row]] = []
+    failure: list[str] = []
+
+    def target() -> None:
+        try:
+            found.append(list(step.run(check)))
+        except subprocess.TimeoutExpired as exc:
+            failure.append(f"past its deadline of {seconds:.0f} s ({_short(str(exc.cmd[-1:]))})")
+        except Exception as exc:  # noqa: BLE001 - the row says why, the next rows still run
+            failure.append(f"{type(exc).__name__}: {_short(str(exc))}")
+
+    thread = threading.Thread(target=target, daemon=True, name=f"gpu-check {step.rows[0]}")
+    thread.start()
+    thread.join(seconds + HANG_GRACE_S)
+    if thread.is_alive():
+        failure.append(f"no answer after {seconds:.0f} s (its deadline): left running")
+    if not found:
+        return [Row(name, "FAIL", failure[0] if failure else "no answer")
+                for name in step.rows]
+    rows = found[0]
+    answered = {row.check for row in rows}
+    # A step that stopped at its first row (no document) measured none of the others.
+    return rows + [Row(name, "n/a", f"not measured: {rows[0].check} {rows[0].status}")
+                   for name in step.rows if name not in answered]
+
+
+def run_checks(check: Check, *, on_row: Any = None, deadline_s: float = DEADLINE_S,
+               scale: float = 1.0) -> list[Row]:
+    """Every step under its deadline, `on_row(row)` as each row is known; past
+    `deadline_s` the remaining rows are `n/a` saying so."""
+    rows: list[Row] = []
+    started = time.monotonic()
+
+    def emit(new: list[Row]) -> None:
+        for row in new:
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+
+    pending = steps()
+    emit(run_step(check, pending.pop(0), DEADLINES_S["identity"] * scale))
+    server = contextlib.ExitStack()
+    try:
+        try:
+            server.enter_context(check.embedded_server())
+        except Exception as exc:  # noqa: BLE001 - every row that needs it says why
+            why = f"the embedded server did not start: {_short(str(exc))}"
+            for step in [s for s in pending if s.needs_server]:
+                emit([Row(name, "FAIL", why) for name in step.rows])
+            pending = [s for s in pending if not s.needs_server]
+        for step in pending:
+            left = deadline_s - (time.monotonic() - started)
+            if left <= 0:
+                emit([Row(name, "n/a", f"not run: the check's deadline ({deadline_s:.0f} s) "
+                          "passed") for name in step.rows])
+                continue
+            emit(run_step(check, step, min(DEADLINES_S[step.rows[0]] * scale, left)))
+    finally:
+        server.close()
     return rows
 
 
+def _line(row: Row) -> str:
+    width = max(len(name) for name in ROWS)
+    return f"{row.check:<{width}}  {row.status:<6}  {row.detail}"
+
+
 def table(rows: list[Row], header: str) -> str:
-    width = max(len(r.check) for r in rows)
+    width = max(len(name) for name in ROWS)
     lines = [header, f"{'check':<{width}}  status  detail", f"{'-' * width}  ------  ------"]
-    lines += [f"{r.check:<{width}}  {r.status:<6}  {r.detail}" for r in rows]
+    lines += [_line(r) for r in rows]
     return "\n".join(lines)
 
 
@@ -489,19 +687,34 @@ NEEDED = ("numparity_agent", "numparity_server", "numpy", "httpx", "fastapi", "u
           "sqlalchemy", "alembic", "pydantic", "pydantic_settings", "jinja2",
           "prometheus_client", "orjson", "multipart")
 WHEELS = Path(os.environ.get("NUMPARITY_GPU_CHECK_WHEELS") or ROOT / "wheels")
-SITE = ROOT / ".gpu-check" / "site"
+SITE = Path(os.environ.get("NUMPARITY_GPU_CHECK_SITE") or ROOT / ".gpu-check" / "site")
+# What the checkout's build must not copy: environments, caches, build outputs.
+_NOT_SOURCE = (".git", ".venv", "wheels", ".gpu-check", "site", "build", "dist", "*.egg-info",
+               "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", "node_modules")
 
 
-def requirements() -> list[str]:
-    """What `make wheels` downloads and the install from wheels puts in SITE: the
-    server's extra and the agent's httpx (numpy stays the node's: torch's numpy)."""
+def _pyproject() -> dict[str, Any]:
     try:
         import tomllib
     except ImportError:  # Python 3.10
         import tomli as tomllib  # type: ignore[no-redef]
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def requirements() -> list[str]:
+    """What `make wheels` downloads and the install from wheels puts in SITE: the
+    server's extra and the agent's httpx. numpy is downloaded too (`make wheels`) but
+    installed only where the node's Python has none (torch does not require it)."""
+    project = _pyproject()["project"]
     agent = [r for r in project["optional-dependencies"]["agent"] if not r.startswith("numpy")]
     return [*agent, *project["optional-dependencies"]["server"]]
+
+
+def build_requirements() -> list[str]:
+    """The checkout's build requirements (pyproject.toml [build-system]: setuptools, and
+    MkDocs with its theme, which build the manual into the wheel): pip builds the
+    checkout in an isolated environment that it fills from the wheels, with no index."""
+    return list(_pyproject()["build-system"]["requires"])
 
 
 def missing_packages() -> list[str]:
@@ -516,21 +729,102 @@ def missing_packages() -> list[str]:
     return [name for name in NEEDED if not found(name)]
 
 
-def install_from_wheels() -> str:
-    """Install the server's packages from WHEELS and the checkout itself into SITE, with
-    no index (`make wheels` fetched them on a machine with network). '' when done, else
-    why not."""
+def install_from_wheels(site: Path = SITE) -> str:
+    """Install the server's packages from WHEELS and the checkout itself into `site`,
+    with no index (`make wheels` fetched them, build requirements included, on a
+    machine with network). '' when done, else why not, in pip's own words."""
     if not WHEELS.is_dir() or not any(WHEELS.glob("*.whl")):
         return (f"no {WHEELS.name}/ folder of wheels: run `make wheels` where there is "
                 "network and bring the folder (docs/how-to/gpu-type.md)")
-    requirements = WHEELS / "requirements.txt"
+    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True,
+                      check=False).returncode != 0:
+        return f"{sys.executable} has no pip to install the wheels with"
     pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
-           str(WHEELS), "--target", str(SITE), "--upgrade"]
-    for step in ([*pip, "-r", str(requirements)], [*pip, "--no-deps", str(ROOT)]):
-        done = subprocess.run(step, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            return f"{' '.join(step[3:6])} … failed: {_last_line(done.stderr)}"
+           str(WHEELS), "--target", str(site), "--upgrade"]
+    numpy_missing = "numpy" in missing_packages()
+    with tempfile.TemporaryDirectory(prefix="gpu-check-source-") as tmp:
+        # The checkout is built from a copy: pip builds a folder in place (build/,
+        # *.egg-info), and the check leaves the checkout as it found it.
+        source = Path(tmp) / "numparity"
+        shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*_NOT_SOURCE),
+                        symlinks=True)
+        installs = [("the server's packages", [*pip, "-r", str(WHEELS / "requirements.txt")]),
+                    *([("numpy", [*pip, "numpy"])] if numpy_missing else []),
+                    ("the checkout", [*pip, "--no-deps", str(source)])]
+        for what, step in installs:
+            done = subprocess.run(step, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                return f"installing {what} from {WHEELS.name}/ failed: {_pip_reason(done.stderr)}"
     return ""
+
+
+def _pip_reason(stderr: str) -> str:
+    """pip's reason for a failure: its ERROR lines (and the subprocess's own error,
+    which pip puts after `╰─>`), not its last line ("note: This error originates from
+    a subprocess")."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    picked = [line for line in lines if line.startswith(("ERROR:", "error:"))
+              or "No matching distribution" in line or "Could not find a version" in line]
+    return _short(" / ".join(dict.fromkeys(picked)) or _last_line(stderr), 600)
+
+
+# ---- which Python: the one whose torch has CUDA --------------------------------------
+
+CHOSEN_ENV = "NUMPARITY_GPU_CHECK_PYTHON"
+_PROBE = ("import json, torch\n"
+          "available = torch.cuda.is_available()\n"
+          "print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda,\n"
+          "                  'hip': getattr(torch.version, 'hip', None),\n"
+          "                  'available': available,\n"
+          "                  'count': torch.cuda.device_count() if available else 0}))\n")
+
+
+def probe_python(python: str) -> tuple[bool, str]:
+    """(whether `python`'s torch sees a CUDA device, what it is or why not)."""
+    try:
+        done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True,
+                              timeout=180, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"cannot be run: {type(exc).__name__}: {_short(str(exc))}"
+    if done.returncode != 0:
+        return False, f"torch is not importable there ({_last_line(done.stderr)})"
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    if info["available"]:
+        return True, (f"torch {info['version']}, CUDA {info['cuda'] or info['hip']}, "
+                      f"{info['count']} device(s)")
+    if not info["cuda"] and not info["hip"]:
+        return False, f"torch {info['version']} is a CPU build (no CUDA in it)"
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return False, (f"torch {info['version']} has CUDA {info['cuda'] or info['hip']} but sees "
+                   "no device" + (f" (CUDA_VISIBLE_DEVICES={hidden!r})" if hidden is not None
+                                  else " (no driver, or no GPU)"))
+
+
+def python_candidates() -> list[str]:
+    """GPU_PYTHON when given (only it); else this Python, then python3 and python on
+    PATH, then the checkout's .venv (`make demo`'s, whose torch is the CPU build)."""
+    given = os.environ.get("GPU_PYTHON", "").strip()
+    if given:
+        return [shutil.which(given) or given]
+    found = [sys.executable, shutil.which("python3"), shutil.which("python"),
+             str(ROOT / ".venv" / "bin" / "python")]
+    unique: list[str] = []
+    for python in found:
+        if python and os.path.exists(python) and os.path.abspath(python) not in unique:
+            unique.append(os.path.abspath(python))
+    return unique
+
+
+def choose_python() -> tuple[str | None, list[str]]:
+    """The first candidate whose torch sees a CUDA device, and a line per candidate
+    tried (why each one before it could not be used)."""
+    lines = []
+    for python in python_candidates():
+        usable, what = probe_python(python)
+        lines.append(f"{python}: {what}")
+        if usable:
+            return python, lines
+    return None, lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -538,10 +832,30 @@ def main(argv: list[str] | None = None) -> int:
     if args_list[:1] == ["--requirements"]:
         print("\n".join(requirements()))
         return 0
+    if args_list[:1] == ["--build-requirements"]:
+        print("\n".join(build_requirements()))
+        return 0
+    if args_list[:1] == ["--sdpa-probe"]:
+        print(json.dumps(sdpa_probe(args_list[1])))
+        return 0
+    if args_list[:1] == ["--install-only"]:
+        # What a run of the check does where the server's packages are missing, alone.
+        why = install_from_wheels()
+        if why:
+            print(f"gpu-check: {why}", file=sys.stderr)
+        return 2 if why else 0
+    fake = os.environ.get(FAKE_ENV, "") not in ("", "0")
+    if not os.environ.get(CHOSEN_ENV):
+        code = _under_chosen_python(args_list, fake=fake)
+        if code is not None:
+            return code
+    if "--which-python" in args_list:
+        print(os.environ.get(CHOSEN_ENV) or sys.executable)
+        return 0
     missing = missing_packages()
     if missing and str(SITE) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         print(f"gpu-check: {', '.join(missing)} not importable here: installing from "
-              f"{WHEELS.name}/ into {SITE.relative_to(ROOT)}", file=sys.stderr)
+              f"{WHEELS.name}/ into {SITE}", file=sys.stderr)
         why = install_from_wheels()
         if why:
             print(f"gpu-check: {why}", file=sys.stderr)
@@ -563,18 +877,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", metavar="DIR",
                         help="keep the documents, the database and the logs in DIR")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--deadline", type=float, default=DEADLINE_S, metavar="SECONDS",
+                        help="start no check after this many seconds (default "
+                             f"{DEADLINE_S:.0f}; {FAKE_DEADLINE_SCALE:g} times that, and each "
+                             f"check's own, with {FAKE_ENV}=1)")
+    parser.add_argument("--which-python", action="store_true",
+                        help="only say which Python the check runs under, and why")
     args = parser.parse_args(argv)
-    fake = os.environ.get(FAKE_ENV, "") not in ("", "0")
-    if not fake:
-        try:
-            import torch
-        except ImportError:
-            print("gpu-check: torch is not importable in this Python", file=sys.stderr)
-            return 2
-        if not torch.cuda.is_available():
-            print(f"gpu-check: no CUDA device here (set {FAKE_ENV}=1 for the dry run with a "
-                  "fake GPU)", file=sys.stderr)
-            return 2
     with contextlib.ExitStack() as stack:
         if args.keep:
             work = Path(args.keep)
@@ -584,14 +893,50 @@ def main(argv: list[str] | None = None) -> int:
         check = Check(work, device=args.device, workloads=list(args.workloads), fake=fake,
                       variants=args.variants)
         started = time.monotonic()
-        rows = run_checks(check)
-        header = (f"numparity gpu-check on {args.device}" + (" (FAKE CUDA)" if fake else "")
-                  + f", {time.monotonic() - started:.0f} s")
-        print(table(rows, header))
-        if args.json:
-            Path(args.json).write_text(json.dumps([r.__dict__ for r in rows], indent=1,
-                                                  default=str))
-    return 1 if any(r.status == "FAIL" for r in rows) else 0
+        print(table([], f"numparity gpu-check on {args.device}" + (" (FAKE CUDA)" if fake
+                                                                   else "")
+                    + f", {sys.executable}"), flush=True)
+
+        def on_row(row: Row) -> None:
+            print(_line(row), flush=True)
+            if args.json:  # as far as it got, should the check be stopped
+                Path(args.json).write_text(json.dumps([r.__dict__ for r in rows_so_far + [row]],
+                                                      indent=1, default=str))
+            rows_so_far.append(row)
+
+        rows_so_far: list[Row] = []
+        scale = FAKE_DEADLINE_SCALE if fake else 1.0
+        rows = run_checks(check, on_row=on_row, deadline_s=args.deadline * scale, scale=scale)
+        failed = sum(r.status == "FAIL" for r in rows)
+        print(f"{len(rows)} rows, {failed} FAIL, in {time.monotonic() - started:.0f} s",
+              flush=True)
+    return 1 if failed else 0
+
+
+def _under_chosen_python(args_list: list[str], *, fake: bool) -> int | None:
+    """Run the check under the Python whose torch has CUDA (None: this one is it);
+    2 naming each Python tried and why it cannot be used when there is none."""
+    if fake:
+        given = os.environ.get("GPU_PYTHON", "").strip()
+        chosen: str | None = shutil.which(given) or given if given else sys.executable
+        lines: list[str] = []
+    else:
+        chosen, lines = choose_python()
+    if chosen is None:
+        print("gpu-check: no CUDA device here: no Python whose torch sees a GPU.\n"
+              + "".join(f"  {line}\n" for line in lines)
+              + f"Set GPU_PYTHON to the Python of the node's CUDA torch (make gpu-check "
+              f"GPU_PYTHON=/path/to/python), or {FAKE_ENV}=1 for the dry run with a fake "
+              "GPU.", file=sys.stderr)
+        return 2
+    for line in lines[:-1]:
+        print(f"gpu-check: passed over {line}", file=sys.stderr)
+    if lines:
+        print(f"gpu-check: under {lines[-1]}", file=sys.stderr)
+    if os.path.abspath(chosen) == os.path.abspath(sys.executable):
+        return None
+    env = {**os.environ, CHOSEN_ENV: chosen}
+    return subprocess.run([chosen, __file__, *args_list], env=env, check=False).returncode
 
 
 # ---- small helpers ---------------------------------------------------------------------
@@ -603,6 +948,15 @@ def _result(document: dict[str, Any] | None, workload: str, variant: str
         return None
     return next((r for r in document["results"]
                  if r["workload"] == workload and r["variant"] == variant), None)
+
+
+def _cc(text: Any) -> tuple[int, int]:
+    """"9.0" -> (9, 0); (0, 0) when unknown."""
+    try:
+        major, minor = str(text).split(".")
+        return int(major), int(minor)
+    except ValueError:
+        return (0, 0)
 
 
 def _child_wall(document: dict[str, Any]) -> float:

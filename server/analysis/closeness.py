@@ -91,11 +91,14 @@ def _scalar(value: float, dtype: str) -> np.float32:
     return np.float32(_round(held, dtype)[0])
 
 
-def semantics_of(device_a: str, device_b: str) -> str:
+def semantics_of(device_a: str, device_b: str, *, same_device: bool) -> str:
     """The isclose arithmetic that judges two results: a CUDA device's when both were
-    computed on one (slots ``cuda:N``), the CPU's otherwise (a lab comparing a GPU with
-    a CPU runs assert_close on the CPU)."""
-    return "cuda" if device_a.startswith("cuda") and device_b.startswith("cuda") else "cpu"
+    computed on one and the same CUDA device (`same_device`: two runs of one GPU), the
+    CPU's otherwise. torch.testing.assert_close compares tensors on two devices only
+    after moving both to the CPU (``check_device=False``; with it, it refuses them), and
+    a lab comparing a GPU with a CPU does the same."""
+    on_cuda = device_a.startswith("cuda") and device_b.startswith("cuda")
+    return "cuda" if on_cuda and same_device else "cpu"
 
 
 def close_count(a: np.ndarray, b: np.ndarray, dtype: str, tolerance: Tolerance,

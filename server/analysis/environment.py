@@ -124,8 +124,26 @@ def _without_identity(value: Any) -> Any:
 def derived_env_key(environment: Mapping[str, Any]) -> str:
     """The ``env_key`` of an environment document, as the agent computes it (design §2.5):
     sha256 of the JSON of the document without the identity keys and ``unknown`` at any
-    depth, keys sorted, no spaces, ASCII escapes. The server computes it rather than
-    trusting the one declared: a node cannot file its environment under another's key."""
+    depth, its ``gpus`` as the sorted set of GPU models (each without its ``index``, as
+    JSON with sorted keys): which and how many GPUs a scheduler exposed is not the
+    environment. Keys sorted, no spaces, ASCII escapes. The server computes it rather
+    than trusting the one declared: a node cannot file its environment under another's
+    key."""
+    stripped = _without_identity(environment)
+    gpus = stripped.get("gpus")
+    if isinstance(gpus, list):
+        stripped["gpus"] = sorted({
+            json.dumps({k: v for k, v in gpu.items() if k != "index"}, sort_keys=True,
+                       separators=(",", ":"), default=str)
+            if isinstance(gpu, Mapping) else json.dumps(gpu, default=str) for gpu in gpus})
+    canonical = json.dumps(stripped, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def legacy_env_key(environment: Mapping[str, Any]) -> str:
+    """The ``env_key`` agents before issue 42 computed: ``gpus`` as listed, index and
+    all. Accepted beside ``derived_env_key`` so that a fleet's agents can be upgraded
+    one node at a time (a key is still the key of the document beside it)."""
     canonical = json.dumps(_without_identity(environment), sort_keys=True,
                            separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()

@@ -101,9 +101,9 @@ def pair_key(a: Group, b: Group, *, tensor: str | None, workload: str,
     ("" for the whole result), the workload (its tolerances), the policy's version, and
     the representatives' manifests. With the whole result the manifests are the answers;
     with one tensor they are not (two members with the same output may differ in a
-    layer), and the layers walked are the representatives'. Two groups computed on CUDA
-    devices are judged in CUDA's isclose arithmetic (``pair_semantics``): that is part of
-    the key (the keys of CPU judgements are as they were)."""
+    layer), and the layers walked are the representatives'. Two groups of one CUDA device are judged
+    in CUDA's isclose arithmetic (``pair_semantics``): that is part of the key (the keys
+    of CPU judgements are as they were)."""
     cuda = ("cuda",) if pair_semantics(a, b) == "cuda" else ()
     return _key(PAIR, COMPARISON_VERSION, a.hash, b.hash, tensor or "", workload,
                 policy_version, _manifest(a.representative), _manifest(b.representative),
@@ -111,9 +111,14 @@ def pair_key(a: Group, b: Group, *, tensor: str | None, workload: str,
 
 
 def pair_semantics(a: Group, b: Group) -> str:
-    """Whose isclose arithmetic judges b against a: CUDA's when every member of both
-    groups computed on a CUDA device, the CPU's otherwise."""
-    return "cuda" if a.semantics == b.semantics == "cuda" else "cpu"
+    """Whose isclose arithmetic judges b against a: CUDA's only when every member of
+    both groups is one and the same CUDA device (`closeness.semantics_of`: results of
+    two devices are compared on the CPU, as assert_close compares them), the CPU's
+    otherwise -- two answers of a fleet come from different devices."""
+    if a.counted or b.counted or a.semantics != "cuda" or b.semantics != "cuda":
+        return "cpu"
+    devices = {(member.node, member.device) for member in (*a.members, *b.members)}
+    return "cuda" if len(devices) == 1 else "cpu"
 
 
 def origin_key(a: Group, b: Group, *, workload: str, policy_version: str) -> str | None:

@@ -50,6 +50,9 @@ class ResultRow:
     trace_hash: str | None
     # The agent's study of a result whose repeats disagree (design §2.13).
     nondeterminism: dict[str, Any] | None = None
+    # The physical device (``devices.id``) it ran on, where ingest knew it: two results of
+    # one device are judged in its arithmetic, of two devices on the CPU's.
+    device_id: int | None = None
 
     @property
     def key(self) -> ResultKey:
@@ -78,7 +81,8 @@ def results_of_runs(
         select(Result.run_pk, Outcome.suite, Outcome.workload, Outcome.variant,
                Outcome.device, Outcome.workload_version, Outcome.status, Outcome.reason,
                Outcome.error, Outcome.input_hash, Outcome.param_hash, Outcome.manifest_hash,
-               Outcome.repeats_agree, Outcome.trace_hash, Result.nondeterminism)
+               Outcome.repeats_agree, Outcome.trace_hash, Result.nondeterminism,
+               Result.device_id)
         .join(Outcome, Outcome.id == Result.outcome_id)
         .where(Result.run_pk.in_(sorted(set(run_pks))))
         .order_by(Result.id)

@@ -17,7 +17,8 @@ from numparity_server.reads.explanations import ExplanationOut
 
 Semantics = Literal["cpu", "cuda"]
 SEMANTICS_DESCRIPTION = ("Whose torch.isclose arithmetic judged closeness: cuda (both results "
-                         "computed on CUDA devices) or cpu")
+                         "computed on one and the same CUDA device) or cpu (two devices' "
+                         "results are compared as assert_close compares them, on the CPU)")
 
 
 class RunInfo(BaseModel):

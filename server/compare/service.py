@@ -125,6 +125,12 @@ def compare_runs(
 
 
 Sides = tuple[ResultRow, ResultRow]
+
+
+def _semantics(a: ResultRow, b: ResultRow) -> str:
+    """CUDA's isclose arithmetic for two results of one CUDA device, else the CPU's."""
+    same = a.device_id is not None and a.device_id == b.device_id
+    return analysis.semantics_of(a.device, b.device, same_device=same)
 Manifest = list[tuple[str, str, str]]  # (name, kind, hash) in execution order
 Bounds = tuple[int, int]  # a part of a result pair's tensors (analysis.part_bounds)
 
@@ -153,7 +159,7 @@ class _Work:
         return analysis.result_pair_key(
             kind, a.manifest_hash, b.manifest_hash,
             tolerance_for=lambda dtype: self.policy.tolerance(workload, dtype),
-            semantics=analysis.semantics_of(a.device, b.device), part=part)
+            semantics=_semantics(a, b), part=part)
 
     def summaries(self, pairs: dict[ResultKey, Sides]
                   ) -> dict[ResultKey, dict[str, Any] | None]:
@@ -193,7 +199,7 @@ class _Work:
         value = analysis.summarize(
             *manifests, parts, partial(load_fingerprints, self.session),
             tolerance_for=lambda dtype: self.policy.tolerance(workload, dtype),
-            semantics=analysis.semantics_of(a.device, b.device), bounds=bounds)
+            semantics=_semantics(a, b), bounds=bounds)
         release(self.session)
         if all(part.complete for part in parts):
             assert a.manifest_hash is not None and b.manifest_hash is not None
@@ -252,8 +258,8 @@ class _Work:
         part = analysis.compare_part(
             *manifests, bounds, partial(load_fingerprints, self.session),
             tolerance_for=lambda dtype: self.policy.tolerance(workload, dtype),
-            # Two results of CUDA devices are judged in CUDA's isclose arithmetic.
-            semantics=analysis.semantics_of(a.device, b.device))
+            # Two results of one CUDA device are judged in CUDA's isclose arithmetic.
+            semantics=_semantics(a, b))
         release(self.session)
         return part
 

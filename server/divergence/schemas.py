@@ -125,7 +125,7 @@ class GroupPair(BaseModel):
                                                "tensor")
     semantics: Literal["cpu", "cuda"] = Field(
         "cpu", description="Whose torch.isclose arithmetic judged closeness: cuda when every "
-                           "member of both groups computed on a CUDA device, else cpu")
+                           "member of both groups is one and the same CUDA device, else cpu")
     first_divergent_layer: LayerVerdict | None
     largest_jump: LargestJump | None
     first_nonfinite: FirstNonfinite | None

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from numparity_server.analysis.environment import derived_env_key
+from numparity_server.analysis.environment import derived_env_key, legacy_env_key
 from numparity_server.kit.canonical import content_hash
 from numparity_server.kit.db import writing
 from numparity_server.kit.errors import Conflict, InvalidDocument, NotFound, UnsupportedSchema
@@ -147,7 +147,7 @@ def check_env_key(run: RunDocument, document: dict[str, Any]) -> None:
     that key shows, so a node could otherwise file its own environment under another
     node's key (design §3.1, §8)."""
     derived = derived_env_key(document["environment"])
-    if run.environment.env_key != derived:
+    if run.environment.env_key not in (derived, legacy_env_key(document["environment"])):
         raise InvalidDocument.at(["body", "environment", "env_key"], (
             f"env_key {run.environment.env_key} is not the key of this environment "
             f"document ({derived}: sha256 of its canonical JSON without host name, GPU "

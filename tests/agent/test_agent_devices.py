@@ -204,3 +204,18 @@ def test_the_collectives_run_once_per_device_type_not_on_every_gpu():
         ("cpu", ["mlp", "collectives"])]
     cpu_only = device_plan([{"device": "cpu", "type": "cpu"}], ["default"])
     assert device_workloads(cpu_only, ["collectives"]) == [["collectives"]]
+
+
+def test_a_mig_instances_environment_has_its_boards_ecc_and_serial(node):
+    """torch's UUID of a MIG instance has no prefix; NVML knows it as `MIG-…` only, so
+    the environment looks it up so (not as `GPU-…`), and takes the ECC mode and serial
+    of the board it is carved from (issue 42, 11)."""
+    from numparity_agent._environment import _gpus
+
+    node([A100, MIG, V100], visible=MIG["uuid"])
+    unknown: dict[str, str] = {}
+    (gpu,) = _gpus(unknown)
+    assert gpu["name"] == MIG["name"]
+    assert gpu["ecc"] is True and gpu["serial"] == A100["serial"]
+    assert gpu["driver"] == fake_pynvml.DRIVER
+    assert not [key for key in unknown if key.startswith("gpus.0")], unknown

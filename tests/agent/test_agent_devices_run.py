@@ -172,3 +172,36 @@ def test_the_drill_corrupts_the_drill_device_only(drill_run, node_run):
 def test_progress_names_the_device(drill_run):
     _document, _logs, shown = drill_run
     assert "cuda:1 mlp/strict" in shown and "cuda:3 strict done" in shown
+
+
+def test_the_devices_run_at_once_and_the_environment_still_lists_every_gpu(node_run):
+    """Every device of the node at once (issue 42, 10): the run takes about one
+    device's time, not the sum of them; the environment (from a child of its own, as a
+    device's child sees only its GPU) still describes every GPU the agent sees."""
+    from datetime import datetime
+
+    _log, document = node_run
+    took = (datetime.fromisoformat(document["finished_at"])
+            - datetime.fromisoformat(document["started_at"])).total_seconds()
+    walls = [d["wall_s"] for d in document["devices"]]
+    assert sum(walls) > took >= max(walls) * 0.9, (walls, took)
+    assert [g["name"] for g in document["environment"]["gpus"]] == [
+        g["name"] for g in NODE_GPUS]
+
+
+@pytest.mark.parametrize(("device", "workloads", "parent", "shown"), [
+    ({"type": "cuda", "index": 1, "uuid": "GPU-aa"}, ["mlp"], None, "GPU-aa"),
+    # CUDA shows one MIG instance per process: by its UUID each child sees its own.
+    ({"type": "cuda", "index": 0, "uuid": "MIG-bb"}, ["mlp"], "MIG-bb,MIG-cc", "MIG-bb"),
+    # Without a UUID (anonymous devices): its item of the scheduler's list.
+    ({"type": "cuda", "index": 1, "uuid": None}, ["mlp"], "1,2", "2"),
+    ({"type": "cuda", "index": 1, "uuid": None}, ["mlp"], None, "1"),
+    # The collectives span every GPU of the node; the CPU has nothing to hide.
+    ({"type": "cuda", "index": 0, "uuid": "GPU-aa"}, ["mlp", "collectives"], None, None),
+    ({"type": "cpu", "index": None, "uuid": None}, ["mlp"], None, None),
+])
+def test_a_devices_children_see_only_that_device(device, workloads, parent, shown):
+    from numparity_agent._suite import isolated_visible
+
+    environ = {} if parent is None else {"CUDA_VISIBLE_DEVICES": parent}
+    assert isolated_visible(device, workloads, environ) == shown

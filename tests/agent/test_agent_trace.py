@@ -196,6 +196,25 @@ def test_kernels_join_the_annotation_around_the_op_that_launched_them() -> None:
         ("1", 0): ["sm90_xmma_gemm_tf32", "flash_fwd_kernel"]}
 
 
+def test_a_runtime_calls_correlation_id_never_stands_for_an_op() -> None:
+    """CUPTI numbers the runtime calls (`cudaLaunchKernel`, a CPU event) from its own
+    counter, which starts near 1 as the ops' does: runtime call 2 (launched by op 4,
+    inside annotation 1#0) must not take the place of op 2 (inside 0#3), whose kernels
+    stay its own. torch's parser keys only the events whose linked id is 0."""
+    events = [
+        _raw("numparity#0#3", 1, 100, 200),
+        _raw("aten::addmm", 2, 110, 190),
+        _raw("cudaLaunchKernel", 1, 120, 125, linked=2),  # CUPTI's 1: op 2's launch
+        _raw("numparity#1#0", 3, 300, 400),
+        _raw("aten::mm", 4, 310, 390),
+        _raw("cudaLaunchKernel", 2, 320, 325, linked=4),  # CUPTI's 2: op 4's launch
+        _raw("ampere_sgemm_128x64_tn", 1, 5, 6, linked=2, device="DeviceType.CUDA"),
+        _raw("sm90_xmma_gemm_tf32", 2, 7, 8, linked=4, device="DeviceType.CUDA"),
+    ]
+    assert _trace._join_raw(events, "numparity#") == {
+        ("0", 3): ["ampere_sgemm_128x64_tn"], ("1", 0): ["sm90_xmma_gemm_tf32"]}
+
+
 def test_without_raw_events_the_kernels_come_from_the_profilers_tree() -> None:
     events = [
         _event("numparity#0#0", children=[_event("aten::addmm", kernels=[
@@ -207,7 +226,7 @@ def test_without_raw_events_the_kernels_come_from_the_profilers_tree() -> None:
     ]
     session = _trace.KernelSession()
     # kineto_results missing: the raw events cannot be read, the tree is.
-    session._profiler = SimpleNamespace(events=lambda: events, profiler=None)
+    session._profiler = SimpleNamespace(function_events=events)
     ops = [{"op": "aten.addmm.default"}, {"op": "aten.convolution.default", "kernel": "x"},
            {"op": "aten.mm.default"}]
     session.annotate("0", ops)
@@ -217,20 +236,42 @@ def test_without_raw_events_the_kernels_come_from_the_profilers_tree() -> None:
                    {"op": "aten.mm.default"}]
 
 
-_REAL_PROFILE = torch.profiler.profile
+def test_opening_a_profiler_session_does_not_import_inductor() -> None:
+    """torch.profiler.profile's prepare_trace evaluates `hasattr(torch, "_inductor")`,
+    which imports inductor (seconds of every traced child); the session the agent opens
+    does not. A fresh interpreter: this one may have imported inductor already."""
+    import subprocess
+    import sys
+
+    code = ("import sys, time, torch\n"
+            "from numparity_agent import _trace\n"
+            "start = time.perf_counter()\n"
+            "with _trace.open_profiler('cpu'):\n"
+            "    torch.ones(4).add_(1)\n"
+            "print('torch._inductor' in sys.modules, time.perf_counter() - start)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    imported, _seconds = done.stdout.split()
+    assert imported == "False"
+
+
+_REAL_OPEN = _trace.open_profiler
 TF32_GEMM = "sm80_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x16"
 
 
 class _FakeCudaProfiler:
-    """torch.profiler.profile on the CPU whose raw events also have a TF32 GEMM kernel
-    launched by every addmm: what a CUDA profile of the same ops shows. Every other
-    event is the real profiler's (correlation ids, threads, times, annotations)."""
+    """The agent's profiler session on the CPU, whose raw events also have, for every
+    addmm, the runtime call that launched its kernel and a TF32 GEMM kernel: what a CUDA
+    profile of the same ops shows. The runtime calls are numbered as CUPTI numbers them,
+    from 1, so their correlation ids collide with the real ops'. Every other event is
+    the real profiler's (correlation ids, threads, times, annotations)."""
 
     sessions = 0
 
-    def __init__(self, activities: Any = None) -> None:
-        self.activities = activities
-        self._real = _REAL_PROFILE(activities=[torch.profiler.ProfilerActivity.CPU])
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+        self._real = _REAL_OPEN("cpu")
         _FakeCudaProfiler.sessions += 1
 
     def __enter__(self) -> _FakeCudaProfiler:
@@ -239,19 +280,25 @@ class _FakeCudaProfiler:
 
     def __exit__(self, *exc: Any) -> None:
         self._real.__exit__(*exc)
-        real_events = list(self._real.profiler.kineto_results.events())
-        kernels = [_raw(TF32_GEMM, 0, 0, 0, linked=e.correlation_id(), device="DeviceType.CUDA")
-                   for e in real_events if e.name() == "aten::addmm"]
-        self.profiler = SimpleNamespace(kineto_results=SimpleNamespace(
-            events=lambda: real_events + kernels))
+        real_events = list(self._real.kineto_results.events())
+        gemms = [e for e in real_events if e.name() == "aten::addmm"]
+        launches = [_raw("cudaLaunchKernel", cupti, e.start_ns(), e.start_ns(),
+                         thread=e.start_thread_id(), linked=e.correlation_id())
+                    for cupti, e in enumerate(gemms, start=1)]
+        kernels = [_raw(TF32_GEMM, cupti, 0, 0, linked=e.correlation_id(),
+                        device="DeviceType.CUDA") for cupti, e in enumerate(gemms, start=1)]
+        # Each launch listed after the ops, as kineto lists the runtime's activities.
+        self.kineto_results = SimpleNamespace(
+            events=lambda: real_events + launches + kernels)
 
-    def events(self) -> list[Any]:
+    @property
+    def function_events(self) -> list[Any]:
         raise AssertionError("the raw events are read, not the profiler's tree")
 
 
 @contextlib.contextmanager
 def _cuda_profiler(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    monkeypatch.setattr(torch.profiler, "profile", _FakeCudaProfiler)
+    monkeypatch.setattr(_trace, "open_profiler", _FakeCudaProfiler)
     _FakeCudaProfiler.sessions = 0
     yield SimpleNamespace(type="cuda")
 

@@ -146,5 +146,8 @@ def test_compare_says_which_semantics_it_applied(make_fingerprint):
         found = compare(make_fingerprint(a, "float16", name="a"),
                         make_fingerprint(b, "float16", name="b"), semantics=semantics)
         assert found.semantics == semantics and found.to_dict()["semantics"] == semantics
-    assert semantics_of("cuda:0", "cuda:3") == "cuda"
-    assert semantics_of("cuda:0", "cpu") == semantics_of("cpu", "cpu") == "cpu"
+    assert semantics_of("cuda:0", "cuda:0", same_device=True) == "cuda"
+    # Two devices' tensors: assert_close moves both to the CPU (check_device=False).
+    assert semantics_of("cuda:0", "cuda:3", same_device=False) == "cpu"
+    assert semantics_of("cuda:0", "cpu", same_device=False) == "cpu"
+    assert semantics_of("cpu", "cpu", same_device=True) == "cpu"
