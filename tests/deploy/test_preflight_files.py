@@ -31,7 +31,7 @@ SCRIPT = SLURM / "numparity-check.sh"
 
 
 def manifests() -> list[tuple[str, dict[str, Any]]]:
-    return [(path.name, doc) for path in sorted(KUBERNETES.glob("*.yaml"))
+    return [(path.name, doc) for path in sorted(KUBERNETES.rglob("*.yaml"))
             for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
@@ -143,7 +143,7 @@ def test_the_server_is_a_deployment_on_postgresql_with_probes() -> None:
     assert postgres["image"].startswith("postgres:")
     assert "secretKeyRef" in {e["name"]: e for e in postgres["env"]}["POSTGRES_PASSWORD"][
         "valueFrom"]
-    text = "".join(p.read_text() for p in KUBERNETES.glob("*.yaml"))
+    text = "".join(p.read_text() for p in KUBERNETES.rglob("*.yaml"))
     assert "password:" not in text.replace("--from-literal=password", "")
 
 
