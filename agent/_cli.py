@@ -25,6 +25,7 @@ from numparity_agent import (
     _config,
     _devices,
     _flush,
+    _preflight,
     _spool,
     _upload,
     _values,
@@ -677,11 +678,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except DeviceListError as exc:
         log(f"error: cannot list this node's devices: {exc}")
         return _finish({EXIT_VARIANT_FAILED})
+    # Mistakes of configuration in seconds, before minutes of compute (`_preflight`):
+    # the workloads first, the server after the jitter (a fleet's requests spread).
+    problems = _preflight.workload_problems(workloads)
+    if problems:
+        raise _Usage("; ".join(problems))
     jitter = get("jitter", 0.0)
     if jitter > 0:
         delay = random.uniform(0, jitter)
         log(f"jitter: waiting {delay:.1f} s (a random 0..{jitter:g} s) before the run")
         sleep(delay)
+    if context.server:
+        problem = _preflight.server_problem(context.server, context.token,
+                                            verify=context.verify,
+                                            timeout=context.upload_timeout)
+        if problem:
+            raise _Usage(f"{problem}; nothing was run")
     with ExitStack() as stack:
         if context.server:
             stopped = context.lock(stack, "run")
