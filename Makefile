@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.numparity-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint venv clean docs docs-ref gpu-check wheels
+.PHONY: demo test lint venv clean docs docs-ref gpu-check wheels dist
 
 # The demo's dashboard links each page to the manual (its "?"): built first, again only
 # when its sources changed, and served from site/ (an editable install carries none).
@@ -69,6 +69,12 @@ gpu-check:
 # Python (WHEELS_PYTHON, default 3.12) on x86-64 Linux; setuptools builds the checkout.
 WHEELS_PYTHON ?= 3.12
 WHEELS_PLATFORMS := $(foreach p,manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014,--platform $(p)_x86_64)
+# The wheel a lab installs (numparity is not on PyPI), built as a release is: an sdist,
+# then the wheel from it. dist/numparity-<version>-py3-none-any.whl; on a node
+# `pip install './numparity-<version>-py3-none-any.whl[agent]'`.
+dist: $(STAMP)
+	$(PY) -m build --no-isolation --outdir dist .
+
 wheels:
 	mkdir -p wheels
 	$(PYTHON) tools/gpu_check.py --requirements > wheels/requirements.txt
@@ -77,4 +83,4 @@ wheels:
 		'setuptools>=77'
 
 clean:
-	rm -rf $(VENV) build *.egg-info site .gpu-check
+	rm -rf $(VENV) build dist *.egg-info site .gpu-check
