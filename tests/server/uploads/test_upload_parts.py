@@ -214,3 +214,24 @@ def test_a_429_after_the_parts_keeps_them_for_the_retry(make_api):
         throttled = api.client.post(f"{UPLOADS}/{digest}/run", headers=api.agent)
         assert throttled.status_code == 429, throttled.text  # not 404: the parts are there
         assert float(throttled.headers["Retry-After"]) <= 200_000 / 1_000
+
+
+def test_the_agent_sends_no_part_past_what_the_server_holds(make_api):
+    """Issue 39 finding 6, the agent's side: after a 429 at POST .../run the agent knows
+    the server holds every byte; its retry sent an empty part (422) and the run went to
+    rejected/. It now goes straight to POST .../run; and where the server dropped the
+    parts meanwhile (404), it sends them again from the start."""
+    from numparity_agent._parts import BodyLimit, send_document_in_parts
+
+    api = make_api(token_bytes_per_s=0)
+    base = str(api.client.base_url).rstrip("/")
+    body, digest = _gzipped(run_document("parts-held"))
+    assert _put(api, digest, body, 0, len(body)).json()["complete"] is True
+    held = {f"{base}{UPLOADS}/{digest}": len(body)}
+    answer = send_document_in_parts(api.client, base, body, api.agent, BodyLimit(), held)
+    assert answer.status == 201, answer.detail
+    # Believed held, but never there (the parts went): sent from the start.
+    other, other_digest = _gzipped(run_document("parts-gone"))
+    held = {f"{base}{UPLOADS}/{other_digest}": len(other)}
+    answer = send_document_in_parts(api.client, base, other, api.agent, BodyLimit(), held)
+    assert answer.status == 201, answer.detail
