@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= auto
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
-.PHONY: demo test test-fast test-durations lint venv clean docs docs-ref gpu-check wheels
+.PHONY: demo test test-fast test-durations lint venv clean docs docs-ref gpu-check wheels dist
 
 # The demo's dashboard links each page to the manual (its "?"): built first, again only
 # when its sources changed, and served from site/ (an editable install carries none).
@@ -91,6 +91,12 @@ gpu-check:
 WHEELS_PYTHON ?= 3.12
 WHEELS_DIR ?= wheels
 WHEELS_PLATFORMS := $(foreach p,manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014,--platform $(p)_x86_64)
+# The wheel a lab installs (numparity is not on PyPI), built as a release is: an sdist,
+# then the wheel from it. dist/numparity-<version>-py3-none-any.whl; on a node
+# `pip install './numparity-<version>-py3-none-any.whl[agent]'`.
+dist: $(STAMP)
+	$(PY) -m build --no-isolation --outdir dist .
+
 wheels:
 	mkdir -p $(WHEELS_DIR)
 	$(PYTHON) tools/gpu_check.py --requirements > $(WHEELS_DIR)/requirements.txt
@@ -100,4 +106,4 @@ wheels:
 		-r $(WHEELS_DIR)/build-requirements.txt 'numpy>=1.24'
 
 clean:
-	rm -rf $(VENV) build *.egg-info site .gpu-check
+	rm -rf $(VENV) build dist *.egg-info site .gpu-check

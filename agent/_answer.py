@@ -39,11 +39,14 @@ class ServerAnswer:
 
     @property
     def ok(self) -> bool:
-        return self.status is not None and 200 <= self.status < 300
+        return (self.status is not None and 200 <= self.status < 300
+                and not self.misconfigured)
 
     @property
     def retry(self) -> bool:
         """Worth trying again later (unreachable, server error, throttled)."""
+        if self.misconfigured:
+            return False
         if self.status is None:
             return self.cause != "quarantined"
         return self.status >= 500 or self.status in (408, 429)
@@ -51,8 +54,22 @@ class ServerAnswer:
     @property
     def refused(self) -> bool:
         """The server refused the token (401/403): the operator must fix it; the document
-        itself may be fine, so it stays in the spool."""
-        return self.status in (401, 403)
+        itself may be fine, so it stays in the spool. Not a refusal of the document's own
+        content (`refuses_document`)."""
+        return self.status in (401, 403) and not self.refuses_document
+
+    @property
+    def refuses_document(self) -> bool:
+        """A 403 for what the document says, not for the token: a token bound to other
+        nodes than the document's (`node_forbidden`; older servers say it in words).
+        Another document of the spool may well pass."""
+        return self.status == 403 and (error_code(self.detail) == "node_forbidden"
+                                       or "may not write runs of node" in self.detail)
+
+    @property
+    def misconfigured(self) -> bool:
+        """The URL answered, but not as numparity's API does (`not_numparity`)."""
+        return self.cause == "misconfigured"
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -81,6 +98,45 @@ def server_message(text: str, limit: int = 300) -> str:
             detail = json.dumps(detail, separators=(",", ":"))
         return (f"{body.get('error', 'error')}: {detail}")[:limit]
     return " ".join(text.split())[:limit]
+
+
+def error_code(text: str) -> str | None:
+    """The `error` of numparity's JSON error body, None for any other body."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return None
+    code = body.get("error") if isinstance(body, dict) else None
+    return code if isinstance(code, str) else None
+
+
+# Statuses whose body may be anyone's: a proxy or load balancer in front of the server
+# answers them for it (down, busy, too large, its own authentication).
+_ANYONES = (401, 403, 407, 408, 413, 429)
+
+
+def not_numparity(answer: ServerAnswer, url: str, *, expect: str) -> ServerAnswer:
+    """`answer` to a request to numparity's API at `url`, marked "misconfigured" when it
+    cannot have come from there: a 404 or 405 (no such route: the server's address has a
+    path it should not, or names another web server), a 2xx whose JSON lacks `expect`,
+    or another 4xx whose body is not numparity's JSON error. Such an answer says nothing
+    of the document: it must stay in the spool until the address is right."""
+    status = answer.status
+    if status is None or status >= 500 or status in _ANYONES:
+        return answer
+    if status in (404, 405):
+        wrong = True
+    elif 200 <= status < 300:
+        # The detail keeps the answer's first 4000 characters: a JSON object whose
+        # `expect` comes early (RunCreated's run_id does) is numparity's.
+        wrong = not (answer.detail.lstrip().startswith("{") and f'"{expect}"' in answer.detail)
+    else:
+        wrong = error_code(answer.detail) is None
+    if not wrong:
+        return answer
+    detail = (f"{url} answered HTTP {status} ({server_message(answer.detail, 160)}), not as "
+              "numparity's API does")
+    return ServerAnswer(status, detail, answer.retry_after, cause="misconfigured")
 
 
 def no_answer(url: str, exc: httpx.HTTPError) -> ServerAnswer:

@@ -25,6 +25,7 @@ from numparity_agent import (
     _config,
     _devices,
     _flush,
+    _preflight,
     _spool,
     _upload,
     _values,
@@ -52,31 +53,37 @@ EXIT_QUARANTINED = 8
 EXIT_BROKEN_PIPE = 141
 # When several apply, the first of these wins: what needs a person most comes first;
 # 3 last, as the agent retries it by itself.
-PRECEDENCE = (EXIT_SPOOL_UNWRITABLE, EXIT_VARIANT_FAILED, EXIT_REFUSED, EXIT_QUARANTINED,
-              EXIT_SPOOLED)
+# A misconfigured node (2) first: nothing it sends can arrive until a person fixes it.
+PRECEDENCE = (EXIT_USAGE, EXIT_SPOOL_UNWRITABLE, EXIT_VARIANT_FAILED, EXIT_REFUSED,
+              EXIT_QUARANTINED, EXIT_SPOOLED)
 
 EXIT_CODES_HELP = """\
 exit codes:
   0  ok: uploaded (or written with --output, or printed when no server is set)
   1  doctor --strict: a check warned (something this node can fix; facts
      about every process or the format never fail it)
-  2  usage: a bad option, config key or value, unknown workload, variant or
-     device (the message lists the visible ones)
+  2  misconfigured: a bad option, config key or value, unknown workload,
+     variant or device (the message lists the visible ones); a server URL
+     that is not numparity's API (no scheme, a 404, another web server) or a
+     token without the agent role. Found before the suite runs where it can
+     be; a run made already stays in the spool
   3  spooled: the server was unreachable, busy (5xx, 408, 429) or its TLS
      certificate could not be verified; the next run or flush sends it
   4  a variant failed (crash, timeout, exception) on a device; the rest is
      still uploaded. Also: the devices could not be listed (nothing ran)
   5  refused by the server: 401/403 (the token; the document stays spooled) or
-     another 4xx (the document is moved to <spool>/rejected/ with a .reason)
+     another 4xx, or a token bound to another node (the document is moved to
+     <spool>/rejected/ with a .reason; `numparity-agent spool` lists it)
   6  the spool (or --output) could not be written (disk full, read-only, no
      permission); the run is then uploaded directly, lost only if that fails too
   7  another numparity-agent holds the spool's lock: nothing was done
   8  a spool file was not a run document: moved to <spool>/quarantine/
   141 stdout was closed early (`doctor | head -1`): the rest was not printed
-  when several apply, the first of 6, 4, 5, 8, 3 wins"""
+  when several apply, the first of 2, 6, 4, 5, 8, 3 wins"""
 
 MEANING = {
-    EXIT_OK: "ok", EXIT_SPOOLED: "kept in the spool for the next run",
+    EXIT_OK: "ok", EXIT_USAGE: "misconfigured (the run, if any, stays in the spool)",
+    EXIT_SPOOLED: "kept in the spool for the next run",
     EXIT_VARIANT_FAILED: "a variant failed", EXIT_REFUSED: "refused by the server",
     EXIT_SPOOL_UNWRITABLE: "the spool could not be written",
     EXIT_QUARANTINED: "a spool file was quarantined",
@@ -244,6 +251,18 @@ def _parser() -> argparse.ArgumentParser:
                            epilog=EXIT_CODES_HELP, formatter_class=formatter)
     server_args(flush)
 
+    spool = sub.add_parser(
+        "spool", help="list what waits in the spool and why; send a refused run again or "
+        "delete it", epilog=EXIT_CODES_HELP, formatter_class=formatter,
+        description="Without an action: every document waiting in the spool, refused by "
+        "the server (rejected/) or not a run (quarantine/), each with its reason. resend "
+        "puts refused runs back and flushes; drop deletes documents.")
+    server_args(spool)
+    spool.add_argument("action", nargs="?", choices=["list", "resend", "drop"],
+                       default="list", help="list (default), resend or drop")
+    spool.add_argument("names", nargs="*", metavar="NAME",
+                       help="documents by file name or run_id, as the list shows them")
+
     sub.add_parser("suites", help="list the suites, their workloads and, for large, each "
                    "workload's FLOPs and A100 time estimate")
 
@@ -377,6 +396,8 @@ class _Context:
 
 def _flush_codes(result: _flush.FlushResult, *, retryable: bool = True) -> set[int]:
     codes = set()
+    if result.misconfigured:
+        codes.add(EXIT_USAGE)
     if result.spool_errors:
         codes.add(EXIT_SPOOL_UNWRITABLE)
     if result.refused or result.rejected:
@@ -410,6 +431,47 @@ def _cmd_flush(args: argparse.Namespace) -> int:
         log(f"nothing spooled in {context.spool}")
         return EXIT_OK
     log(f"spool {context.spool}: {result.summary()}")
+    return _finish(_flush_codes(result))
+
+
+def _cmd_spool(args: argparse.Namespace) -> int:
+    """`spool [list|resend|drop] NAME...`: the spool's documents and their reasons."""
+    from numparity_agent import _spool_admin
+
+    context = _Context(args)
+    folder = context.spool
+    if args.action == "list":
+        if args.names:
+            raise _Usage("spool list takes no names")
+        _answer(_spool_admin.render(_spool_admin.entries(folder), folder))
+        return EXIT_OK
+    if not args.names:
+        raise _Usage(f"spool {args.action} needs the documents' names (or run_ids), as "
+                     "`numparity-agent spool` lists them")
+    if args.action == "resend" and not context.server:
+        raise _Usage("spool resend needs --server (or NUMPARITY_SERVER, or server in the "
+                     "config file)")
+    with ExitStack() as stack:
+        stopped = context.lock(stack, "flush")
+        if stopped is not None:
+            return stopped
+        try:
+            chosen = _spool_admin.find(folder, args.names)
+            for entry in chosen:
+                if args.action == "drop":
+                    _spool_admin.drop(entry)
+                    log(f"dropped {entry.state} {entry.path.name}")
+                else:
+                    log(f"back in the spool: {_spool_admin.resend(entry, folder).name}")
+        except _spool_admin.SpoolEntryError as exc:
+            raise _Usage(str(exc)) from None
+        except OSError as exc:
+            log(f"error: cannot change the spool {folder}: {exc.strerror or exc}")
+            return EXIT_SPOOL_UNWRITABLE
+        if args.action == "drop":
+            return EXIT_OK
+        result = context.flush()
+    log(f"spool {folder}: {result.summary()}")
     return _finish(_flush_codes(result))
 
 
@@ -620,11 +682,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except DeviceListError as exc:
         log(f"error: cannot list this node's devices: {exc}")
         return _finish({EXIT_VARIANT_FAILED})
+    # Mistakes of configuration in seconds, before minutes of compute (`_preflight`):
+    # the workloads first, the server after the jitter (a fleet's requests spread).
+    problems = _preflight.workload_problems(workloads)
+    if problems:
+        raise _Usage("; ".join(problems))
     jitter = get("jitter", 0.0)
     if jitter > 0:
         delay = random.uniform(0, jitter)
         log(f"jitter: waiting {delay:.1f} s (a random 0..{jitter:g} s) before the run")
         sleep(delay)
+    if context.server:
+        problem = _preflight.server_problem(context.server, context.token,
+                                            verify=context.verify,
+                                            timeout=context.upload_timeout)
+        if problem:
+            raise _Usage(f"{problem}; nothing was run")
     with ExitStack() as stack:
         if context.server:
             stopped = context.lock(stack, "run")
@@ -693,7 +766,9 @@ def _spool_and_upload(context: _Context, document: dict[str, Any]) -> set[int]:
             timeout=context.upload_timeout, max_wait=context.max_wait,
             sleep=lambda s: sleep(s), verify=context.verify)
         codes = {EXIT_SPOOL_UNWRITABLE}
-        if outcome.refused or (not outcome.ok and not outcome.retry):
+        if outcome.misconfigured:
+            codes.add(EXIT_USAGE)
+        elif outcome.refused or (not outcome.ok and not outcome.retry):
             codes.add(EXIT_REFUSED)
         return codes
     log(f"spooled {path.name} in {context.spool}")
@@ -750,7 +825,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
     args.started = started
-    handlers = {"run": _cmd_run, "flush": _cmd_flush, "env": _cmd_env, "doctor": _cmd_doctor,
+    handlers = {"run": _cmd_run, "flush": _cmd_flush, "spool": _cmd_spool, "env": _cmd_env,
+                "doctor": _cmd_doctor,
                 "explain": _cmd_explain, "suites": _cmd_suites, "check": _cmd_check}
     try:
         return handlers[args.command](args)

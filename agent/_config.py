@@ -20,13 +20,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 DEFAULT_CONFIG = Path("/etc/numparity/agent.toml")
 CONFIG_ENV = "NUMPARITY_CONFIG"
 
 # key -> kind; a key's variable is NUMPARITY_<KEY upper-cased>.
 KINDS: dict[str, str] = {
-    "server": "str",
+    "server": "url",
     "token": "str",
     "token_file": "path",
     "spool": "path",
@@ -52,6 +53,8 @@ KINDS: dict[str, str] = {
 # says it; `_convert` checks it).
 KIND_HELP: dict[str, str] = {
     "str": "a non-empty string",
+    "url": "an http:// or https:// URL: the server's address, as its dashboard's "
+           "(http://numparity.lab:8000), without /api/v1",
     "path": "a path; relative in the file: relative to the file's folder",
     "labels": "a [labels] table of key = \"value\"; in the variable k=v,k=v; merged key by "
               "key: file, then variable, then --label",
@@ -157,9 +160,24 @@ def _convert(kind: str, value: Any, where: str, base: Path | None) -> Any:
         if value.strip().lower() not in ("open", "closed"):
             raise ConfigError(f"{where} must be open or closed, not {value!r}")
         return value.strip().lower()
+    if kind == "url":
+        return _url(value.strip(), where)
     if kind == "path":
         path = Path(value).expanduser()
         return base / path if base is not None and not path.is_absolute() else path
+    return value
+
+
+def _url(value: str, where: str) -> str:
+    """The server's address: a URL with a scheme and a host. Without one httpx cannot
+    send anything, which would look like a server that is down (kept, exit 3) on every
+    run instead of the mistake it is."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        example = value if "://" in value else f"http://{value}"
+        raise ConfigError(f"{where} must be an http:// or https:// URL such as "
+                          f"http://numparity.lab:8000, not {value!r} (did you mean "
+                          f"{example!r}?)")
     return value
 
 

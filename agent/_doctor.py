@@ -318,6 +318,17 @@ def _check_threads(env: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
                      f"unset OMP_DYNAMIC, or OMP_DYNAMIC=false ({NUMERIC_ENV_FILE})")
     if pinned:
         settings = ", ".join(f"{k}={v}" for k, v in pinned.items())
+        # torch's intra-op threads follow OMP_NUM_THREADS (MKL's, MKL_NUM_THREADS).
+        configured = str(pinned.get("OMP_NUM_THREADS", pinned.get("MKL_NUM_THREADS"))).strip()
+        if configured.isdigit() and isinstance(threads, int) and threads != int(configured):
+            return Check(
+                "threads", "warn",
+                f"{settings}, but torch uses {threads} thread(s): the configured count is "
+                "not the one this process computes with (torch.set_num_threads in code, "
+                "or a launcher that sets its own), so its CPU reductions split another "
+                "way than on the nodes where the setting holds",
+                f"find what sets torch's threads here, or set OMP_NUM_THREADS to what "
+                f"every node runs with ({NUMERIC_ENV_FILE}; {cpus} logical CPUs here)")
         return Check("threads", "ok", f"{settings}: torch uses {threads} thread(s)")
     return Check(
         "threads",

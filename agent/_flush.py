@@ -15,9 +15,18 @@ What becomes of a spooled file:
   starts the count again: a large upload that the server's byte budget throttles with
   429 goes on while each attempt moves it forward. A TLS failure stops at once (waiting
   fixes no certificate).
-- 401/403: the token is bad, revoked, or bound to other nodes than the run's. The
-  document stays in the spool, the flush stops (every other document would be refused
-  the same way) and says so loudly, with the server's reason.
+- 401/403: the token is bad or revoked. The document stays in the spool, the flush
+  stops (every other document would be refused the same way) and says so loudly, with
+  the server's reason.
+- 403 for the document's own content (a token bound to other nodes than the run's
+  node, `node_forbidden`): the document is set aside in `rejected/` with the reason, as
+  any other refusal of a document, and the others go on: one run made under a wrong
+  `--node` never blocks the runs after it. `numparity-agent spool` lists it and sends
+  it again on request (`_spool_admin`).
+- An answer numparity's API cannot have given (a 404 or 405, a 2xx that is no run's,
+  a 4xx that is not its JSON error: `--server` names another path or another web
+  server): a configuration error. The document stays in the spool, the flush stops and
+  says which URL to use.
 - 413: a body too large is split into parts and sent again (`_upload`); a 413 left over
   (a server too old to take parts, a document past its NUMPARITY_MAX_DOCUMENT_BYTES) is
   not the document's fault: it stays in the spool, said loudly, and the others go on.
@@ -105,6 +114,8 @@ class FlushResult:
     uploaded: list[Path] = field(default_factory=list)
     kept: list[Path] = field(default_factory=list)  # worth retrying: the next run does
     refused: list[Path] = field(default_factory=list)  # 401/403: kept, the token is wrong
+    # Kept: the server's URL answers, but not as numparity's API (a configuration error).
+    misconfigured: list[Path] = field(default_factory=list)
     rejected: list[Path] = field(default_factory=list)  # moved to rejected/
     quarantined: list[Path] = field(default_factory=list)  # moved to quarantine/
     spool_errors: list[str] = field(default_factory=list)  # the spool could not be changed
@@ -112,6 +123,7 @@ class FlushResult:
     def summary(self) -> str:
         parts = [f"{len(self.uploaded)} uploaded"]
         for name, paths in (("kept", self.kept), ("refused (token)", self.refused),
+                            ("kept (the server's URL is wrong)", self.misconfigured),
                             ("rejected", self.rejected), ("quarantined", self.quarantined)):
             if paths:
                 parts.append(f"{len(paths)} {name}")
@@ -172,6 +184,11 @@ def _settle(path: Path, outcome: ServerAnswer, result: FlushResult, server: str,
                      f"{exc.strerror or exc}")
         result.uploaded.append(path)
         log_line(f"uploaded {path.name} (HTTP {outcome.status})")
+    elif outcome.misconfigured:
+        result.misconfigured.append(path)
+        log_line(f"error: {path.name} stays in the spool: {outcome.detail}. The server's "
+                 f"address is wrong: {_address_hint(server)} (--server, NUMPARITY_SERVER or "
+                 "server in the config file), then run `numparity-agent flush`")
     elif outcome.refused:
         result.refused.append(path)
         log_line(f"error: {server} refused the agent token for {path.name} "
@@ -199,7 +216,18 @@ def _settle(path: Path, outcome: ServerAnswer, result: FlushResult, server: str,
             return
         result.rejected.append(path)
         log_line(f"error: server rejected {path.name} ({_describe(outcome)}); moved to "
-                 f"{target} with the reason beside it")
+                 f"{target} with the reason beside it (`numparity-agent spool` lists it; "
+                 "`spool resend` sends it again, `spool drop` deletes it)")
+
+
+def _address_hint(server: str) -> str:
+    """What --server should be: the address the server's pages are at, no API path."""
+    base = server.rstrip("/")
+    for suffix in ("/api/v1", "/api"):
+        if base.endswith(suffix):
+            return (f"it is the address the dashboard is at, without {suffix}: "
+                    f"{base[: -len(suffix)]}")
+    return f"{base} must be a numparity server's address (the dashboard's, without /api/v1)"
 
 
 def _clean_temporary_files(spool_dir: Path, result: FlushResult,
@@ -247,7 +275,7 @@ def flush_spool(
             outcome = attempt_with_backoff(send, name=path.name, backoff=backoff,
                                            log_line=log_line)
             _settle(path, outcome, result, server, log_line)
-            if outcome.retry or outcome.refused:
+            if outcome.retry or outcome.refused or outcome.misconfigured:
                 rest = [p for p in paths[index + 1:] if p.exists()]
                 result.kept.extend(rest)
                 if outcome.retry and rest:

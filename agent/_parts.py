@@ -95,6 +95,11 @@ def send_parts(client: httpx.Client, url: Callable[[int], str], data: bytes,
     headers = {**headers, "Content-Type": "application/octet-stream"}
     upload = url(0).split("?", 1)[0]
     offset, resyncs = min(held.get(upload, 0), len(data)), 0
+    if data and offset == len(data):
+        # An earlier attempt got every byte there (its answer after them was a 429, say):
+        # nothing to send, and an empty part would be refused. A server that dropped them
+        # meanwhile says so at the next step (404), and the caller starts again.
+        return ServerAnswer(200, f"{upload}: every byte held already")
     while True:
         chunk = data[offset:offset + limit.part]
         target = url(offset)
@@ -152,6 +157,10 @@ def send_document_in_parts(client: httpx.Client, base: str, gzipped: bytes,
         answer = answer_of(response)
         if response.status_code not in (404, 409) or _names_run_conflict(response):
             return answer
+        # The server holds none (404: the parts went) or not all (409) of what this
+        # agent believed it held: send them from the start (a 409 on the first part then
+        # says where the server stands), never an empty part past the end.
+        held.pop(upload, None)
     return answer
 
 

@@ -25,7 +25,14 @@ from typing import Any
 
 import httpx
 
-from numparity_agent._answer import ServerAnswer, Verify, answer_of, no_answer, server_message
+from numparity_agent._answer import (
+    ServerAnswer,
+    Verify,
+    answer_of,
+    no_answer,
+    not_numparity,
+    server_message,
+)
 from numparity_agent._log import log
 from numparity_agent._parts import (
     BodyLimit,
@@ -220,7 +227,13 @@ class _Exchange:
     def send(self, document: dict[str, Any], gzipped: bytes | None = None
              ) -> tuple[ServerAnswer, str]:
         """POST the document as a run, in parts when its JSON would pass the server's
-        body limit (or the server refuses it as too large); the answer and its body."""
+        body limit (or the server refuses it as too large); the answer and its body. An
+        answer that numparity's API cannot have given is marked misconfigured."""
+        outcome, text = self._send(document, gzipped)
+        return not_numparity(outcome, self.base + RUNS_PATH, expect="run_id"), text
+
+    def _send(self, document: dict[str, Any], gzipped: bytes | None = None
+              ) -> tuple[ServerAnswer, str]:
         raw = _dumps(document)
         if not self.parts or self.limit.fits(len(raw)):
             outcome, response = _post(self.client, self.base + RUNS_PATH,

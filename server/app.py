@@ -97,7 +97,8 @@ def create_app(settings: Settings) -> FastAPI:
     # Outside the routes and their dependencies: no database work before the body is in.
     app.add_middleware(BodyLimits, max_body_bytes=settings.max_body_bytes,
                        body_timeout_s=settings.body_timeout_s,
-                       token_bytes_per_s=settings.token_bytes_per_s)
+                       token_bytes_per_s=settings.token_bytes_per_s,
+                       max_document_bytes=settings.max_document_bytes)
     return app
 
 

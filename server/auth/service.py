@@ -19,7 +19,13 @@ from numparity_server.auth.schemas import (
 )
 from numparity_server.kit.bearer import bearer_token
 from numparity_server.kit.db import writing
-from numparity_server.kit.errors import BadRequest, Forbidden, NotFound, Unauthorized
+from numparity_server.kit.errors import (
+    BadRequest,
+    Forbidden,
+    NodeForbidden,
+    NotFound,
+    Unauthorized,
+)
 from numparity_server.kit.names import name_problem
 from numparity_server.models import Token, utcnow
 
@@ -112,6 +118,6 @@ def require_node(principal: Principal, node: str, *, what: str = "runs") -> None
     if principal.may_write_node(node):
         return
     shown = node if len(node) <= 100 else node[:100] + "…"
-    raise Forbidden(f"token {principal.token_id} is bound to "
+    raise NodeForbidden(f"token {principal.token_id} is bound to "
                     f"{binding_text(principal.node_names, principal.node_patterns)}: it may "
                     f"not write {what} of node {shown!r}")

@@ -48,6 +48,13 @@ class Forbidden(DomainError):
     code = "forbidden"
 
 
+class NodeForbidden(Forbidden):
+    """A token bound to other nodes sent a document of this node: the document is
+    refused, not the token (the agent sets it aside and sends the others)."""
+
+    code = "node_forbidden"
+
+
 class NotFound(DomainError):
     status_code = 404
     code = "not_found"

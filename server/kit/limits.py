@@ -59,11 +59,16 @@ class BodyLimits:
     gets the request with its whole body."""
 
     def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float,
-                 token_bytes_per_s: float = 0.0) -> None:
+                 token_bytes_per_s: float = 0.0, max_document_bytes: int = 0) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
-        self.budget = TokenBudget(rate=token_bytes_per_s, burst=max_body_bytes)
+        # The bucket holds the largest thing one upload may decode to (a document in
+        # parts: NUMPARITY_MAX_DOCUMENT_BYTES), so whatever passes the limits can be paid
+        # at once, and a new node's first upload (its whole document and values) is not
+        # throttled; the rate bounds what a token sends beyond it.
+        self.budget = TokenBudget(rate=token_bytes_per_s,
+                                  burst=max(max_body_bytes, max_document_bytes))
 
     def limit(self, path: str) -> tuple[int, str]:
         """The byte limit of a request to ``path`` and what sets it (for the message)."""
@@ -151,10 +156,17 @@ class _Charge:
 def charge_decoded(scope: Scope, decoded: int) -> None:
     """Charge a request's token for the bytes its body decompressed to beyond what the
     body paid on arrival (TooManyRequests, with the wait, when the budget cannot pay:
-    the body is then not parsed). Nothing without a budget (pages, a budget turned off)."""
+    the body is then not parsed). Nothing without a budget (pages, a budget turned off).
+
+    One request pays at most the bucket, arrival and decoding together: a bucket that
+    has refilled always pays it, so no body within the limits waits for ever (it
+    decoding past the bucket would otherwise cost more than the bucket can hold)."""
     charge = scope.get("state", {}).get(_CHARGE)
-    if charge is not None and decoded > charge.paid:
-        charge.pay(decoded - charge.paid, least=0, what="sent (decompressed)")
+    if charge is None:
+        return
+    owed = min(decoded, int(charge.budget.burst)) - charge.paid
+    if owed > 0:
+        charge.pay(owed, least=0, what="sent (decompressed)")
 
 
 def _header(scope: Scope, wanted: bytes) -> bytes | None:

@@ -47,7 +47,9 @@ class Settings(BaseSettings):
     token_bytes_per_s: float = Field(
         default=1 * MIB, ge=0,
         description="What one token may send, in bytes a second, once it has sent "
-        "NUMPARITY_MAX_BODY_BYTES at once (a request costs at least 64 KiB); beyond it 429 "
+        "NUMPARITY_MAX_DOCUMENT_BYTES (or NUMPARITY_MAX_BODY_BYTES, if larger) at once, "
+        "so a new node's whole first upload goes at once (a request costs at least 64 KiB "
+        "and at most that; a gzip body pays what it decodes to); beyond it 429 "
         "with Retry-After, and the agent retries. Per token and per server process; 0 "
         "turns the budget off. Tokens shared by a whole fleet share one budget (per-node "
         "tokens are the recommended setup).")

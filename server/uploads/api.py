@@ -105,7 +105,10 @@ async def ingest_uploaded_run(sha256: Digest, request: Request, response: Respon
                                         session=session, settings=settings,
                                         principal=principal)
     except DomainError as error:
-        if error.status_code < 500:  # this document will not become a run: its parts go
+        # This document will not become a run: its parts go. Not so for an answer that
+        # asks the agent to come back (429 over its byte budget, 408): the retry stores
+        # the same parts, which it paid for already.
+        if error.status_code < 500 and error.status_code not in (408, 429):
             await run_in_threadpool(service.drop, session=session, token_id=token_id,
                                     kind=service.DOCUMENT, digest=sha256)
         raise

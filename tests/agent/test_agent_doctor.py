@@ -200,6 +200,19 @@ def test_threads_unpinned_warn_and_pinned_ok(monkeypatch):
     assert check("threads").status == "ok"
 
 
+def test_threads_other_than_the_configured_ones_warn(monkeypatch):
+    """Issue 40 finding 11: OMP_NUM_THREADS=8 while torch computes with 2 threads passed
+    `doctor --strict`."""
+    from numparity_agent._environment import capture_environment
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    environment = capture_environment()
+    environment["threads"]["num_threads"] = 2  # what torch said in the measured process
+    item = check("threads", environment)
+    assert item.status == "warn"
+    assert "OMP_NUM_THREADS=8, but torch uses 2 thread(s)" in item.message
+
+
 @pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch built without MKL")
 def test_mkl_cbwr_unset_on_an_mkl_build_warns(monkeypatch):
     item = check("mkl_cbwr")
@@ -289,7 +302,8 @@ def quick_start_agent_block() -> str:
     """The README's quick start, the agent's shell block."""
     readme = (REPO / "README.md").read_text()
     section = re.split(r"\n##+ ", readme.split("## Lab quick start", 1)[1], maxsplit=1)[0]
-    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", section, re.S) if "numparity[agent]" in b]
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", section, re.S)
+                if "/etc/numparity/numeric.env <<'EOF'" in b]
     return block
 
 
@@ -303,9 +317,15 @@ def recipe_script(etc: Path, numeric_env: str | None = None) -> str:
     (doctor,) = [line for line in block.splitlines() if "numparity-agent doctor" in line]
     if numeric_env is None:
         numeric_env = write.group(1)
+    # The README's 8 threads are for nodes of 8 cores or more; torch uses no more than
+    # the CPUs it may run on, and doctor warns when it computes with another count than
+    # the one configured: this machine's count, as a lab sets its smallest node's.
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    numeric_env = numeric_env.replace("_NUM_THREADS=8\n", f"_NUM_THREADS={usable}\n")
     script = f"install -m 644 /dev/stdin /etc/numparity/numeric.env <<'EOF'\n{numeric_env}EOF\n"
     script += doctor + "\n"
     return (script.replace("/etc/numparity", str(etc))
+            .replace("/opt/ml/bin/numparity-agent", "numparity-agent")
             .replace("numparity-agent", f"{sys.executable} -m numparity_agent"))
 
 

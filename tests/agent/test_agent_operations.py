@@ -450,7 +450,7 @@ def test_help_documents_every_exit_code():
     assert done.returncode == 0
     for code in range(9):
         assert re.search(rf"^\s+{code}\s+\S", done.stdout, re.MULTILINE), code
-    assert "when several apply, the first of 6, 4, 5, 8, 3 wins" in done.stdout
+    assert "when several apply, the first of 2, 6, 4, 5, 8, 3 wins" in done.stdout
     # The manual's table of what the operator does, code by code.
     page = (REPO / "docs" / "reference" / "exit-codes.md").read_text()
     for code in range(9):

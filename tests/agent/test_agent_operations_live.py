@@ -74,9 +74,11 @@ def test_a_cron_run_with_no_environment_at_all(live_server, tmp_path):
     assert live_server.agent_token not in done.stdout + done.stderr
 
 
-def test_a_token_bound_to_another_node_keeps_the_run_and_says_why(live_server, tmp_path):
-    """A 403 of a node-bound token is a refusal of the token, not of the run: the run
-    stays spooled with a log line naming the node, and goes once the token is right."""
+def test_a_token_bound_to_another_node_sets_the_run_aside_and_says_why(live_server, tmp_path):
+    """A 403 of a node-bound token refuses the run (its node), not the token (issue 40
+    finding 4: kept in the spool, it blocked every later run): the run is set aside in
+    rejected/ with the server's reason naming the node, and goes once a token may write
+    it (`spool resend`)."""
     spool = tmp_path / "spool"
     flags = ["--server", live_server.base_url, "--spool", str(spool)]
     done = run_cli("token", "create", "--role", "agent", "--node", "gpu-01",
@@ -85,20 +87,19 @@ def test_a_token_bound_to_another_node_keeps_the_run_and_says_why(live_server, t
     spooled_run = spool_document(valid_document("gpu-02"), spool)
     done = agent("flush", *flags, "--token-file", str(token_file(tmp_path, wrong)))
     assert done.returncode == 5, done.stderr
-    assert (f"refused the agent token for {spooled_run.name} (HTTP 403, forbidden: token "
+    assert (f"server rejected {spooled_run.name} (HTTP 403, node_forbidden: token "
             f"{wrong_id} is bound to gpu-01: it may not write runs of node 'gpu-02')"
             in done.stderr)
-    assert "a token bound to nodes must name this run's node" in done.stderr
     assert wrong not in done.stderr
-    assert spooled(spool) == [spooled_run] and not (spool / "rejected").exists()
+    assert spooled(spool) == [] and (spool / "rejected" / spooled_run.name).exists()
     assert stored_run(live_server, spooled_run.stem[17:]).status_code == 404
 
     done = run_cli("token", "create", "--role", "agent", "--node-pattern", "gpu-*",
                    database_url=live_server.database_url)
-    done = agent("flush", *flags, "--token-file",
+    done = agent("spool", "resend", spooled_run.name, *flags, "--token-file",
                  str(token_file(tmp_path, done.stdout.strip(), "gpus.token")))
     assert done.returncode == 0, done.stderr
-    assert spooled(spool) == []
+    assert spooled(spool) == [] and not any((spool / "rejected").iterdir())
     assert stored_run(live_server, spooled_run.stem[17:]).status_code == 200
 
 

@@ -31,7 +31,7 @@ SCRIPT = SLURM / "numparity-check.sh"
 
 
 def manifests() -> list[tuple[str, dict[str, Any]]]:
-    return [(path.name, doc) for path in sorted(KUBERNETES.glob("*.yaml"))
+    return [(path.name, doc) for path in sorted(KUBERNETES.rglob("*.yaml"))
             for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
@@ -143,7 +143,7 @@ def test_the_server_is_a_deployment_on_postgresql_with_probes() -> None:
     assert postgres["image"].startswith("postgres:")
     assert "secretKeyRef" in {e["name"]: e for e in postgres["env"]}["POSTGRES_PASSWORD"][
         "valueFrom"]
-    text = "".join(p.read_text() for p in KUBERNETES.glob("*.yaml"))
+    text = "".join(p.read_text() for p in KUBERNETES.rglob("*.yaml"))
     assert "password:" not in text.replace("--from-literal=password", "")
 
 
@@ -158,7 +158,9 @@ def slurm_conf() -> dict[str, str]:
 def test_the_slurm_conf_lines() -> None:
     conf = slurm_conf()
     assert set(conf) == {"Prolog", "PrologFlags", "PrologEpilogTimeout",
-                         "HealthCheckProgram", "HealthCheckInterval", "HealthCheckNodeState"}
+                         "SchedulerParameters", "HealthCheckProgram", "HealthCheckInterval",
+                         "HealthCheckNodeState"}
+    assert conf["SchedulerParameters"] == "nohold_on_prolog_fail"
     assert conf["Prolog"] == conf["HealthCheckProgram"] == "/etc/slurm/numparity-check.sh"
     assert f"install -m 755 deploy/slurm/numparity-check.sh {conf['Prolog']}" in \
         SCRIPT.read_text()
@@ -226,6 +228,33 @@ def test_a_no_go_drains_the_node_naming_the_gpu_and_requeues(stand_ins: dict[str
     # As the health check: every GPU, the node drained, exit 0 (slurmd ignores it).
     code, agent, drained = run_script(stand_ins, 13)
     assert code == 0 and "--device" not in agent and "State=DRAIN" in drained
+
+
+def test_the_job_gpus_at_their_slots_among_cuda_visible_devices(
+        stand_ins: dict[str, Any]) -> None:
+    """slurmd sets CUDA_VISIBLE_DEVICES to the job's GPUs (tests/deploy/test_slurm_prolog.py
+    measures it): Slurm's GPUs 0,2 are then CUDA's cuda:0 and cuda:1."""
+    code, agent, drained = run_script(stand_ins, 0, SLURM_JOB_ID="42", SLURM_JOB_GPUS="0,2",
+                                      CUDA_VISIBLE_DEVICES="0,2")
+    assert code == 0 and drained == ""
+    assert agent.split()[-2:] == ["--device", "cuda:0,cuda:1"]
+    # The no-go line names cuda:2 of a node showing every GPU; with CUDA_VISIBLE_DEVICES
+    # 1,2,3 it is Slurm's GPU 3, and the reason says so.
+    code, agent, drained = run_script(stand_ins, 10, SLURM_JOB_ID="42",
+                                      SLURM_JOB_GPUS="1,2,3", CUDA_VISIBLE_DEVICES="1,2,3")
+    assert code == 1 and agent.split()[-2:] == ["--device", "cuda:0,cuda:1,cuda:2"]
+    assert "Reason=numparity: GPU 3: cuda:2 (NVIDIA A100, GPU-cc): NO-GO" in drained
+    # UUIDs in CUDA_VISIBLE_DEVICES: the visible GPUs are the job's.
+    code, agent, _drained = run_script(stand_ins, 0, SLURM_JOB_ID="42", SLURM_JOB_GPUS="1",
+                                       CUDA_VISIBLE_DEVICES="GPU-8f3a")
+    assert agent.split()[-2:] == ["--device", "all"]
+
+
+@pytest.mark.parametrize("code", [2, 5, 11, 12, 14, 126, 127])
+def test_fail_open_drains_only_on_a_no_go(stand_ins: dict[str, Any], code: int) -> None:
+    done, _agent, drained = run_script(stand_ins, code, SLURM_JOB_ID="42",
+                                       SLURM_JOB_GPUS="1")
+    assert done == 0 and drained == ""
 
 
 def test_fail_closed_drains_when_the_check_cannot_tell(stand_ins: dict[str, Any]) -> None:

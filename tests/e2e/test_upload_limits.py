@@ -155,3 +155,37 @@ def test_a_small_body_limit_takes_a_new_environments_whole_suite_and_its_values(
     assert row["basis"] == "values"
     assert row["metrics"]["max_abs"] == abs(other["changed"])
     assert row["metrics"]["mismatch_fraction"] == 1 / other["elements"]
+
+
+@pytest.fixture
+def budgeted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 2 MiB body limit with the token byte budget at its default (1 MiB/s)."""
+    monkeypatch.setenv("NUMPARITY_MAX_BODY_BYTES", str(LIMIT))
+    monkeypatch.delenv("NUMPARITY_TOKEN_BYTES_PER_S", raising=False)
+    monkeypatch.delenv("NUMPARITY_MAX_DOCUMENT_BYTES", raising=False)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_new_nodes_first_upload_is_paid_at_once_under_the_default_budget(
+        budgeted: None, live_server: Any, suite_spool: Path, tmp_path: Path) -> None:
+    """Issue 40 finding 7: the document decodes past the 2 MiB body limit; its decoded
+    charge came on top of its parts', more than a 2 MiB bucket could ever hold, so every
+    attempt was a 429 and the run stayed spooled for ever. The bucket holds what one
+    upload may decode to: the whole first upload is paid at once, not one 429."""
+    document = _read(suite_spool)
+    spool = tmp_path / "spool"
+    shutil.copytree(suite_spool, spool)
+    done = run_agent("flush", "--server", live_server.base_url, "--spool", str(spool),
+                     env=clean_env(NUMPARITY_TOKEN=live_server.agent_token), timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "HTTP 429" not in done.stderr
+    assert spooled(spool) == []
+    assert not (spool / "rejected").exists() or not any((spool / "rejected").iterdir())
+    stored = httpx.get(f"{live_server.base_url}/api/v1/runs/{document['run_id']}",
+                       headers=live_server.headers("reader"), timeout=30).json()
+    assert len(stored["results"]) == len(document["results"])
+    large = sorted(_large(document))
+    missing = httpx.post(f"{live_server.base_url}/api/v1/fingerprints/missing",
+                         json={"values": large, "hashes": large},
+                         headers=live_server.headers("agent"), timeout=30).json()
+    assert missing["missing"] == [] and missing["missing_values"] == []

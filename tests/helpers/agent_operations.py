@@ -71,8 +71,11 @@ def scripted_server(*answers: Answer) -> Iterator[ScriptedServer]:
                                           "missing_manifests": asked["manifests"]})
                 else:
                     answer = state.answers.pop(0) if len(state.answers) > 1 else state.answers[0]
+            # As numparity answers: a run's answer, or its JSON error.
+            default = ({"id": 1, "run_id": "x", "results": 0} if answer.status < 400 else
+                       {"error": "scripted", "detail": f"a scripted {answer.status}"})
             payload = json.dumps(answer.body if answer.body is not None
-                                 else {"id": 1, "run_id": "x", "results": 0}).encode()
+                                 else default).encode()
             self.send_response(answer.status)
             for key, value in answer.headers.items():
                 self.send_header(key, value)

@@ -131,7 +131,7 @@ def test_over_budget_is_429_with_retry_after_naming_the_setting(declared, monkey
 
 
 def test_the_app_throttles_one_token_and_not_another(make_api):
-    api = make_api(token_bytes_per_s=1024.0, max_body_bytes=MIB)
+    api = make_api(token_bytes_per_s=1024.0, max_body_bytes=MIB, max_document_bytes=MIB)
     other = api.agent
     with session_factory(get_engine(api.settings))() as session:
         token = auth_service.create_token(session=session, role="agent", label="hostile").token
@@ -169,7 +169,7 @@ def test_every_spelling_of_a_token_is_one_budget():
 def test_the_app_charges_every_spelling_of_a_token_to_one_budget(make_api):
     """Authentication reads the scheme in any case and strips spaces: so does the budget.
     Before, each spelling had a bucket of its own (8 spellings, 8 bursts)."""
-    api = make_api(token_bytes_per_s=1024.0, max_body_bytes=MIB)
+    api = make_api(token_bytes_per_s=1024.0, max_body_bytes=MIB, max_document_bytes=MIB)
     token = api.agent["Authorization"].split()[1]
     statuses = []
     for i in range(20):  # at least 64 KiB each: a 1 MiB burst pays 16 of them
@@ -185,7 +185,7 @@ def test_the_app_charges_every_spelling_of_a_token_to_one_budget(make_api):
 def test_a_gzip_body_pays_its_decompressed_size(make_api):
     """What the server works on and stores is the decompressed body: a few KiB of gzip
     that decompress to 800 KiB cost 800 KiB (before, the 64 KiB minimum)."""
-    api = make_api(token_bytes_per_s=1024.0, max_body_bytes=MIB)
+    api = make_api(token_bytes_per_s=1024.0, max_body_bytes=MIB, max_document_bytes=MIB)
     body = json.dumps({"hashes": ["0" * 64] * 12_000}).encode()
     assert len(body) > 790_000
     packed = gzip.compress(body)

@@ -192,3 +192,46 @@ def test_values_in_parts_become_the_tensors_values_once_checked(make_api):
 def test_an_empty_part_is_refused(api, path):
     answer = api.client.put(path, content=b"", headers=api.agent)
     assert answer.status_code in (404, 422)
+
+
+def test_a_429_after_the_parts_keeps_them_for_the_retry(make_api):
+    """Issue 39 finding 6: the decoded charge of a document sent in parts comes after the
+    parts were paid; when the token's bucket cannot pay it yet, the answer is a 429 that
+    says when it can (the bucket holds the whole document) and the parts stay for that
+    retry (they were dropped: the retry found none and the run was lost). The budget
+    refills slowly here, so the 429 does not depend on the machine's speed."""
+    api = make_api(max_body_bytes=100_000, max_document_bytes=200_000,
+                   token_bytes_per_s=1_000)
+    document = run_document("parts-429", variants=("default", "strict", "deterministic"))
+    body, digest = _gzipped(document)
+    decoded = len(json.dumps(document).encode())
+    assert 100_000 < decoded < 200_000 and len(body) < 100_000
+    assert _put(api, digest, body, 0, len(body)).json()["complete"] is True
+    # Another request of the same token: the bucket (200,000) cannot pay the decoded
+    # document as well now.
+    api.client.post("/api/v1/fingerprints/missing", json={"hashes": []}, headers=api.agent)
+    for _attempt in range(2):
+        throttled = api.client.post(f"{UPLOADS}/{digest}/run", headers=api.agent)
+        assert throttled.status_code == 429, throttled.text  # not 404: the parts are there
+        assert float(throttled.headers["Retry-After"]) <= 200_000 / 1_000
+
+
+def test_the_agent_sends_no_part_past_what_the_server_holds(make_api):
+    """Issue 39 finding 6, the agent's side: after a 429 at POST .../run the agent knows
+    the server holds every byte; its retry sent an empty part (422) and the run went to
+    rejected/. It now goes straight to POST .../run; and where the server dropped the
+    parts meanwhile (404), it sends them again from the start."""
+    from numparity_agent._parts import BodyLimit, send_document_in_parts
+
+    api = make_api(token_bytes_per_s=0)
+    base = str(api.client.base_url).rstrip("/")
+    body, digest = _gzipped(run_document("parts-held"))
+    assert _put(api, digest, body, 0, len(body)).json()["complete"] is True
+    held = {f"{base}{UPLOADS}/{digest}": len(body)}
+    answer = send_document_in_parts(api.client, base, body, api.agent, BodyLimit(), held)
+    assert answer.status == 201, answer.detail
+    # Believed held, but never there (the parts went): sent from the start.
+    other, other_digest = _gzipped(run_document("parts-gone"))
+    held = {f"{base}{UPLOADS}/{other_digest}": len(other)}
+    answer = send_document_in_parts(api.client, base, other, api.agent, BodyLimit(), held)
+    assert answer.status == 201, answer.detail
