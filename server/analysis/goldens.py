@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .consensus import Support, comparable, tally, usual
+from .consensus import Support, comparable, fleet_version, tally, usual
 
 # The promoted attributes a stack may name (``environments``' columns, design §3.1).
 STACK_ATTRIBUTES = ("gpu_name", "compute_capability", "driver", "cuda", "cudnn", "torch",
@@ -224,11 +224,9 @@ def majority_answers(node_answers: Iterable[NodeAnswer]) -> dict[AnswerKey, Majo
     found: dict[AnswerKey, Majority] = {}
     for key, nodes in sorted(by_node.items()):
         votes = [_node_vote(answers) for _node, answers in sorted(nodes.items())]
-        versions = tally((v.workload_version, Support(1, v.node)) for v in votes)
-        version = min(versions, key=lambda w: (-versions[w].nodes,
-                                               -(w if w is not None else -1)))
-        kept, _left_out = comparable(votes, version=version,
-                                     support_of=lambda v: Support(1, v.node))
+        kept, _left_out = comparable(
+            votes, version=fleet_version(votes, support_of=lambda v: Support(1, v.node)),
+            support_of=lambda v: Support(1, v.node))
         by_manifest = tally((v.manifest_hash, Support(1, v.node)) for v in kept)
         chosen = usual(by_manifest)
         if chosen is None:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from helpers.processes import server_command
 from numparity_agent.testing import spooled
 
 
@@ -32,19 +31,3 @@ def upload_with_agent(documents: Sequence[Path], server: Any, spool: Path,
     assert done.returncode == 0, done.stderr
     assert spooled(spool) == [], "flush left documents in the spool"
 
-
-def create_tokens(server: Any, bindings: Mapping[str, Sequence[str]]) -> dict[str, str]:
-    """label → a new token made by `numparity-server token create --label LABEL ARGS`
-    (``bindings``: label → ARGS, e.g. ``["--role", "agent", "--node", "gpu-1"]``), all
-    made side by side."""
-    env = {**os.environ, "NUMPARITY_DATABASE_URL": server.database_url}
-    processes = {label: subprocess.Popen(
-        [*server_command(), "token", "create", "--label", label, *args], env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for label, args in bindings.items()}
-    tokens = {}
-    for label, process in processes.items():
-        out, err = process.communicate(timeout=120)
-        assert process.returncode == 0, f"token create {label} failed:\n{err}"
-        tokens[label] = out.strip()
-    return tokens
