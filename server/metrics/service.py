@@ -77,7 +77,8 @@ def result_groups(session: Session) -> KeyGroups:
     """Per key, the number of groups ``GET /divergence`` reports without a tensor: distinct
     whole results (manifests) among the nodes' latest ok results of the fleet's workload
     version (``consensus.fleet_version``), leaving out results on other input or
-    parameter bytes than the fleet's. Listed for the ``GROUP_KEYS`` keys held by the most devices."""
+    parameter bytes than the fleet's. Listed for the ``GROUP_KEYS`` keys held by the
+    most devices."""
     by_key: dict[Key, list[Any]] = defaultdict(list)
     for row in repository.latest_ok_answers(session):
         by_key[(row.suite, row.workload, row.variant)].append(row)
