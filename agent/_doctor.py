@@ -24,7 +24,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from numparity_agent._determinism import OMP_DYNAMIC_CAUSE, omp_dynamic, recipe_code
+from numparity_agent._determinism import (
+    OMP_DYNAMIC_CAUSE,
+    comment_text,
+    omp_dynamic,
+    recipe_code,
+)
 
 Status = Literal["ok", "warn", "fact"]
 
@@ -475,11 +480,12 @@ def selective_recipes(document: Mapping[str, Any]) -> str:
         study = result.get("nondeterminism")
         if not study:
             continue
-        head = f"{result.get('workload')} / {result.get('variant')} on {result.get('device')}"
+        head = comment_text(f"{result.get('workload')} / {result.get('variant')} on "
+                            f"{result.get('device')}")
         ops = study.get("ops") or []
         if not ops:
             why = study.get("note") or study.get("error") or study.get("hint") or "no op named"
-            blocks.append(f"# {head}: nondeterministic; {why}\n")
+            blocks.append(f"# {head}: nondeterministic; {comment_text(why)}\n")
             continue
         cost = study.get("cost") or {}
         measured = ", ".join(
@@ -488,7 +494,7 @@ def selective_recipes(document: Mapping[str, Any]) -> str:
             for mode in ("default", "strict", "selective") if mode in cost)
         lines = [f"# {head}: measured {measured}" if measured else f"# {head}"]
         if study.get("cause"):
-            lines.append(f"# {study['cause']}")
+            lines.append(f"# {comment_text(study['cause'])}")
         blocks.append("\n".join(lines) + "\n" + recipe_code(ops, workload=str(
             result.get("workload"))))
     if not blocks:
