@@ -111,14 +111,16 @@ class DeviceVerdict:
         label = ", ".join(part for part in (self.name, self.uuid) if part)
         head = f"{self.device}" + (f" ({label})" if label else "")
         matched = [k for k in self.keys if k.status == "match"]
+        statuses = {k.status for k in self.keys}
         code = self.code
         if code == EXIT_GO:
             return (f"{head}: go — {len(matched)} of {len(self.keys)} answer(s) as "
                     f"{self.against}: {', '.join(k.key for k in matched)}"
                     + self._unchecked())
-        if code == EXIT_UNKNOWN and not self.keys:
-            return f"{head}: unknown — {self.note or 'nothing to compare with'}"
-        if code == EXIT_UNKNOWN and "match" in {k.status for k in self.keys}:
+        if code == EXIT_UNKNOWN and not statuses - {"unchecked"}:
+            return (f"{head}: unknown — {self.note or 'nothing to compare with'}"
+                    + self._unchecked())
+        if code == EXIT_UNKNOWN and "match" in statuses:
             return (f"{head}: unknown — the drilled variant {DRILLED_VARIANT} was not "
                     f"compared ({len(matched)} of {len(self.keys)} answer(s) as "
                     f"{self.against})" + self._unchecked())
