@@ -34,7 +34,10 @@ pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cor
 
 HONEST = ("honest-1", "honest-2", "honest-3")
 TIED = ("tie-1", "tie-2", "tie-3")
-BUDGET_S = 60
+# What is tested is the verdict, not the speed (test_preflight.py holds `check` to the
+# manual's 60 s): room for a loaded CI machine, where the environment's child alone took
+# 40 s.
+BUDGET_S = 180
 
 
 @pytest.fixture(scope="module")
