@@ -6,8 +6,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.numparity-installed
 PYTEST_ARGS ?=
+# The suite runs on every core (pytest-xdist): tests that share a fleet, a server or a
+# built manual stay on one worker, the longest start first (tests/helpers/scheduling.py).
+# TEST_WORKERS=0 runs it in this one process, in collection order.
+TEST_WORKERS ?= auto
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
-.PHONY: demo test lint venv clean docs docs-ref gpu-check wheels
+.PHONY: demo test test-fast test-durations lint venv clean docs docs-ref gpu-check wheels
 
 # The demo's dashboard links each page to the manual (its "?"): built first, again only
 # when its sources changed, and served from site/ (an editable install carries none).
@@ -20,9 +25,21 @@ $(MANUAL): $(STAMP) mkdocs.yml $(shell find docs -name '*.md')
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --quiet
 
 # ruff, mypy and the import contracts (pyproject.toml [tool.importlinter], docs/design.md
-# §7) are part of the tests: CI runs exactly this target.
+# §7) are part of the tests: CI runs exactly this target. The 30 slowest tests and the
+# wall time close its output (docs/how-to/run-the-tests.md: the budget).
 test: lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) --durations=30 $(PYTEST_ARGS)
+
+# The unit tests alone, for development (a few minutes): no end-to-end folder, no test
+# measured over a second. CI always runs the whole suite.
+test-fast: $(STAMP)
+	$(PY) -m pytest $(XDIST) --tier fast $(PYTEST_ARGS)
+
+# Measures every test again into tests/durations.json, which orders the units (commit it
+# when the suite's shape changed: a new slow module, a fixture shared differently).
+test-durations: $(STAMP)
+	NUMPARITY_TEST_DURATIONS_OUT=$(CURDIR)/tests/durations.json \
+		$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,10 +1,11 @@
 """The child process of one or more variants: `python -m numparity_agent._child SPEC OUT`.
 
 SPEC is a JSON file {"variants" (or "variant", one), "suite", "workloads", "device",
-"repeats", "node_env_vars", "fault_drill", "trace_ops", "progress", "values_dir",
-"environment", "spawned_at"} (device: the slot, "cuda:3", that the results name,
-computed on `_devices.torch_device(slot)`; fault_drill: flip one bit in each workload
-of the first variant, design §2.6; trace_ops: record each workload's ops, §2.10;
+"repeats", "node_env_vars", "fault_drill", "trace_ops", "study_budget_s", "progress",
+"values_dir", "environment", "spawned_at"} (device: the slot, "cuda:3", that the results
+name, computed on `_devices.torch_device(slot)`; fault_drill: flip one bit in each
+workload of the first variant, design §2.6; trace_ops: record each workload's ops, §2.10;
+study_budget_s: a nondeterministic result's cost study's time budget, §2.13;
 progress: a file that gets one line per finished workload, for the parent's progress
 display and timeout; values_dir: where large tensors' values are kept, `_values`;
 environment: false when the parent has the environment document already; spawned_at:
@@ -137,7 +138,8 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                             repeats=min(spec["repeats"], workload.max_repeats or spec["repeats"]),
                             fault_drill=fault_drill and name == _variants.FAULT_DRILL_VARIANT,
                             keep_values=store.keep if store is not None else None,
-                            trace=trace, trace_jobs=jobs))
+                            trace=trace, trace_jobs=jobs,
+                            study_budget_s=spec.get("study_budget_s")))
                     clock.merge(mine[-1].get("timeline", {}))
                     _report_progress(spec.get("progress"), spec_name, mine[-1]["status"])
                 # The traced passes after every timed run of the variant (one profiler

@@ -161,6 +161,10 @@ def _parser() -> argparse.ArgumentParser:
                      "its inputs and outputs, so the server can name the op where two "
                      "environments part (NUMPARITY_TRACE_OPS, config trace_ops; default "
                      "off; a steady node uploads no trace twice)")
+    run.add_argument("--study-budget", metavar="S",
+                     help="seconds a traced nondeterministic result's cost study may time "
+                     "rounds for, after its first six: it stops earlier once its intervals "
+                     "are narrow (NUMPARITY_STUDY_BUDGET, config study_budget; default 60)")
     run.add_argument("--fault-drill", action="store_true",
                      help="flip one bit of one activation per workload in the strict variant "
                      "and mark the document as a drill: checks that the audit catches a "
@@ -652,6 +656,7 @@ def _run_locked(args: argparse.Namespace, context: _Context, *, suite: str,
             on_progress=_progress_display(),
             values_dir=store.folder if store is not None else None,
             trace_ops=bool(get("trace_ops", False)),
+            study_budget_s=get("study_budget"),
         )
     finally:
         end_progress()

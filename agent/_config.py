@@ -43,6 +43,7 @@ KINDS: dict[str, str] = {
     "ca_bundle": "path",
     "max_wait": "delay",
     "trace_ops": "flag",
+    "study_budget": "seconds",
     # `check` when it cannot tell (server unreachable, unknown environment, out of time):
     # "open" lets the job start (exit 0), "closed" (default) exits with the cause's code.
     "check_fail": "fail",

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from numparity_agent import _cost
 from numparity_agent._determinism import (
     OMP_DYNAMIC_CAUSE,
     comment_text,
@@ -483,7 +484,17 @@ def selective_recipes(document: Mapping[str, Any]) -> str:
         head = comment_text(f"{result.get('workload')} / {result.get('variant')} on "
                             f"{result.get('device')}")
         ops = study.get("ops") or []
+        sources = study.get("sources") or []
+        if sources:
+            blocks.append("\n".join(
+                [f"# {head}: the difference enters from outside torch's ops"]
+                + [comment_text(f"# at {s['op']} in {s.get('module') or 'the model'}"
+                                + (f" ({s['at']})" if s.get("at") else "")
+                                + f": {s.get('what', '')}; {s.get('advice', '')}")
+                   for s in sources]) + "\n")
         if not ops:
+            if sources:
+                continue
             why = study.get("note") or study.get("error") or study.get("hint") or "no op named"
             blocks.append(f"# {head}: nondeterministic; {comment_text(why)}\n")
             continue
@@ -493,6 +504,12 @@ def selective_recipes(document: Mapping[str, Any]) -> str:
             + ("" if cost[mode].get("repeatable") else " (not repeatable)")
             for mode in ("default", "strict", "selective") if mode in cost)
         lines = [f"# {head}: measured {measured}" if measured else f"# {head}"]
+        # The cost in the audit's words (`_cost.words`: the same rule and figures).
+        costs = [f"{mode}: {_cost.words(cost[mode], load=cost.get('load'))}"
+                 for mode in ("selective", "strict") if cost.get(mode, {}).get("ratio")
+                 is not None]
+        if costs:
+            lines.append(comment_text(f"# cost against default: {'; '.join(costs)}"))
         if study.get("cause"):
             lines.append(f"# {comment_text(study['cause'])}")
         blocks.append("\n".join(lines) + "\n" + recipe_code(ops, workload=str(

@@ -88,6 +88,7 @@ def run_workload(
     keep_values: Callable[[str, np.ndarray], None] | None = None,
     trace: bool = False,
     trace_jobs: list[TraceJob] | None = None,
+    study_budget_s: float | None = None,
 ) -> dict[str, Any]:
     """Build and run `workload` `repeats` times on `device`; fingerprint every tensor of
     the first (handing large tensors' values to `keep_values`, see
@@ -113,6 +114,9 @@ def run_workload(
     `fingerprint` (the first repeat's input, parameter and tensor hashes and
     fingerprints; each later repeat checked against it bit for bit, `same_bits`),
     `trace`.
+
+    A result whose repeats disagree, traced, is studied (`study_nondeterminism`, its cost
+    study within `study_budget_s`, default `_cost.BUDGET_S`).
     """
     head = result_head(workload.name, workload.version, variant.name, slot or str(device),
                        workload.suite)
@@ -203,7 +207,7 @@ def run_workload(
             with clock.phase("trace"):
                 result["nondeterminism"] = study_nondeterminism(
                     workload, variant=variant, dtype=dtype, device=device,
-                    rounds=max(repeats, STUDY_ROUNDS))
+                    rounds=max(repeats, STUDY_ROUNDS), budget_s=study_budget_s)
         else:
             result["nondeterminism"] = {"traced": False, "hint": HINT}
         result["timeline"] = clock.seconds()
@@ -263,83 +267,175 @@ def run_traces(jobs: list[TraceJob]) -> None:
 
 
 def study_nondeterminism(workload: Workload, *, variant: Variant, dtype: torch.dtype,
-                         device: torch.device, rounds: int) -> dict[str, Any]:
-    """A nondeterministic result's `nondeterminism` (design §2.13): two traced passes, the
-    ops whose inputs are the same bits in both and whose outputs are not
+                         device: torch.device, rounds: int,
+                         budget_s: float | None = None) -> dict[str, Any]:
+    """A nondeterministic result's `nondeterminism` (design §2.13): two located traced
+    passes; the ops whose inputs are the same bits in both and whose outputs are not
     (`_determinism.nondeterministic_ops`) with a recipe each, and the cost study
-    (`cost_study`). Never fails the result: an exception becomes `error`."""
+    (`cost_study`, at least `rounds` rounds, within `budget_s`); where a difference
+    enters from outside the traced ops (`_sources.difference_sources`: host data, a
+    generator, a DataLoader batch) with its recipe. Never fails the result: an
+    exception becomes `error`."""
+    from numparity_agent._sources import difference_sources
+
     environ = dict(os.environ)
     found: dict[str, Any] = {"traced": True}
     try:
-        passes = []
+        passes, known = [], []
         for _ in range(2):
-            tracer, error = trace_ops(workload, variant=variant, dtype=dtype, device=device,
-                                      expected=None)
-            if tracer is None:
-                return {"traced": False, "hint": HINT, "error": error}
-            passes.append(tracer.body())
+            body, names = _located_pass(workload, variant=variant, dtype=dtype,
+                                        device=device)
+            passes.append(body)
+            known.append(names)
         ops, parts_at = nondeterministic_ops(passes[0], passes[1])
         for op in ops:
             op.update(recipe(op, device_type=device.type, environ=environ))
+        sources, equal = difference_sources(passes[0], passes[1],
+                                            known=(known[0], known[1]), environ=environ)
         found["ops"] = ops
+        if sources:
+            found["sources"] = sources
         if parts_at is not None:
             found["passes_part_at"] = parts_at
         if device.type == "cpu" and omp_dynamic(environ):
             found["cause"] = OMP_DYNAMIC_CAUSE
         if not ops:
-            found["note"] = ("the two traced passes computed the same bits: the "
-                             "nondeterminism did not show again; run more repeats")
+            found["note"] = _no_op_note(sources, equal=equal, parts_at=parts_at)
             return found
         found["cost"] = cost_study(workload, variant=variant, dtype=dtype, device=device,
-                                   ops=ops, rounds=rounds)
+                                   ops=ops, rounds=rounds, budget_s=budget_s)
     except Exception as exc:  # noqa: BLE001 - the result stands without its study
         found["error"] = _error_text(exc, limit=1000)
     return found
 
 
+def _no_op_note(sources: list[dict[str, Any]], *, equal: bool, parts_at: int | None
+                ) -> str:
+    """What the study says when no op gives other bits on the same inputs."""
+    if sources:
+        first = sources[0]
+        where = f" in {first['module']}" if first["module"] else ""
+        at = f" (called at {first['at']})" if first.get("at") else ""
+        return (f"no op gives other bits on the same inputs: the difference enters from "
+                f"outside torch's ops at {first['op']}{where}{at}, reading "
+                f"{first['what']}; {first['advice']}")
+    if equal:
+        return ("the two traced passes computed the same bits (every op's outputs "
+                "compared): the nondeterminism did not show again; run more repeats")
+    if parts_at is not None:
+        return (f"the two traced passes ran other ops from op {parts_at} on: the workload "
+                "chooses its ops by values that differ, before any op could be named")
+    return ("the two traced passes differ, but no op gives other bits on the same inputs "
+            "and no input from outside the traced ops was found")
+
+
+def _located_pass(workload: Workload, *, variant: Variant, dtype: torch.dtype,
+                  device: torch.device) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the body of one located traced pass, the references of the workload's built
+    inputs and parameters with their names) for `study_nondeterminism`."""
+    from numparity_agent._trace import reference, tracing
+
+    built = workload.build(dtype=dtype, device=device)
+    named = [(f"input {name}", t) for name, t in built.inputs.items()]
+    named += [(f"parameter {name}", t) for name, t in built.model.state_dict().items()]
+    known = {reference(digest): name for (name, _), digest in
+             zip(named, tensor_hashes([t for _, t in named]), strict=True)}
+    recorder = Recorder()
+    with tracing(built.model, locate=True) as tracer, variant.run_context(device):
+        recorder.tracer = tracer
+        workload.run(built, recorder)
+    _sync(device)
+    return tracer.body(), known
+
+
 def cost_study(workload: Workload, *, variant: Variant, dtype: torch.dtype,
-               device: torch.device, ops: list[dict[str, Any]], rounds: int
-               ) -> dict[str, Any]:
-    """Wall times of `default` (the variant as it is), `strict` (every determinism flag on)
-    and `selective` (only the ops' scopes: `_determinism.selective`), run interleaved
-    `rounds` times each (the first a warm-up, `wall_time`), and whether each mode's rounds
-    computed the same bits (`repeatable`). Without a scope (no op has an in-process
-    recipe) there is no selective mode."""
+               device: torch.device, ops: list[dict[str, Any]], rounds: int,
+               budget_s: float | None = None) -> dict[str, Any]:
+    """What `strict` (every determinism flag on) and `selective` (only the ops' scopes:
+    `_determinism.selective`) cost against `default` (the variant as it is), and
+    whether each mode's rounds computed the same bits (`repeatable`); `_cost` says how.
+
+    Each round runs every mode once, in an order that rotates; the first round is a
+    warm-up. At least `rounds` rounds and MIN_TIMED timed ones run, then more until
+    every mode's interval is narrow (`_cost.narrow`), the time budget (`budget_s`,
+    default `_cost.BUDGET_S`) is spent or MAX_ROUNDS ran. Each of strict and selective
+    gets `ratio` (the median of its paired ratios to default), its interval
+    (`ratio_low`, `ratio_high`) and the `verdict`; the study, the node's `load` at the
+    end. Without a scope (no op has an in-process recipe) there is no selective mode."""
+    from numparity_agent import _cost
+
     chosen = scopes(ops)
     modes = [mode for mode in MODES if mode != "selective" or chosen]
     times: dict[str, list[float]] = {mode: [] for mode in modes}
     first: dict[str, list[tuple[str, torch.Tensor]]] = {}
     differ: dict[str, set[str]] = {mode: set() for mode in modes}
-    for _round in range(rounds):
-        for mode in modes:
-            built = workload.build(dtype=dtype, device=device)
-            recorder = Recorder()
-            with contextlib.ExitStack() as stack:
-                if mode == "strict":
-                    stack.enter_context(all_deterministic())
-                elif mode == "selective":
-                    recorder.phase_scopes = stack.enter_context(selective(built.model, chosen))
-                    stack.enter_context(warnings.catch_warnings())
-                    warnings.simplefilter("ignore")
-                _sync(device)
-                start = time.perf_counter()
-                with variant.run_context(device):
-                    workload.run(built, recorder)
-                _sync(device)
-                times[mode].append(time.perf_counter() - start)
-            recorded = [(name, value) for name, _, value in recorder.tensors]
-            if mode not in first:
-                first[mode] = recorded
-            else:
-                differ[mode].update(_differing(first[mode], recorded, "<tensor list>"))
-            del built, recorder
-    found: dict[str, Any] = {"rounds": rounds, "scopes": chosen}
+    budget = _cost.BUDGET_S if budget_s is None else budget_s
+    least = max(rounds, _cost.MIN_TIMED + 1)
+    start_study = time.perf_counter()
+    ratios: dict[str, dict[str, float]] = {}
+    done = 0
+    while done < _cost.MAX_ROUNDS:
+        order = modes[done % len(modes):] + modes[:done % len(modes)]
+        for mode in order:
+            times[mode].append(_timed_mode(workload, mode, variant=variant, dtype=dtype,
+                                           device=device, chosen=chosen, first=first,
+                                           differ=differ))
+        done += 1
+        timed = done - 1
+        ratios = {mode: _cost.paired_ratio(times["default"][1:], times[mode][1:])
+                  for mode in modes if mode != "default"} if timed else {}
+        if done < least:
+            continue
+        if all(_cost.narrow(found, timed) for found in ratios.values()):
+            break
+        if time.perf_counter() - start_study >= budget:
+            break
+    load = _cost.load_now()
+    found: dict[str, Any] = {"rounds": done, "scopes": chosen,
+                             "seconds": round(time.perf_counter() - start_study, 3),
+                             "confidence": _cost.CONFIDENCE, "load": load}
     for mode in modes:
         found[mode] = {**wall_time(times[mode]), "repeatable": not differ[mode],
                        "wall_s_rounds": [round(t, 6) for t in times[mode]]}
+        if mode in ratios and ratios[mode]:
+            paired = {key: round(value, 6) for key, value in ratios[mode].items()}
+            found[mode].update(paired)
+            found[mode]["verdict"] = _cost.verdict(paired["ratio"],
+                                                   _cost.half_width(paired))
+            found[mode]["cost"] = _cost.words(paired, load=load)
         if differ[mode]:
             found[mode]["differ"] = sorted(differ[mode])[:8]
     return found
+
+
+def _timed_mode(workload: Workload, mode: str, *, variant: Variant, dtype: torch.dtype,
+                device: torch.device, chosen: list[dict[str, Any]],
+                first: dict[str, list[tuple[str, torch.Tensor]]],
+                differ: dict[str, set[str]]) -> float:
+    """One run of the workload in `mode` for `cost_study`: its wall time; what it
+    recorded is checked against the mode's first run (`differ`)."""
+    built = workload.build(dtype=dtype, device=device)
+    recorder = Recorder()
+    with contextlib.ExitStack() as stack:
+        if mode == "strict":
+            stack.enter_context(all_deterministic())
+        elif mode == "selective":
+            recorder.phase_scopes = stack.enter_context(selective(built.model, chosen))
+            stack.enter_context(warnings.catch_warnings())
+            warnings.simplefilter("ignore")
+        _sync(device)
+        start = time.perf_counter()
+        with variant.run_context(device):
+            workload.run(built, recorder)
+        _sync(device)
+        seconds = time.perf_counter() - start
+    recorded = [(name, value) for name, _, value in recorder.tensors]
+    if mode not in first:
+        first[mode] = recorded
+    else:
+        differ[mode].update(_differing(first[mode], recorded, "<tensor list>"))
+    del built, recorder
+    return seconds
 
 
 def trace_ops(

@@ -116,6 +116,7 @@ def run_variant(
     on_progress: Callable[[int], None] | None = None,
     values_dir: Path | None = None,
     trace_ops: bool = False,
+    study_budget_s: float | None = None,
     suite: str = _workloads.SUITE,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """(environment or None, results) of one variant's child process; with
@@ -126,7 +127,8 @@ def run_variant(
     run = run_variants([variant], workloads=workloads, device=device, repeats=repeats,
                        timeout=timeout, node_env_vars=node_env_vars,
                        fault_drill=fault_drill, on_progress=on_progress,
-                       values_dir=values_dir, trace_ops=trace_ops, suite=suite)
+                       values_dir=values_dir, trace_ops=trace_ops,
+                       study_budget_s=study_budget_s, suite=suite)
     return run.environment, run.results
 
 
@@ -142,6 +144,7 @@ def run_variants(
     on_progress: Callable[[int], None] | None = None,
     values_dir: Path | None = None,
     trace_ops: bool = False,
+    study_budget_s: float | None = None,
     suite: str = _workloads.SUITE,
     environment: bool = True,
 ) -> ChildRun:
@@ -162,7 +165,8 @@ def run_variants(
         part = _run_child(pending, workloads=workloads, device=device, repeats=repeats,
                           timeout=timeout, node_env_vars=node_env_vars,
                           fault_drill=fault_drill, on_progress=progress,
-                          values_dir=values_dir, trace_ops=trace_ops, suite=suite,
+                          values_dir=values_dir, trace_ops=trace_ops,
+                          study_budget_s=study_budget_s, suite=suite,
                           environment=environment and run.environment is None)
         run.environment = run.environment or part.environment
         run.results.extend(part.results)
@@ -190,6 +194,7 @@ def _run_child(
     trace_ops: bool,
     suite: str,
     environment: bool,
+    study_budget_s: float | None = None,
 ) -> ChildRun:
     """One child for `variants`: its results for the variants it finished, failed
     results for the one a crash or a timeout hit, nothing for those it left (the
@@ -203,6 +208,7 @@ def _run_child(
         "node_env_vars": node_env_vars,
         "fault_drill": fault_drill,
         "trace_ops": trace_ops,
+        "study_budget_s": study_budget_s,
         "values_dir": str(values_dir) if values_dir is not None else None,
         "environment": environment,
     }
@@ -419,19 +425,43 @@ def device_workloads(plan: Sequence[tuple[dict[str, Any], list[str]]],
     return found
 
 
+def _checks_said(checks: Any) -> str:
+    """A result's checks on its log line: how many hold, and which do not."""
+    if not isinstance(checks, dict) or not checks:
+        return ""
+    failing = [name for name, check in checks.items()
+               if isinstance(check, dict) and check.get("equal") is False]
+    said = f", checks: {len(checks) - len(failing)} of {len(checks)} hold"
+    if failing:
+        said += f" (not {', '.join(failing[:4])}{', …' if len(failing) > 4 else ''})"
+    return said
+
+
 def _log_results(log_line: Callable[[str], None], prefix: str,
                  results: list[dict[str, Any]]) -> None:
     for result in results:
         status = result["status"]
         detail = ""
         if status == "ok":
-            detail = f" in {result['wall_s']:.3f} s, repeats agree: {result['repeats_agree']}"
+            detail = f" in {result['wall_s']:.3f} s"
+            # One repeat compares nothing: a workload that repeats its own measurement
+            # (the data pipeline) says what its checks say instead.
+            if (result.get("repeats") or 0) >= 2:
+                detail += f", repeats agree: {result['repeats_agree']}"
+            detail += _checks_said(result.get("checks"))
             study = result.get("nondeterminism")
             if study:
                 ops = study.get("ops") or []
-                detail += (f"; nondeterministic at {ops[0]['op']} in "
-                           f"{ops[0]['module'] or 'the model'} ({ops[0]['phase']})"
-                           if ops else f"; {study.get('note') or study.get('hint') or ''}")
+                sources = study.get("sources") or []
+                if ops:
+                    detail += (f"; nondeterministic at {ops[0]['op']} in "
+                               f"{ops[0]['module'] or 'the model'} ({ops[0]['phase']})")
+                elif sources:
+                    detail += (f"; the difference enters at {sources[0]['op']} in "
+                               f"{sources[0]['module'] or 'the model'} from "
+                               f"{sources[0]['source']}: recipe {sources[0]['recipe']}")
+                else:
+                    detail += f"; {study.get('note') or study.get('hint') or ''}"
             if "drill" in result:
                 flip = result["drill"]
                 detail += (
@@ -460,6 +490,7 @@ def run_suite(
     on_progress: Progress | None = None,
     values_dir: Path | None = None,
     trace_ops: bool = False,
+    study_budget_s: float | None = None,
     suite: str = _workloads.SUITE,
 ) -> dict[str, Any]:
     """Run `workloads` of `suite` under `variants` (by default its built-ins under
@@ -537,7 +568,7 @@ def run_suite(
                 fault_drill=(drill_at == slot and _variants.FAULT_DRILL_VARIANT in group),
                 on_progress=watch,
                 values_dir=values_dir,
-                trace_ops=trace_ops,
+                trace_ops=trace_ops, study_budget_s=study_budget_s,
                 suite=suite,
                 environment=environment is None,
             )

@@ -37,6 +37,9 @@ import bisect
 import contextlib
 import hashlib
 import json
+import os
+import sys
+import types
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -84,6 +87,13 @@ KERNEL_CHOICE_OPS = frozenset({
 })
 # Host bytes a pass keeps waiting to be hashed before it synchronises and hashes them.
 PENDING_BYTES = 1 << 30
+# Frames a located op's `at` skips to reach the code that called it (design §2.13): torch's
+# own, the standard library's, this module's and the workload hooks'.
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
+_OWN_FILES = frozenset({__file__, os.path.join(os.path.dirname(__file__), "_workloads",
+                                               "_base.py")})
+_DATA_DIR = os.path.join(_TORCH_DIR, "utils", "data") + os.sep
 
 
 def trace_hash(body: dict[str, Any]) -> str:
@@ -102,8 +112,14 @@ def reference(digest: str) -> str:
 class OpTracer(TorchDispatchMode):
     """Records every aten op dispatched while it is active (see the module docstring).
 
-    `modules` names the model's modules (`named_modules`); `profile_kernels` records, on
-    CUDA, the kernels each op launched (`CudaKernels`)."""
+    `modules` names the model's modules (`named_modules`); `kernels` records, on CUDA,
+    the kernels each op launched (`KernelSession`).
+
+    With `locate` (the nondeterminism study's passes, design §2.13; never an uploaded
+    trace) each op also says where it was called from (`at`: the first frame outside
+    torch, the standard library and the agent's hooks; `via`: "DataLoader" when a
+    DataLoader's code ran in between), and each view op is kept in `views` with the
+    references it read and made, so a view of a computed tensor counts as computed."""
 
     # The devices whose tensors are hashed after the pass (`DeferredHashes`); a CPU
     # tensor is hashed at once (its bytes are already in host memory).
@@ -117,9 +133,12 @@ class OpTracer(TorchDispatchMode):
         return False
 
     def __init__(self, modules: dict[nn_Module, str] | None = None,
-                 kernels: KernelSession | None = None, name: str = "") -> None:
+                 kernels: KernelSession | None = None, name: str = "",
+                 locate: bool = False) -> None:
         super().__init__()
         self.ops: list[dict[str, Any]] = []
+        self.views: list[dict[str, Any]] = []
+        self._locate = locate
         self.tensors: dict[str, list[Any]] = {}
         self._modules = modules or {}
         self._stack: list[str] = []
@@ -166,10 +185,13 @@ class OpTracer(TorchDispatchMode):
 
     # ---- the dispatch ---------------------------------------------------------------
 
-    def _ref(self, tensor: torch.Tensor) -> str | int:
-        """The tensor's reference, or on a GPU the index of its pending hash."""
+    def _ref(self, tensor: torch.Tensor, written: bool = False) -> str | int:
+        """The tensor's reference, or on a GPU the index of its pending hash. `written`:
+        an output the op wrote in place (or into `out=`), hashed anew and not kept: its
+        version counter is bumped only after the dispatch returns (ADInplaceOrView runs
+        above the Python key), so the cached reference of its old bits would match."""
         try:
-            version = tensor._version
+            version = None if written else tensor._version
         except RuntimeError:  # an inference tensor keeps no version: hash it every time
             version = None
         key = id(tensor)
@@ -203,13 +225,19 @@ class OpTracer(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if self._paused or getattr(func, "is_view", False):
+        if self._paused:
+            return func(*args, **kwargs)
+        if getattr(func, "is_view", False):
             # A view computes nothing: its bits are its input's, rearranged. The op that
             # reads it names its bytes; the view itself cannot be where two runs part.
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if self._locate:
+                self._view(args, kwargs, out)
+            return out
         flat, _spec = tree_flatten((args, kwargs))
         # Inputs are read before the op: an in-place op changes them.
         inputs = [self._ref(t) for t in flat if isinstance(t, torch.Tensor)]
+        read = {id(t) for t in flat if isinstance(t, torch.Tensor)}
         others = [_plain_arg(a) for a in flat if not isinstance(a, torch.Tensor)]
         seq = len(self.ops)
         if self._kernels is not None and _packet_name(func) in KERNEL_CHOICE_OPS:
@@ -217,7 +245,8 @@ class OpTracer(TorchDispatchMode):
                 out = func(*args, **kwargs)
         else:
             out = func(*args, **kwargs)
-        outputs = [self._ref(t) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        outputs = [self._ref(t, written=id(t) in read) for t in tree_flatten(out)[0]
+                   if isinstance(t, torch.Tensor)]
         phase, module = self._phase_and_module()
         op: dict[str, Any] = {"op": str(func), "module": module, "phase": phase,
                               "in": inputs, "out": outputs}
@@ -226,8 +255,17 @@ class OpTracer(TorchDispatchMode):
         kernel = _kernel_choice(func, args)
         if kernel is not None:
             op["kernel"] = kernel
+        if self._locate:
+            op.update(_caller())
         self.ops.append(op)
         return out
+
+    def _view(self, args: Any, kwargs: Any, out: Any) -> None:
+        """Keep a view's input and output references, before the op that comes next."""
+        inputs = [self._ref(t) for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor)]
+        outputs = [self._ref(t) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        self.views.append({"before": len(self.ops), "in": inputs, "out": outputs})
 
     def resolve(self) -> None:
         """Hash what is pending (a GPU's tensors) and put the references in the ops."""
@@ -237,15 +275,18 @@ class OpTracer(TorchDispatchMode):
         for digest, dtype, shape in refs:
             if digest not in self.tensors:
                 self.tensors[digest] = [dtype, shape]
-        for op in self.ops:
+        for op in [*self.ops, *self.views]:
             op["in"] = [refs[r][0] if isinstance(r, int) else r for r in op["in"]]
             op["out"] = [refs[r][0] if isinstance(r, int) else r for r in op["out"]]
 
     def body(self) -> dict[str, Any]:
-        """The trace (`resolve` first, and the kernel names in, on a GPU)."""
+        """The trace (`resolve` first, and the kernel names in, on a GPU); a located
+        pass's has its `views` too."""
         self.resolve()
-        body = {"format": FORMAT, "hash_chars": HASH_CHARS, "tensors": self.tensors,
-                "ops": self.ops}
+        body: dict[str, Any] = {"format": FORMAT, "hash_chars": HASH_CHARS,
+                                "tensors": self.tensors, "ops": self.ops}
+        if self._locate:
+            body["views"] = self.views
         return {"hash": trace_hash(body), **body}
 
 
@@ -339,10 +380,34 @@ def _label_graph(output: Any, module: str) -> None:
 
 def _plain_arg(value: Any) -> Any:
     """A non-tensor argument as it decides the op's result: a device by its type only,
-    so the same op on cuda:0 and cuda:3 (or two nodes' GPUs) has the same arguments."""
+    so the same op on cuda:0 and cuda:3 (or two nodes' GPUs) has the same arguments; a
+    generator by its device (its repr is its address; what it draws is in the output)."""
     if isinstance(value, torch.device):
         return value.type
+    if isinstance(value, torch.Generator):
+        return f"generator:{value.device.type}"
     return value
+
+
+def _caller() -> dict[str, str]:
+    """Where the op being dispatched was called from: {"at": "dir/file.py:line in
+    function"} of the first frame outside torch, the standard library and the agent's
+    hooks, and {"via": "DataLoader"} when torch.utils.data ran in between."""
+    found: dict[str, str] = {}
+    frame: types.FrameType | None = sys._getframe(2)
+    for _ in range(200):  # bounded: a deep stack is named as unknown
+        if frame is None:
+            break
+        path = frame.f_code.co_filename
+        if path.startswith(_DATA_DIR):
+            found["via"] = "DataLoader"
+        if not (path.startswith(_TORCH_DIR) or path.startswith(_STDLIB_DIR)
+                or path in _OWN_FILES or path.startswith("<frozen")):
+            short = os.sep.join(path.split(os.sep)[-2:])
+            found["at"] = f"{short}:{frame.f_lineno} in {frame.f_code.co_name}"
+            break
+        frame = frame.f_back
+    return found
 
 
 def _packet_name(func: Any) -> str:
@@ -537,13 +602,13 @@ def _module_hooks(tracer: OpTracer) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def tracing(model: Any, kernels: KernelSession | None = None, name: str = ""
-            ) -> Iterator[OpTracer]:
+def tracing(model: Any, kernels: KernelSession | None = None, name: str = "",
+            locate: bool = False) -> Iterator[OpTracer]:
     """An OpTracer active over the block, with the module path of `model`'s modules and,
     inside `kernels`' session (on CUDA), its annotations under the trace name `name`.
     The tracer's `body()` is the trace once the block ends (and, on CUDA, once the
-    session has closed and annotated it)."""
+    session has closed and annotated it). `locate`: see OpTracer."""
     tracer = OpTracer({module: n for n, module in model.named_modules() if n},
-                      kernels=kernels, name=name)
+                      kernels=kernels, name=name, locate=locate)
     with _module_hooks(tracer), tracer:
         yield tracer

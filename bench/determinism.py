@@ -1,16 +1,18 @@
 """Selective determinism benchmark (design §2.13): what making only the nondeterministic
 op deterministic costs, next to making everything so. Not run by CI.
 
-    .venv/bin/python bench/determinism.py [--rounds 15] [--studies 3] [--omp-dynamic]
+    .venv/bin/python bench/determinism.py [--rounds 15] [--studies 3] [--budget 60]
+                                          [--omp-dynamic]
 
 1. The agent's own study (`_runner.study_nondeterminism`) on a model with one
    nondeterministic op (bench/_nondeterministic.py: a custom op in `pool`, after six
    linear blocks): two traced passes name the op, then default, strict (every
-   determinism flag) and selective (only `pool`) run interleaved `--rounds` times. Each
-   of `--studies` studies is one measurement; the overheads against default are
-   printed per study and combined with the audit's rule (`determinism_cost.measured`
-   and `ratio`: the mean of the medians, uncertainty from their spread), as the audit
-   shows them: "deterministic for +x % ± e instead of +y % ± e".
+   determinism flag) and selective (only `pool`) run in paired, interleaved rounds, at
+   least `--rounds`, more until the intervals are narrow or `--budget` seconds are
+   spent. Each of `--studies` studies is one measurement, printed as the agent reports
+   it (the median paired ratio with its 95 % bootstrap interval, `_cost`), then combined
+   with the audit's rule (weighted by precision, `analysis.nondeterminism.
+   combined_cost`), in the audit's words.
 2. With `--omp-dynamic`: why `train` is nondeterministic on a loaded CPU. A getloadavg()
    shim (LD_PRELOAD, compiled here with cc) reports a 15-minute load of 0.0 or 1.5 in
    alternating 1 ms windows — a 2-core node whose load hovers at libgomp's boundary,
@@ -21,9 +23,7 @@ op deterministic costs, next to making everything so. Not run by CI.
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,8 +37,11 @@ sys.path.insert(0, str(HERE))
 from numparity_agent._determinism import scopes  # noqa: E402
 from numparity_agent._runner import cost_study, study_nondeterminism  # noqa: E402
 from numparity_agent.testing import load_workload, variant  # noqa: E402
-from numparity_server.analysis.determinism_cost import Measured, measured, ratio  # noqa: E402
-from numparity_server.analysis.nondeterminism import cost_in_words, percent  # noqa: E402
+from numparity_server.analysis.nondeterminism import (  # noqa: E402
+    StudyCost,
+    combined_cost,
+    cost_in_words,
+)
 
 SHIM = r"""
 #include <time.h>
@@ -59,10 +62,10 @@ print(r["repeats_agree"], ",".join(r.get("repeats_differ", [])[:4]))
 """
 
 
-def selective_against_strict(rounds: int, studies: int) -> None:
+def selective_against_strict(rounds: int, studies: int, budget: float) -> None:
     workload = load_workload("_nondeterministic:pooled")
     first = study_nondeterminism(workload, variant=variant("default"), dtype=torch.float32,
-                                 device=torch.device("cpu"), rounds=rounds)
+                                 device=torch.device("cpu"), rounds=rounds, budget_s=budget)
     ops = first.get("ops") or []
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; named ops: "
           + "; ".join(f"{op['op']} in {op['module']} ({op['phase']}), recipe "
@@ -71,38 +74,36 @@ def selective_against_strict(rounds: int, studies: int) -> None:
     found = [first["cost"]]
     for _ in range(studies - 1):
         found.append(cost_study(workload, variant=variant("default"), dtype=torch.float32,
-                                device=torch.device("cpu"), ops=ops, rounds=rounds))
-    print(f"\n{studies} studies of {rounds} interleaved rounds each (the first a warm-up):")
-    print(f"{'study':>5} {'default s':>10} {'strict':>16} {'selective':>16} repeatable "
+                                device=torch.device("cpu"), ops=ops, rounds=rounds,
+                                budget_s=budget))
+    print(f"\n{studies} studies, each at least {rounds} paired rounds (the first a "
+          f"warm-up), more until narrow or {budget:g} s; the median paired ratio and its "
+          "95 % bootstrap interval, as the agent reports it:")
+    print(f"{'study':>5} {'rounds':>6} {'load':>6} {'default s':>10}  "
+          f"{'strict ratio [95 %]':<22} {'selective ratio [95 %]':<22} repeatable "
           "(default/strict/selective)")
     for index, cost in enumerate(found, start=1):
-        default = Measured(cost["default"]["wall_s"], cost["default"].get("wall_s_spread"))
-        texts = [percent(ratio(Measured(cost[m]["wall_s"], cost[m].get("wall_s_spread")),
-                               default)) for m in ("strict", "selective")]
-        print(f"{index:>5} {default.seconds:>10.4f} {texts[0]:>16} {texts[1]:>16} "
+        print(f"{index:>5} {cost['rounds']:>6} {cost['load']['load']!s:>6} "
+              f"{cost['default']['wall_s']:>10.4f}  {_interval(cost['strict']):<22} "
+              f"{_interval(cost['selective']):<22} "
               + "/".join(str(cost[m]["repeatable"]) for m in ("default", "strict",
                                                               "selective")))
-    # Paired: each round ran the three modes back to back, so the machine's load hits a
-    # round's three alike; the median of the per-round ratios and its standard error
-    # from the median absolute deviation (1.2533 · 1.4826 · MAD / √n: robust to the
-    # outliers another job's burst makes), over every timed round of every study.
-    for mode in ("strict", "selective"):
-        per_round = [s / d for c in found for d, s in zip(c["default"]["wall_s_rounds"][1:],
-                                                          c[mode]["wall_s_rounds"][1:],
-                                                          strict=True)]
-        middle = statistics.median(per_round)
-        mad = statistics.median(abs(r - middle) for r in per_round)
-        error = 1.2533 * 1.4826 * mad / math.sqrt(len(per_round))
-        print(f"paired, {mode:>9}: {(middle - 1) * 100:+.1f} % "
-              f"± {error * 100:.1f} over {len(per_round)} rounds")
-    combined = {m: measured(Measured(c[m]["wall_s"], c[m].get("wall_s_spread"))
-                            for c in found) for m in ("default", "strict", "selective")}
-    strict = ratio(combined["strict"], combined["default"])
-    selective = ratio(combined["selective"], combined["default"])
+        for mode in ("strict", "selective"):
+            print(f"{'':>5} {mode}: {cost[mode]['cost']}")
+    # The audit's rule: the studies combined by their precision (as if from several
+    # nodes), in the audit's words.
+    combined = {mode: combined_cost([
+        StudyCost(c[mode]["ratio"], c[mode]["ratio_low"], c[mode]["ratio_high"],
+                  c[mode]["repeatable"], c["load"]["load"], c["load"]["cpus"])
+        for c in found]) for mode in ("strict", "selective")}
     print("\ncombined (the audit's rule): " + cost_in_words(
         ops[0].get("recipe") if ops else None, ops[0].get("no_recipe") if ops else None,
-        selective, all(c["selective"]["repeatable"] for c in found), strict,
-        all(c["strict"]["repeatable"] for c in found)))
+        combined["selective"], combined["strict"]))
+
+
+def _interval(mode: dict[str, float]) -> str:
+    """The raw figure, whatever its verdict: ratio [low, high]."""
+    return f"{mode['ratio']:.3f} [{mode['ratio_low']:.3f}, {mode['ratio_high']:.3f}]"
 
 
 def omp_dynamic() -> None:
@@ -126,9 +127,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--studies", type=int, default=3)
+    parser.add_argument("--budget", type=float, default=60.0,
+                        help="seconds each study may time rounds for (the agent's default)")
     parser.add_argument("--omp-dynamic", action="store_true")
     args = parser.parse_args()
-    selective_against_strict(args.rounds, args.studies)
+    selective_against_strict(args.rounds, args.studies, args.budget)
     if args.omp_dynamic:
         omp_dynamic()
 

@@ -28,6 +28,7 @@ from numparity_server.kit.compute import Computations
 from numparity_server.kit.db import get_engine, session_factory
 from numparity_server.kit.handlers import install_error_handlers
 from numparity_server.kit.limits import BodyLimits
+from numparity_server.kit.orphan import stop_when_orphaned
 from numparity_server.kit.policy_file import load_policy
 from numparity_server.kit.readcache import ReadCache
 from numparity_server.kit.security_headers import SecurityHeaders
@@ -104,3 +105,10 @@ def create_app_from_environment() -> FastAPI:
     """uvicorn's factory for ``serve --workers N``: each worker process reads the settings
     the parent exported (``kit.settings.worker_environment``)."""
     return create_app(Settings())
+
+
+def create_worker_app() -> FastAPI:
+    """``create_app_from_environment`` for a worker of ``serve --workers N``, which stops
+    once the ``serve`` process that started it is gone (``kit.orphan``)."""
+    stop_when_orphaned()
+    return create_app_from_environment()

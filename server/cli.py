@@ -241,7 +241,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from numparity_server.kit.settings import worker_environment
 
     # The only settings that travel through the environment: uvicorn's worker processes
-    # build their app from an import string (app.create_app_from_environment).
+    # build their app from an import string (app.create_worker_app).
     os.environ.update(worker_environment(settings))
     metrics_dir = None
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -253,7 +253,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         metrics_dir = tempfile.mkdtemp(prefix="numparity-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
-        uvicorn.run("numparity_server.app:create_app_from_environment", factory=True,
+        uvicorn.run("numparity_server.app:create_worker_app", factory=True,
                     host=args.host, port=args.port, workers=args.workers,
                     log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_S)
     finally:

@@ -16,7 +16,7 @@ from numparity_server.analysis.policy import Policy
 from numparity_server.auth.schemas import Principal
 from numparity_server.auth.service import authenticate
 from numparity_server.kit.compute import Budget, Computations
-from numparity_server.kit.db import release
+from numparity_server.kit.db import release, snapshot
 from numparity_server.kit.errors import InvalidDocument, NotFound
 from numparity_server.kit.ingest_meter import IngestMeter
 from numparity_server.kit.pagination import MAX_OFFSET, PageParams
@@ -66,7 +66,14 @@ class Kept:
         version = fleet_version(self._session)
         # Another asker of ``key`` may be computing it: wait holding no connection.
         release(self._session)
-        cached = self._cache.get(key, version, compute, keep)
+
+        def at_one_snapshot() -> T:
+            # Its statements see one state of the fleet (kit.db.snapshot), at least as new
+            # as ``version``: an answer kept against ``version`` is never older than it.
+            with snapshot(self._session):
+                return compute()
+
+        cached = self._cache.get(key, version, at_one_snapshot, keep)
         self.headers["Age"] = str(int(cached.age_s))
         self._response.headers.update(self.headers)
         return cached.value  # type: ignore[no-any-return]

@@ -4,9 +4,10 @@
   PostgreSQL: a uniquely named database created on the server of
   ``NUMPARITY_TEST_DATABASE_URL`` and dropped afterwards (skipped when it is unset,
   with an example value; the summary folds those skips into one line).
-- ``migrated_database_url``: the same, migrated to head.
+- ``migrated_database_url``: the same, migrated to head (a copy of a template migrated
+  once per test process).
 - ``live_server``: ``numparity-server serve`` as a real uvicorn subprocess on a free
-  loopback port, with an agent, a reader and an admin token made by the CLI.
+  loopback port, with an agent, a reader and an admin token.
 
 The server's packages (SQLAlchemy, psycopg, the server itself) are imported by the
 fixtures that need them, never at module level: ``tests/agent`` runs where only the
@@ -17,16 +18,18 @@ server or a database skips there, saying which package is missing
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from helpers import scheduling
 from helpers.processes import (
-    server_command,
     start_server,
     stop_process,
     wait_ready,
@@ -64,6 +67,50 @@ def pytest_runtest_makereport(
             where = ours[-1]
             report.longrepr = (str(where.path), where.lineno + 1, report.longrepr[2])
     return report
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--tier", choices=("all", "fast"), default="all",
+        help="fast: only the unit tests, for development (`make test-fast`): no test of "
+             f"{', '.join(scheduling.SLOW_FOLDERS)}, none measured over "
+             f"{scheduling.FAST_SECONDS:g} s in tests/durations.json. CI runs all.",
+    )  # fmt: skip
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that share an expensive fixture form one xdist group; longest units first
+    (helpers/scheduling.py). Runs before xdist reads the groups (tryfirst)."""
+    durations = scheduling.load_durations()
+    if config.getoption("tier") == "fast":
+        slow = [item for item in items if not scheduling.is_fast(item, durations)]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            kept = set(map(id, slow))
+            items[:] = [item for item in items if id(item) not in kept]
+    groups = scheduling.plan(items, durations)
+    for item in items:
+        if item.nodeid in groups:
+            item.add_marker(pytest.mark.xdist_group(scheduling.group_name(groups[item.nodeid])))
+
+
+# `make test-durations`: every test's seconds (setup, call and teardown), as the
+# scheduler above reads them. Recorded where the reports arrive (xdist's controller).
+_DURATIONS_OUT = os.environ.get("NUMPARITY_TEST_DURATIONS_OUT")
+_measured: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _DURATIONS_OUT:
+        nodeid = scheduling.plain_nodeid(report.nodeid)
+        _measured[nodeid] = _measured.get(nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _DURATIONS_OUT and _measured and not hasattr(session.config, "workerinput"):
+        rounded = {k: round(v, 2) for k, v in sorted(_measured.items())}
+        Path(_DURATIONS_OUT).write_text(json.dumps(rounded, indent=0) + "\n")
 
 
 # What a database or a live server needs beyond the agent ('.[server]').
@@ -118,11 +165,84 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.fixture
-def migrated_database_url(database_url: str) -> str:
-    from numparity_server.kit import migrate
+class DatabaseTemplates:
+    """Databases migrated to head once per test process, which each test's database is
+    copied from: Alembic's ~20 revisions take seconds, a copy takes milliseconds (SQLite:
+    the file) or a fraction of a second (PostgreSQL: CREATE DATABASE … TEMPLATE). Made
+    from the checkout's migrations when first asked, so never stale; dropped at the end."""
 
-    migrate.upgrade(database_url)
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._made: dict[str, str] = {}
+        self._dropped: list[Callable[[], None]] = []
+
+    def sqlite(self) -> Path:
+        if "sqlite" not in self._made:
+            from numparity_server.kit import migrate
+            from numparity_server.kit.db import dispose_engine
+
+            url = f"sqlite:///{self.folder / 'template.db'}"
+            migrate.upgrade(url)
+            dispose_engine(url)  # the last connection checkpoints the WAL into the file
+            self._made["sqlite"] = str(self.folder / "template.db")
+        return Path(self._made["sqlite"])
+
+    def postgresql(self, base: str) -> str:
+        if "postgresql" not in self._made:
+            import psycopg
+            from sqlalchemy import make_url
+
+            from numparity_server.kit import migrate
+            from numparity_server.kit.db import dispose_engine
+
+            name = f"numparity_template_{uuid.uuid4().hex[:16]}"
+            parsed = make_url(base)
+            if parsed.drivername in ("postgres", "postgresql"):
+                parsed = parsed.set(drivername="postgresql+psycopg")
+            url = parsed.set(database=name).render_as_string(hide_password=False)
+            with psycopg.connect(_libpq_url(base), autocommit=True) as admin:
+                admin.execute(f'CREATE DATABASE "{name}"')
+
+            def drop() -> None:
+                with psycopg.connect(_libpq_url(base), autocommit=True) as admin:
+                    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+            self._dropped.append(drop)
+            migrate.upgrade(url)
+            dispose_engine(url)  # CREATE DATABASE … TEMPLATE needs it without connections
+            self._made["postgresql"] = name
+        return self._made["postgresql"]
+
+    def close(self) -> None:
+        for drop in self._dropped:
+            drop()
+
+
+@pytest.fixture(scope="session")
+def database_templates(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DatabaseTemplates]:
+    templates = DatabaseTemplates(tmp_path_factory.mktemp("templates"))
+    try:
+        yield templates
+    finally:
+        templates.close()
+
+
+@pytest.fixture
+def migrated_database_url(database_url: str, database_templates: DatabaseTemplates) -> str:
+    """``database_url`` at the migrations' head: a copy of a migrated template."""
+    from sqlalchemy import make_url
+
+    parsed = make_url(database_url)
+    if parsed.get_backend_name() == "sqlite":
+        shutil.copy(database_templates.sqlite(), parsed.database)
+        return database_url
+    import psycopg
+
+    base = os.environ[TEST_DATABASE_ENV]
+    template = database_templates.postgresql(base)
+    with psycopg.connect(_libpq_url(base), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE "{parsed.database}"')
+        admin.execute(f'CREATE DATABASE "{parsed.database}" TEMPLATE "{template}"')
     return database_url
 
 
@@ -146,23 +266,21 @@ class LiveServer:
 
 
 def _create_tokens(roles: tuple[str, ...], database_url: str) -> dict[str, str]:
-    """One `numparity-server token create` per role, run side by side (each takes ~1 s)."""
-    env = {**os.environ, "NUMPARITY_DATABASE_URL": database_url}
-    processes = {
-        role: subprocess.Popen(
-            [*server_command(), "token", "create", "--role", role, "--label", f"live-{role}"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        for role in roles
-    }
-    tokens = {}
-    for role, process in processes.items():
-        out, err = process.communicate(timeout=120)
-        assert process.returncode == 0, f"token create --role {role} failed:\n{err}"
-        token = out.strip()
-        assert token and "\n" not in token, out
-        tokens[role] = token
-    return tokens
+    """A token per role, made in this process as `numparity-server token create` makes
+    them (tests/server/cli tests the command): three CLI processes cost ~3 CPU seconds
+    per live server."""
+    from numparity_server.auth import service
+    from numparity_server.kit.db import dispose_engine, get_engine, session_factory
+    from numparity_server.kit.settings import Settings
+
+    settings = Settings(database_url=database_url)
+    try:
+        with session_factory(get_engine(settings))() as session:
+            return {role: service.create_token(session=session, role=role,
+                                               label=f"live-{role}").token
+                    for role in roles}
+    finally:
+        dispose_engine(database_url)
 
 
 @pytest.fixture
@@ -181,7 +299,7 @@ def live_server(migrated_database_url: str, tmp_path: Path) -> Iterator[LiveServ
                         agent_token=tokens["agent"], reader_token=tokens["reader"],
                         admin_token=tokens["admin"], log_path=log_path, process=process)
     try:
-        wait_ready(server.base_url, process, log_path, timeout=60)
+        wait_ready(server.base_url, process, log_path)
         yield server
     finally:
         stop_process(process)

@@ -7,19 +7,31 @@ repeats (``Repeated``, counted), and the studies of those whose repeats disagree
 (environment, device model): ``deterministic`` when every repeated result agreed; else
 the ops named (op, module, phase, how many results named it), each with its recipe and
 the measured cost of making only its scopes deterministic next to the cost of every
-flag (``strict``), with uncertainty (``determinism_cost.ratio``), and the results that
-were not traced (the hint to trace them). A study that says why (``cause``: OMP_DYNAMIC
-on a CPU) is said once for the row.
+flag (``strict``); where a difference enters from outside the traced ops (``sources``:
+host data, a generator, a DataLoader batch, with the recipe that applies); and the
+results that were not traced (the hint to trace them). A study that says why
+(``cause``: OMP_DYNAMIC on a CPU) is said once for the row.
+
+A cost (``combined_cost``): each study gives a mode's ratio to default (the median of
+its paired rounds) and that median's 95 % interval; the nodes' studies of one op in one
+(environment, device model) are combined weighted by their precision (the inverse of
+the squared half-width of their interval), and the combined interval is 1.96 combined
+standard errors. A figure is stated only when it means something (``verdict``, the
+agent's rule in ``numparity_agent._cost``): ``measured`` when the interval is narrower
+than the effect, ``negligible`` within ± NEGLIGIBLE of no cost, otherwise "not
+measurable" with the nodes' load. A study from an agent before paired rounds (no
+``ratio``) gives its ratio of medians and the propagated spread instead.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .determinism_cost import Measured, Ratio, measured, ratio
+from .determinism_cost import Measured, ratio
 
 MAX_OPS = 50  # ops per row; the rest are counted (`ops_total`)
 # What made `train` nondeterministic on a loaded CPU (design §2.13): said from the
@@ -30,6 +42,13 @@ OMP_DYNAMIC_CAUSE = (
     "into another number of parts and rounds differently; unset it or set "
     "OMP_DYNAMIC=false")
 MAX_UNTRACED = 20
+# The agent's rule (numparity_agent._cost): within this of no cost, an interval wider
+# than its effect still says "no cost above ± h %".
+NEGLIGIBLE = 0.05
+Z95 = 1.959964  # a 95 % interval's half-width in standard errors
+# A half-width below this is taken as this: one study with identical rounds is not
+# infinitely precise.
+LEAST_HALF = 1e-4
 
 
 @dataclass(frozen=True)
@@ -59,13 +78,37 @@ class Study:
 
 @dataclass(frozen=True)
 class Cost:
-    """selective or strict against default: the ratio, its uncertainty, whether the mode
-    made every round repeatable."""
+    """selective or strict against default, combined over the studies: the ratio, the
+    half-width of its 95 % interval (``uncertainty``) and the interval, the verdict and
+    the words, whether the mode made every round repeatable."""
 
     ratio: float | None
     uncertainty: float | None
     repeatable: bool | None
-    shown: bool
+    shown: bool  # verdict == "measured"
+    low: float | None = None
+    high: float | None = None
+    verdict: str = "noisy"  # measured, negligible or noisy
+    words: str = "not measured"
+    studies: int = 0
+
+
+@dataclass
+class DifferenceSource:
+    """Where a difference enters from outside the traced ops (the agent's ``sources``),
+    over the results that named it."""
+
+    op: str
+    module: str
+    phase: str
+    source: str  # host_data, dataloader, order, argument, generator, input
+    what: str
+    recipe: str
+    advice: str
+    at: str | None
+    results: int
+    workloads: list[str]
+    variants: list[str]
 
 
 @dataclass
@@ -99,6 +142,7 @@ class Determinism:
     untraced: list[str] = field(default_factory=list)  # "workload/variant: hint"
     cause: str | None = None
     summary: str = ""
+    sources: list[DifferenceSource] = field(default_factory=list)
 
 
 def environment_cause(flattened: dict[str, str], model: str) -> str | None:
@@ -111,38 +155,113 @@ def environment_cause(flattened: dict[str, str], model: str) -> str | None:
     return None
 
 
-def percent(found: Ratio) -> str:
-    """+x % ± e of a ratio against default (the uncertainty when known)."""
-    if found.value is None:
-        return "unknown (default took no time)"
-    text = f"{(found.value - 1) * 100:+.0f} %"
-    if found.uncertainty is None:
-        return f"{text} (one timed round: no uncertainty)"
-    return f"{text} ± {found.uncertainty * 100:.0f}"
+def verdict(value: float | None, half: float | None) -> str:
+    """``measured``, ``negligible`` or ``noisy`` (the module's rule)."""
+    if value is None or half is None or not math.isfinite(half):
+        return "noisy"
+    if half < abs(value - 1):
+        return "measured"
+    if half <= NEGLIGIBLE:
+        return "negligible"
+    return "noisy"
 
 
-def cost_in_words(op_recipe: str | None, no_recipe: str | None, selective: Ratio | None,
-                  selective_repeatable: bool | None, strict: Ratio | None,
-                  strict_repeatable: bool | None) -> str:
-    strict_text = (f"{percent(strict)}" + ("" if strict_repeatable else
-                                          ", and strict did not make it repeatable either")
-                   if strict is not None else "not measured")
+def cost_words(cost: Cost | None) -> str:
+    """A mode's cost in words, as the agent says it (``numparity_agent._cost.words``):
+    "+12.0 % [+10.1, +14.2]", "no cost above ± 3.0 %", or "not measurable ..."."""
+    if cost is None or cost.ratio is None:
+        return "not measured"
+    if cost.verdict == "measured" and cost.low is not None and cost.high is not None:
+        return (f"{(cost.ratio - 1) * 100:+.1f} % [{(cost.low - 1) * 100:+.1f}, "
+                f"{(cost.high - 1) * 100:+.1f}]")
+    if cost.verdict == "negligible":
+        return f"no cost above ± {max(cost.uncertainty or 0.0, 0.001) * 100:.1f} %"
+    return "not measurable"
+
+
+@dataclass(frozen=True)
+class StudyCost:
+    """One study's figure for one mode: ratio, interval, repeatable, the node's load."""
+
+    ratio: float
+    low: float | None
+    high: float | None
+    repeatable: bool
+    load: float | None = None
+    cpus: int | None = None
+
+
+def combined_cost(studies: list[StudyCost]) -> Cost | None:
+    """The studies of one op's mode combined, weighted by precision (the module)."""
+    if not studies:
+        return None
+    repeatable = all(s.repeatable for s in studies)
+    weighted = [(s, max(s.ratio - s.low, s.high - s.ratio, LEAST_HALF)) for s in studies
+                if s.low is not None and s.high is not None]
+    if weighted:
+        weights = [(s.ratio, (Z95 / half) ** 2) for s, half in weighted]
+        total = sum(w for _, w in weights)
+        value = sum(r * w for r, w in weights) / total
+        half = Z95 / math.sqrt(total)
+    else:
+        value, half = studies[0].ratio, None
+    found = verdict(value, half)
+    low = None if half is None else value - half
+    high = None if half is None else value + half
+    if len(weighted) == 1 and len(studies) == 1:
+        # One study keeps its own (bootstrap, perhaps lopsided) interval: the audit says
+        # what `doctor --recipe` says of that run.
+        low, high = weighted[0][0].low, weighted[0][0].high
+    cost = Cost(value, half, repeatable, found == "measured", low, high, found, "",
+                len(studies))
+    words = cost_words(cost)
+    if found == "noisy":
+        why = [f"± {half * 100:.0f} %" if half is not None else "no interval"]
+        loads = [s.load for s in studies if s.load is not None]
+        if loads:
+            cpus = max((s.cpus or 0) for s in studies) or None
+            why.insert(0, f"load {max(loads)} on {cpus} CPUs" if cpus else
+                       f"load {max(loads)}")
+        where = "this node" if len(studies) == 1 else f"these {len(studies)} nodes"
+        words = f"not measurable on {where} now ({', '.join(why)})"
+    return Cost(cost.ratio, cost.uncertainty, cost.repeatable, cost.shown, cost.low,
+                cost.high, cost.verdict, words, cost.studies)
+
+
+def cost_in_words(op_recipe: str | None, no_recipe: str | None, selective: Cost | None,
+                  strict: Cost | None) -> str:
+    strict_text = ("not measured" if strict is None else strict.words + (
+        "" if strict.repeatable else ", and strict did not make it repeatable either"))
     if op_recipe is None:
         return f"no selective recipe: {no_recipe or 'unknown op'}; strict: {strict_text}"
     if selective is None:
-        return f"not measured; strict: {strict_text}"
-    if not selective_repeatable:
+        return f"selective not measured; strict: {strict_text}"
+    if not selective.repeatable:
         return ("the selective recipe did not make it repeatable (the op does not honour "
                 f"{op_recipe}); strict: {strict_text}")
-    return f"deterministic for {percent(selective)} instead of {strict_text}"
+    return f"selective: {selective.words}; strict: {strict_text}"
 
 
-def _mode(study: dict[str, Any], mode: str) -> tuple[Measured, bool] | None:
-    found = (study.get("cost") or {}).get(mode)
-    if not found:
+def _study_cost(study: dict[str, Any], mode: str) -> StudyCost | None:
+    """One study's figure for ``mode``: the agent's paired ratio and interval, or (an
+    agent before paired rounds) the ratio of the medians with the propagated spread."""
+    cost = study.get("cost") or {}
+    found, default = cost.get(mode), cost.get("default")
+    if not found or not default:
         return None
-    return Measured(float(found["wall_s"]), found.get("wall_s_spread")), bool(
-        found.get("repeatable"))
+    load = cost.get("load") or {}
+    if found.get("ratio") is not None:
+        return StudyCost(float(found["ratio"]), found.get("ratio_low"),
+                         found.get("ratio_high"), bool(found.get("repeatable")),
+                         load.get("load"), load.get("cpus"))
+    old = ratio(Measured(float(found["wall_s"]), found.get("wall_s_spread")),
+                Measured(float(default["wall_s"]), default.get("wall_s_spread")))
+    if old.value is None:
+        return None
+    half = old.uncertainty
+    return StudyCost(old.value, None if half is None else old.value - half,
+                     None if half is None else old.value + half,
+                     bool(found.get("repeatable")))
 
 
 def determinism(repeated: Iterable[Repeated], studies: Iterable[Study],
@@ -161,6 +280,9 @@ def determinism(repeated: Iterable[Repeated], studies: Iterable[Study],
     # (env, model, op, module, phase) -> the studies naming it, with the op entry
     named: dict[tuple[int, str], dict[tuple[str, str, str], list[tuple[Study, dict[str, Any]]]]]
     named = defaultdict(lambda: defaultdict(list))
+    entered: dict[tuple[int, str],
+                  dict[tuple[str, str, str, str], list[tuple[Study, dict[str, Any]]]]]
+    entered = defaultdict(lambda: defaultdict(list))
     for study in studies:
         row = rows.setdefault((study.environment, study.model),
                               Determinism(study.environment, study.model, False, 0, 0))
@@ -169,7 +291,13 @@ def determinism(repeated: Iterable[Repeated], studies: Iterable[Study],
         if body.get("cause") and row.cause is None:
             row.cause = str(body["cause"])
         ops = body.get("ops") or []
+        for source in body.get("sources") or []:
+            entered[(study.environment, study.model)][
+                (source["op"], source.get("module", ""), source.get("phase", "forward"),
+                 source.get("source", ""))].append((study, source))
         if not body.get("traced") or not ops:
+            if body.get("sources"):
+                continue
             why = body.get("note") or body.get("error") or body.get("hint") or (
                 "the repeats disagree: run it with --trace-ops and --repeats 2 or more to "
                 "name the op")
@@ -187,6 +315,10 @@ def determinism(repeated: Iterable[Repeated], studies: Iterable[Study],
         made.sort(key=lambda op: (not op.first, -op.results, op.op, op.module))
         row.ops_total = len(made)
         row.ops = made[:MAX_OPS]
+    for key, sources in entered.items():
+        rows[key].sources = sorted(
+            (_source(entries) for entries in sources.values()),
+            key=lambda found: (-found.results, found.op, found.module))[:MAX_OPS]
     for row in rows.values():
         if not row.deterministic and row.cause is None:
             row.cause = (causes or {}).get((row.environment, row.model))
@@ -196,20 +328,10 @@ def determinism(repeated: Iterable[Repeated], studies: Iterable[Study],
 
 def _op(entries: list[tuple[Study, dict[str, Any]]]) -> NondeterministicOp:
     study, op = entries[0]
-    modes: dict[str, list[tuple[Measured, bool]]] = defaultdict(list)
-    for found_study, _op_entry in entries:
-        for mode in ("default", "strict", "selective"):
-            got = _mode(found_study.study or {}, mode)
-            if got is not None:
-                modes[mode].append(got)
-    costs: dict[str, tuple[Ratio, bool] | None] = {}
-    default = measured([m for m, _ in modes["default"]]) if modes["default"] else None
+    costs: dict[str, Cost | None] = {}
     for mode in ("strict", "selective"):
-        if default is None or not modes[mode]:
-            costs[mode] = None
-            continue
-        costs[mode] = (ratio(measured([m for m, _ in modes[mode]]), default),
-                       all(ok for _, ok in modes[mode]))
+        costs[mode] = combined_cost([found for s, _ in entries
+                                     if (found := _study_cost(s.study or {}, mode))])
     selective, strict = costs["selective"], costs["strict"]
     return NondeterministicOp(
         op=op["op"], module=op.get("module", ""), phase=op.get("phase", "forward"),
@@ -219,18 +341,19 @@ def _op(entries: list[tuple[Study, dict[str, Any]]]) -> NondeterministicOp:
         shapes=op.get("shapes", []), dtypes=op.get("dtypes", []), kernel=op.get("kernel"),
         recipe=op.get("recipe"), no_recipe=op.get("no_recipe"),
         first=any(entry is ((s.study or {}).get("ops") or [None])[0] for s, entry in entries),
-        selective=_cost(selective), strict=_cost(strict),
-        cost=cost_in_words(op.get("recipe"), op.get("no_recipe"),
-                           selective[0] if selective else None,
-                           selective[1] if selective else None,
-                           strict[0] if strict else None, strict[1] if strict else None))
+        selective=selective, strict=strict,
+        cost=cost_in_words(op.get("recipe"), op.get("no_recipe"), selective, strict))
 
 
-def _cost(found: tuple[Ratio, bool] | None) -> Cost | None:
-    if found is None:
-        return None
-    value, repeatable = found
-    return Cost(value.value, value.uncertainty, repeatable, value.shown)
+def _source(entries: list[tuple[Study, dict[str, Any]]]) -> DifferenceSource:
+    _study, source = entries[0]
+    return DifferenceSource(
+        op=source["op"], module=source.get("module", ""),
+        phase=source.get("phase", "forward"), source=source.get("source", ""),
+        what=source.get("what", ""), recipe=source.get("recipe", ""),
+        advice=source.get("advice", ""), at=source.get("at"), results=len(entries),
+        workloads=sorted({s.workload for s, _ in entries}),
+        variants=sorted({s.variant for s, _ in entries}))
 
 
 def _summary(row: Determinism) -> str:
@@ -242,6 +365,13 @@ def _summary(row: Determinism) -> str:
         where = f" in {first.module}" if first.module else ""
         return (f"nondeterministic: {first.op}{where} ({first.phase}) gives other bits on "
                 f"the same inputs; {first.cost}")
+    if row.sources:
+        entry = row.sources[0]
+        where = f" in {entry.module}" if entry.module else ""
+        at = f", called at {entry.at}" if entry.at else ""
+        return (f"nondeterministic: the difference enters from outside torch's ops at "
+                f"{entry.op}{where} ({entry.phase}{at}), which reads {entry.what}; "
+                f"{entry.advice}")
     cause = f"; {row.cause}" if row.cause else ""
     return (f"nondeterministic: {row.disagreeing or 'some'} results' repeats disagree, no op "
             f"named (run with --trace-ops and --repeats 2 or more){cause}")

@@ -38,8 +38,10 @@ CSV_TABLES: dict[str, tuple[str, ...]] = {
                          "ratio_estimate", "ratio_uncertainty", "note"),
     "nondeterministic_ops": ("env_key", "device_model", "deterministic", "op", "module",
                              "phase", "results", "recipe", "selective_ratio",
-                             "selective_uncertainty", "strict_ratio", "strict_uncertainty",
-                             "cost", "summary"),
+                             "selective_low", "selective_high", "selective_verdict",
+                             "selective_words", "strict_ratio", "strict_low", "strict_high",
+                             "strict_verdict", "strict_words", "cost", "source", "at",
+                             "advice", "summary"),
     "numerics": ("env_key", "device_model", "suite", "variant", "devices", "batch_invariant",
                  "batch_invariant_op", "decode_equals_prefill", "decode_equals_prefill_op",
                  "attention_backends_agree", "attention_backends_agree_op"),
@@ -128,14 +130,19 @@ def nondeterministic_op_rows(report: AuditOut) -> list[dict[str, Any]]:
     for row in report.nondeterministic_ops:
         head = {"env_key": row.env_key, "device_model": row.device_model,
                 "deterministic": row.deterministic, "summary": row.summary}
-        if not row.ops:
+        if not row.ops and not row.sources:
             rows.append(head)
         for op in row.ops:
             rows.append({**head, "op": op.op, "module": op.module, "phase": op.phase,
                          "results": op.results, "recipe": op.recipe, "cost": op.cost,
                          **{f"{mode}_{part}": getattr(getattr(op, mode), part, None)
                             for mode in ("selective", "strict")
-                            for part in ("ratio", "uncertainty")}})
+                            for part in ("ratio", "low", "high", "verdict", "words")}})
+        for source in row.sources:
+            rows.append({**head, "op": source.op, "module": source.module,
+                         "phase": source.phase, "results": source.results,
+                         "recipe": source.recipe, "source": source.source,
+                         "at": source.at, "advice": source.advice})
     return rows
 
 

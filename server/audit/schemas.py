@@ -304,11 +304,45 @@ class DeterminismCostRow(_CostRow):
 
 
 class OpCostRow(_Row):
+    """A mode's cost over the nodes' studies, each weighted by its precision (design
+    §3.3.12): the median paired ratio to default and its 95 % interval."""
+
     ratio: float | None = Field(description="wall time against default (1.12: +12 %)")
-    uncertainty: float | None = Field(description="± on the ratio; null: unknown")
+    uncertainty: float | None = Field(description="half-width of the 95 % interval; null: "
+                                                  "unknown")
+    low: float | None = Field(description="the 95 % interval's lower end")
+    high: float | None = Field(description="the 95 % interval's upper end")
     repeatable: bool | None = Field(description="whether this mode's rounds computed the "
                                                 "same bits")
-    shown: bool = Field(description="the ratio is further from 1 than its uncertainty")
+    shown: bool = Field(description="the interval is narrower than the effect (verdict "
+                                    "measured)")
+    verdict: str = Field(description="measured (the interval is narrower than the effect), "
+                                     "negligible (within ± 5 % of no cost) or noisy (not "
+                                     "measurable: no figure)")
+    words: str = Field(description="What the audit, the dashboard, the CSV and doctor "
+                                   "--recipe say: '+12.0 % [+10.1, +14.2]', 'no cost above "
+                                   "± 3.0 %', or 'not measurable on this node now (load …)'")
+    studies: int = Field(description="the studies (nodes' results) combined")
+
+
+class DifferenceSourceRow(_Row):
+    """Where a nondeterministic result's difference enters from outside the traced ops
+    (design §2.13): host data, a Python choice of tensors, a DataLoader's draw, a
+    generator; the op that reads it and the recipe that applies."""
+
+    op: str
+    module: str
+    phase: str
+    source: str = Field(description="host_data, dataloader, order, argument, generator or "
+                                    "input")
+    what: str
+    recipe: str = Field(description="seed_generator, stable_order, dataloader, seed_torch "
+                                    "or seed_build")
+    advice: str
+    at: str | None = Field(description="The code that called the op (file:line in function)")
+    results: int
+    workloads: list[str]
+    variants: list[str]
 
 
 class NondeterministicOpRow(_Row):
@@ -331,8 +365,8 @@ class NondeterministicOpRow(_Row):
     first: bool = Field(description="The first such op of a result: where its passes part")
     selective: OpCostRow | None
     strict: OpCostRow | None
-    cost: str = Field(description="In words: 'deterministic for +x % ± e instead of "
-                                  "+y % ± e', or why not")
+    cost: str = Field(description="In words: 'selective: +x % [lo, hi]; strict: +y % "
+                                  "[lo, hi]', 'not measurable …', or why not")
 
 
 class DeterminismRow(_Row):
@@ -350,6 +384,9 @@ class DeterminismRow(_Row):
                                             "and how to name them")
     ops_total: int
     ops: list[NondeterministicOpRow]
+    sources: list[DifferenceSourceRow] = Field(
+        description="Where a difference enters from outside the traced ops, when no op "
+                    "gives other bits on the same inputs")
 
 
 class CheckBreakRow(_Row):

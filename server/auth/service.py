@@ -48,7 +48,7 @@ def create_token(*, session: Session, role: str, label: str = "",
     token = "np_" + secrets.token_urlsafe(32)
     row = Token(sha256=hash_token(token), role=role, label=label, node_names=names,
                 node_patterns=patterns)
-    with writing(session):
+    with writing(session, changes_answers=False):
         session.add(row)
     return CreatedToken(id=row.id, role=row.role, label=row.label, token=token,
                         node_names=row.node_names, node_patterns=row.node_patterns)
@@ -72,7 +72,7 @@ def list_tokens(*, session: Session) -> list[TokenOut]:
 
 
 def revoke_token(*, session: Session, token_id: int) -> TokenOut:
-    with writing(session):
+    with writing(session, changes_answers=False):
         row = repository.get(session, token_id)
         if row is None:
             raise NotFound(f"no token with id {token_id}")

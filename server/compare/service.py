@@ -351,7 +351,7 @@ class _Work:
         if not records:
             return
         try:
-            with writing(self.session):
+            with writing(self.session, changes_answers=False):
                 keep_comparisons(self.session, records, refreshed=refreshed)
         except OperationalError as exc:
             # As /divergence: the next request computes them again.

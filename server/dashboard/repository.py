@@ -95,10 +95,14 @@ def latest_cells(session: Session, *, suite: str, nodes: Collection[str]) -> lis
 
 
 def columns(session: Session, *, suite: str) -> list[tuple[str, str]]:
-    """Every (workload, variant) of ``suite`` some node has a newest result of."""
+    """Every (workload, variant) of ``suite`` some node has a newest result of that ran:
+    a column every node skipped (``data`` under the variants it does not run in, by
+    design) would be a column of ``skipped`` cells."""
     rows = session.execute(
         select(LatestCount.workload, LatestCount.variant)
-        .where(LatestCount.suite == suite, LatestCount.devices > 0).distinct())
+        .join(Outcome, Outcome.id == LatestCount.outcome_id)
+        .where(LatestCount.suite == suite, LatestCount.devices > 0,
+               Outcome.status != "skipped").distinct())
     return [(workload, variant) for workload, variant in rows]
 
 

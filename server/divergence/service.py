@@ -19,7 +19,7 @@ from numparity_server.divergence import repository
 from numparity_server.divergence.schemas import DivergenceKey, DivergenceOut, Excluded
 from numparity_server.goldens import drift as goldens
 from numparity_server.kit.compute import Budget, Postponed, unbounded
-from numparity_server.kit.db import release, writing
+from numparity_server.kit.db import after_read, release, writing
 from numparity_server.kit.errors import NotFound
 from numparity_server.reads import environments as reads_environments
 from numparity_server.reads.explanations import explanations_of_key
@@ -33,6 +33,8 @@ FP64_VARIANT = "fp64-reference"
 BASELINE_VARIANT = "strict"
 # Members each group lists when the caller says nothing (the API's page_default).
 MEMBERS_LIMIT = 50
+# Session.info key: the comparisons a request computed, by key (``comparisons``).
+_COMPUTED = "numparity_divergence_computed"
 
 
 def divergence(
@@ -187,6 +189,12 @@ def comparisons(session: Session, plan: analysis.DivergencePlan,
     judgements, one unit; then each origin, a unit of its own (an alignment)."""
     budget = budget or unbounded()
     found_values, stale = usable_comparisons(session, plan.keys())
+    # Those this request computed already (another variant of the workload page): inside
+    # a snapshot they are kept only once it ends (kit.db.after_read).
+    earlier: dict[str, dict[str, Any]] = session.info.setdefault(_COMPUTED, {})
+    for key in plan.keys() & earlier.keys():
+        found_values[key] = earlier[key]
+        stale.discard(key)
     missing = (plan.keys() - found_values.keys()) | stale
     if not missing:
         return found_values, set()
@@ -205,23 +213,36 @@ def comparisons(session: Session, plan: analysis.DivergencePlan,
         return plan.compute(unit, fingerprints=fingerprints, traces=traces,
                             tolerance_for=tolerance_for)
 
-    units = [sorted(missing - origins), *([key] for key in sorted(origins))]
-    for unit in filter(None, units):
+    # The pairs' comparisons and fp64 judgements run whatever the time spent: the answer
+    # cannot do without them (only an origin can be pending). A request that reads
+    # several keys (the workload page's variants) spent its time on the first ones.
+    answers = sorted(missing - origins)
+    if answers:
+        computed += budget.run(("divergence", *answers), partial(compute, answers),
+                               always=True)
+    for key in sorted(origins):
         try:
-            computed += budget.run(("divergence", *unit), partial(compute, unit))
+            computed += budget.run(("divergence", key), partial(compute, [key]))
         except Postponed:
-            pending.update(unit)
+            pending.add(key)
     found_values.update((record.key, record.value) for record in computed)
     complete = [record for record in computed if record.complete]
+    earlier.update((record.key, record.value) for record in complete)
     if complete:
-        try:
-            with writing(session):
-                keep_comparisons(session, complete, refreshed=stale)
-        except OperationalError as exc:
-            # A database that cannot take the write now (SQLite busy past its timeout, a
-            # read-only replica) costs the next request a computation, not this answer.
-            log.warning("divergence: %d comparisons not kept: %s", len(complete), exc)
+        # Kept once the read's snapshot ends, if it runs in one (kit.db.snapshot).
+        after_read(session, partial(_keep, session, complete, stale))
     return found_values, pending
+
+
+def _keep(session: Session, complete: list[analysis.ComparisonRecord], stale: set[str]
+          ) -> None:
+    try:
+        with writing(session, changes_answers=False):
+            keep_comparisons(session, complete, refreshed=stale)
+    except OperationalError as exc:
+        # A database that cannot take the write now (SQLite busy past its timeout, a
+        # read-only replica) costs the next request a computation, not this answer.
+        log.warning("divergence: %d comparisons not kept: %s", len(complete), exc)
 
 
 # Findings beside one pair of groups: the newest per direction and pair of nodes.

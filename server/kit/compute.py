@@ -122,8 +122,10 @@ class Budget:
         """Whether a new unit would be postponed (so its inputs need not be read)."""
         return bool(self.started) and time.monotonic() > self.until
 
-    def run(self, key: Hashable, compute: Callable[[], T]) -> T:
-        if self.spent():
+    def run(self, key: Hashable, compute: Callable[[], T], *, always: bool = False) -> T:
+        """``always``: a unit the answer cannot do without, run even once the deadline has
+        passed (through the gate all the same)."""
+        if self.spent() and not always:
             self.postponed += 1
             raise Postponed
         self.started += 1

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, make_url, select
@@ -27,12 +27,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool, StaticPool
 
 from numparity_server.kit.settings import Settings
+from numparity_server.models.fleet_version import FLEET_VERSION_ROW, FleetVersion
 
 _engines: dict[tuple[str, bool], Engine] = {}
 _lock = threading.Lock()
 # Execution option that marks a connection's transaction as a write (see writing()).
-_WRITE = "numparity_write"
+WRITE_OPTION = _WRITE = "numparity_write"
 _sqlite_writer_locks: dict[str, threading.Lock] = {}
+# Session.info key of a session inside snapshot(): the writes it deferred (after_read()).
+_SNAPSHOT = "numparity_snapshot"
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -112,19 +115,78 @@ def _sqlite_engine(url: URL, settings: Settings, *, pooled: bool) -> Engine:
 def release(session: Session) -> None:
     """End the session's (read) transaction and give its connection back to the pool,
     before a long computation: a request that computes holds no connection others wait
-    for. The session begins a new transaction when next used. Only reads come before."""
+    for. The session begins a new transaction when next used. Only reads come before.
+
+    Inside ``snapshot()`` it does nothing: what the read reads after the computation must
+    come from the snapshot it read before it."""
+    if _SNAPSHOT in session.info:
+        return
     session.rollback()
 
 
 @contextlib.contextmanager
-def writing(session: Session) -> Iterator[Session]:
+def snapshot(session: Session) -> Iterator[Session]:
+    """One read of the fleet at one consistent snapshot: every statement of the block sees
+    the database as of the block's first statement, whatever commits meanwhile.
+
+    A fleet-wide read runs several statements (the answers counted, then the rows of a
+    page, the environments they name, ...). Under PostgreSQL's READ COMMITTED each saw its
+    own commits, so an upload committed between two of them (a node moved to a new
+    environment) made the second name rows the first had not read: a KeyError, a 500, on
+    exactly the reads a lab looks at during an upgrade. So the block is one transaction,
+    REPEATABLE READ and READ ONLY on PostgreSQL (a snapshot taken at its first statement;
+    read-only transactions never fail to serialize), a deferred transaction on SQLite
+    (WAL: its snapshot is taken at its first read and kept until it ends).
+
+    ``release()`` keeps the transaction inside the block, so a read that computes holds
+    its connection until it ends (a fleet-wide read computes once per question and
+    version: ``kit.readcache``; its askers wait holding none). Writes the read wants to
+    make (kept comparisons) are handed to ``after_read()`` and run once the block ends,
+    each in its own transaction.
+    """
+    session.rollback()  # whatever the session read before (the token check) ends here
+    if session.get_bind().dialect.name == "postgresql":
+        session.connection(execution_options={"isolation_level": "REPEATABLE READ",
+                                              "postgresql_readonly": True})
+    deferred: list[Callable[[], None]] = []
+    session.info[_SNAPSHOT] = deferred
+    try:
+        yield session
+    finally:
+        del session.info[_SNAPSHOT]
+        session.rollback()
+    for write in deferred:
+        write()
+
+
+def after_read(session: Session, write: Callable[[], None]) -> None:
+    """``write()`` now, or once the session's ``snapshot()`` ends (a read-only snapshot
+    takes no write, and a write's commit would end the snapshot)."""
+    deferred = session.info.get(_SNAPSHOT)
+    if deferred is None:
+        write()
+    else:
+        deferred.append(write)
+
+
+@contextlib.contextmanager
+def writing(session: Session, *, changes_answers: bool = True) -> Iterator[Session]:
     """A write transaction: committed when the block ends, rolled back on an exception.
+
+    It advances the fleet's version (``models.fleet_version``) as its last statement, so
+    the version changes exactly when the write commits, and every replica's read cache
+    sees it on its next read. ``changes_answers=False`` for a write no fleet-wide read
+    depends on (a token, a kept comparison: a cache of a pure function of content), so
+    it does not drop the kept answers. The row is held from that statement to the
+    commit, the shortest the writers can queue on it.
 
     On SQLite what the session read before (the token check) is committed first, so the
     write starts with BEGIN IMMEDIATE on a fresh snapshot, and the process's writers take
     turns on a lock. PostgreSQL (READ COMMITTED: every statement sees what is committed)
     goes on in the transaction the read began: no COMMIT and BEGIN round trip.
     """
+    if _SNAPSHOT in session.info:
+        raise RuntimeError("a write inside a read's snapshot: hand it to after_read()")
     bind = session.get_bind()
     sqlite = bind.dialect.name == "sqlite"
     writer_lock: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
@@ -139,10 +201,21 @@ def writing(session: Session) -> Iterator[Session]:
             session.connection(execution_options={_WRITE: True})  # BEGIN IMMEDIATE
         try:
             yield session
+            if changes_answers:
+                _advance_fleet_version(session)
             session.commit()
         except BaseException:
             session.rollback()
             raise
+
+
+def _advance_fleet_version(session: Session) -> None:
+    # An upsert: a database made by ``create_all`` (not migrated) has no row yet.
+    table = FleetVersion.__table__
+    session.execute(
+        dialect_insert(session, table).values(id=FLEET_VERSION_ROW, version=1)
+        .on_conflict_do_update(index_elements=["id"],
+                               set_={"version": table.c.version + 1}))
 
 
 def get_engine(settings: Settings) -> Engine:

@@ -5,9 +5,9 @@
 results: at 100,000 nodes that is the cost of a view, and most views of a dashboard ask
 what the last one asked while nothing was uploaded. So each process keeps, per question
 (the route and its parameters), the last answer with the **version** it was computed at:
-`reads.fleet_version` — the newest run and the newest `explain` finding, which every
-write those reads depend on adds. A question asked again at the same version is a
-lookup.
+`reads.fleet_version` — a counter every write those reads depend on advances in its own
+transaction, so it changes when that write commits, on every replica. A question asked
+again at the same version is a lookup.
 
 Two knobs bound what a lab gets for it:
 
@@ -16,8 +16,7 @@ Two knobs bound what a lab gets for it:
   fleet uploads many runs a second, so with 0 a busy dashboard recomputes on most views;
   a few seconds bound that to one computation per question per few seconds.
 - ``max_age_s`` (60 s): an answer older than this is computed again even when nothing was
-  uploaded — the audit's "stale node" moves with the clock, and retention drops old runs
-  without adding one.
+  uploaded — the audit's "stale node" moves with the clock.
 
 Concurrent askers of one question whose answer is missing or too old wait for one
 computation (single flight) instead of each doing it. Entries are per process (a

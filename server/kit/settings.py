@@ -23,9 +23,9 @@ class Settings(BaseSettings):
         "PostgreSQL).")
     migrate_on_start: bool = Field(
         default=False,
-        description="Run the migrations to the newest schema when the server starts. With "
-        "several replicas, run `numparity-server migrate` (or `serve --migrate`) once "
-        "instead, before they start.")
+        description="Run the migrations to the newest schema when the server starts. "
+        "Replicas may do so at once: a migration holds a lock in the database, and the "
+        "others wait for it, then find the schema current.")
     max_body_bytes: int = Field(
         default=32 * MIB, gt=0,
         description="Upper bound of a request body, before and after gzip decoding (413 "

@@ -5,6 +5,7 @@ from numparity_server.models.comparisons import KeptComparison
 from numparity_server.models.content import STAT_FIELDS, Fingerprint, Manifest, Trace
 from numparity_server.models.explanations import Explanation
 from numparity_server.models.fleet import Device, Environment, Node, stable_identity
+from numparity_server.models.fleet_version import FLEET_VERSION_ROW, FleetVersion
 from numparity_server.models.goldens import Golden, GoldenAnswer
 from numparity_server.models.runs import Latest, LatestCount, Outcome, Result, Run
 from numparity_server.models.tokens import Token
@@ -17,6 +18,8 @@ __all__ = [
     "stable_identity",
     "Environment",
     "Explanation",
+    "FLEET_VERSION_ROW",
+    "FleetVersion",
     "Fingerprint",
     "Golden",
     "GoldenAnswer",

@@ -55,11 +55,13 @@ def count_expired(session: Session, cutoff: datetime) -> tuple[int, int]:
     return runs, results
 
 
-def delete_runs(session: Session, run_ids: Sequence[int]) -> int:
-    """Drop these runs and their results; the number of results dropped."""
+def delete_runs(session: Session, run_ids: Sequence[int]) -> tuple[int, int]:
+    """Drop these runs and their results; (runs, results) this transaction dropped: those
+    another retention dropped first (the same batch, chosen before it committed) are not
+    counted twice."""
     results = session.execute(delete(Result).where(Result.run_pk.in_(run_ids)))
-    session.execute(delete(Run).where(Run.id.in_(run_ids)))
-    return int(getattr(results, "rowcount", 0) or 0)
+    runs = session.execute(delete(Run).where(Run.id.in_(run_ids)))
+    return (int(getattr(runs, "rowcount", 0) or 0), int(getattr(results, "rowcount", 0) or 0))
 
 
 def _unreferenced_outcome() -> ColumnElement[bool]:

@@ -359,11 +359,18 @@ class NondeterministicOpDoc(_Wire):
 
 
 class StudyModeDoc(_Wire):
-    """One mode of a cost study: its wall time, spread and whether its rounds agreed."""
+    """One mode of a cost study: its wall time, spread and whether its rounds agreed;
+    for strict and selective the median of its round-by-round ratios to default and that
+    median's confidence interval, and the agent's verdict and words of them."""
 
     wall_s: float = Field(ge=0)
     wall_s_spread: float | None = Field(default=None, ge=0)
     repeatable: bool
+    ratio: float | None = Field(default=None, ge=0)
+    ratio_low: float | None = Field(default=None, ge=0)
+    ratio_high: float | None = Field(default=None, ge=0)
+    verdict: Literal["measured", "negligible", "noisy"] | None = None
+    cost: str | None = Field(default=None, max_length=512)
     differ: list[Annotated[str, StringConstraints(max_length=1024)]] = Field(
         default_factory=list, max_length=8)
 
@@ -375,15 +382,52 @@ class StudyScopeDoc(_Wire):
         max_length=2)
 
 
+class StudyLoadDoc(_Wire):
+    """The node's 1-minute load average and usable CPUs when a cost study ended."""
+
+    load: float | None = Field(default=None, ge=0)
+    cpus: Int32 | None = None
+
+
 class CostStudyDoc(_Wire):
     """default, strict (every determinism flag) and selective (only the ops' scopes),
     timed interleaved (design §2.13); no selective mode when no op has a recipe."""
 
     rounds: Int32
     scopes: list[StudyScopeDoc] = Field(default_factory=list, max_length=64)
+    seconds: float | None = Field(default=None, ge=0)
+    confidence: float | None = Field(default=None, gt=0, lt=1)
+    load: StudyLoadDoc | None = None
     default: StudyModeDoc
     strict: StudyModeDoc
     selective: StudyModeDoc | None = None
+
+
+class StudyInputDoc(_Wire):
+    position: Int32
+    dtype: str | None = Field(default=None, max_length=32)
+    shape: list[Dimension] | None = Field(default=None, max_length=64)
+    name: str | None = Field(default=None, max_length=1024)
+
+
+class DifferenceSourceDoc(_Wire):
+    """Where a difference between two traced passes enters from outside their ops
+    (design §2.13): the op that first reads it, its module, phase and caller, what it
+    read, and the recipe that applies."""
+
+    op: str = Field(min_length=1, max_length=256)
+    module: str = Field(default="", max_length=1024)
+    phase: Literal["forward", "backward", "optimizer"] = "forward"
+    index: Int32 = 0
+    count: Int32 = 1
+    source: Literal["host_data", "dataloader", "order", "argument", "generator", "input"]
+    what: str = Field(default="", max_length=1024)
+    recipe: Literal["seed_generator", "stable_order", "dataloader", "seed_torch",
+                    "seed_build"]
+    advice: str = Field(default="", max_length=2048)
+    input: StudyInputDoc | None = None
+    at: str | None = Field(default=None, max_length=1024)
+    via: str | None = Field(default=None, max_length=64)
 
 
 class NondeterminismDoc(_Wire):
@@ -393,6 +437,8 @@ class NondeterminismDoc(_Wire):
     traced: bool
     ops: list[NondeterministicOpDoc] = Field(default_factory=list,
                                              max_length=MAX_NONDETERMINISTIC_OPS)
+    sources: list[DifferenceSourceDoc] = Field(default_factory=list,
+                                               max_length=MAX_NONDETERMINISTIC_OPS)
     passes_part_at: Int32 | None = None
     cause: str | None = Field(default=None, max_length=2048)
     note: str | None = Field(default=None, max_length=2048)

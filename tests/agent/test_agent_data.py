@@ -258,3 +258,21 @@ def test_a_pipeline_that_cannot_be_measured_fails_with_the_reason(factory, messa
                           variant=variant("default"), device=CPU, repeats=1)
     assert result["status"] == "failed"
     assert message in result["error"]
+
+
+def test_the_log_line_says_what_the_checks_say_not_that_one_repeat_agrees() -> None:
+    # Issue 43: "train_loader ok …, repeats agree: True" while its checks said
+    # own_order_reproducible: equal false. One repeat compares nothing.
+    from numparity_agent._suite import _log_results
+
+    lines: list[str] = []
+    checks = {"own_order_reproducible": {"equal": False}, "own_runs_agree": {"equal": False},
+              "recipe_order_reproducible": {"equal": True},
+              "recipe_runs_agree": {"equal": True}}
+    _log_results(lines.append, "", [
+        {"workload": "train_loader", "variant": "default", "status": "ok", "wall_s": 0.5,
+         "repeats": 1, "repeats_agree": True, "checks": checks}])
+    (line,) = lines
+    assert "repeats agree" not in line
+    assert line.endswith("train_loader ok in 0.500 s, checks: 2 of 4 hold (not "
+                         "own_order_reproducible, own_runs_agree)")

@@ -109,7 +109,7 @@ def dashboard(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                NUMPARITY_MANUAL_DIR=str(built_manual()))
     process, base_url = start_server(log_path, env, "--log-level", "warning")
     try:
-        wait_ready(base_url, process, log_path, timeout=60)
+        wait_ready(base_url, process, log_path)
         yield Dashboard(base_url=base_url, database_url=url, reader_token=reader,
                         log_path=log_path)
     finally:

@@ -80,3 +80,38 @@ def deterministic_twin() -> tuple[nn.Module, dict[str, torch.Tensor]]:
 
 one_nondeterministic_op.version = 1  # type: ignore[attr-defined]
 deterministic_twin.version = 1  # type: ignore[attr-defined]
+
+
+@torch.library.custom_op("numparity_lab::costly_index_add", mutates_args=())
+def costly_index_add(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Like `unordered_index_add`, but its nondeterministic path is the fast one (the
+    rows added at once, in a random order) and its deterministic one the slow one (a
+    row at a time, in index order): determinism has a price to measure."""
+    out = torch.zeros(BUCKETS, rows.shape[1], dtype=rows.dtype)
+    if torch.are_deterministic_algorithms_enabled():
+        for i in range(rows.shape[0]):
+            out.index_add_(0, index[i:i + 1], rows[i:i + 1])
+        return out
+    order = list(range(rows.shape[0]))
+    _ORDER.shuffle(order)
+    perm = torch.tensor(order, dtype=torch.int64)
+    return out.index_add_(0, index[perm], rows[perm])
+
+
+@costly_index_add.register_fake
+def _(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return rows.new_empty(BUCKETS, rows.shape[1])
+
+
+class CostlyPool(BucketPool):
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return costly_index_add(h, self.index)
+
+
+def costly_determinism() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    model = Pooled(ordered=False)
+    model.pool = CostlyPool(ordered=False)
+    return model, {"x": _portable((64, 32), 3)}
+
+
+costly_determinism.version = 1  # type: ignore[attr-defined]

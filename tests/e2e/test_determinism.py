@@ -8,6 +8,10 @@ torch's deterministic algorithms are on, as CUDA's `index_add_` does) and upload
   cost of making only it deterministic next to strict's, both repeatable;
 - the CPU's own ops (the deterministic twin, `mlp`) deterministic: no aten op named;
 - a node that did not trace says so, and how to name the op;
+- a workload whose nondeterminism enters from host data (issue 43: a permutation from
+  `os.urandom`) is named where it enters, with the recipe that seeds it;
+- the cost's figures are the same in the audit, the CSV, the dashboard and `doctor
+  --recipe` (one study: its own interval; issue 43);
 - the split between two nondeterministic nodes is not attributed to the environment
   variable that happens to separate them (`NVIDIA_TF32_OVERRIDE`, no effect on a CPU).
 """
@@ -34,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 ND = "nondeterministic_op_workload:one_nondeterministic_op"
 TWIN = "nondeterministic_op_workload:deterministic_twin"
 OP = "numparity_lab.unordered_index_add.default"
+HOST = "host_data_workload:urandom_permutation"
 
 
 def _measure(out: Path, name: str, args: tuple[str, ...], env: dict[str, str],
@@ -55,7 +60,8 @@ def _measure(out: Path, name: str, args: tuple[str, ...], env: dict[str, str],
 def documents(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     out = tmp_path_factory.mktemp("determinism")
     jobs = [
-        ("lab-traced", ("--workloads", ND, TWIN, "mlp", "--repeats", "3", "--trace-ops"), {}),
+        ("lab-traced", ("--workloads", ND, TWIN, "mlp", HOST, "--repeats", "3",
+                        "--trace-ops", "--study-budget", "2"), {}),
         # The issue's finding: a variable with no effect on a CPU separates two
         # nondeterministic nodes.
         ("lab-untraced", ("--workloads", ND, "--repeats", "2"),
@@ -67,7 +73,8 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
         found = list(pool.map(lambda job: _measure(out, *job), jobs))
     # A second run of the traced node: two repeats to compare.
     return [*found, _measure(out, "lab-traced", ("--workloads", ND, "--repeats", "2",
-                                                 "--trace-ops"), {}, tag="-2")]
+                                                 "--trace-ops", "--study-budget", "2"), {},
+                             tag="-2")]
 
 
 @pytest.fixture
@@ -89,7 +96,7 @@ def _row(audit: dict[str, Any], *, deterministic: bool) -> list[dict[str, Any]]:
 
 
 def test_the_audit_names_the_op_and_the_cost_of_making_only_it_deterministic(
-        server: Any) -> None:
+        server: Any, documents: list[Path]) -> None:
     audit = get(server, "audit")
     traced, untraced_row = sorted(_row(audit, deterministic=False),
                                   key=lambda row: not row["ops"])
@@ -102,11 +109,31 @@ def test_the_audit_names_the_op_and_the_cost_of_making_only_it_deterministic(
     assert op["first"] is True and op["results"] == 1
     assert op["shapes"] == [[64, 48], [64]] and op["dtypes"] == ["float32", "int64"]
     assert op["recipe"] == "deterministic_algorithms"
-    # Both ways are measured and repeatable; the words say which costs what.
+    # Both ways are measured and repeatable; the words say which costs what, with the
+    # figures `doctor --recipe` prints from the node's own document.
     assert op["selective"]["repeatable"] is True and op["strict"]["repeatable"] is True
     assert op["selective"]["ratio"] > 0 and op["strict"]["ratio"] > 0
-    assert op["selective"]["uncertainty"] is not None
-    assert op["cost"].startswith("deterministic for ") and " instead of " in op["cost"]
+    for mode in ("selective", "strict"):
+        cost = op[mode]
+        assert cost["studies"] == 1 and cost["verdict"] in ("measured", "negligible", "noisy")
+        if cost["verdict"] == "noisy":
+            assert cost["words"].startswith("not measurable on this node now (load ")
+        else:
+            assert cost["low"] <= cost["ratio"] <= cost["high"]
+    assert op["cost"] == (f"selective: {op['selective']['words']}; "
+                          f"strict: {op['strict']['words']}")
+    latest = documents[-1]  # lab-traced's second run: the audit's latest for the node
+    doctor = subprocess.run([sys.executable, "-m", "numparity_agent", "doctor", "--recipe",
+                             str(latest)], capture_output=True, text=True, timeout=120)
+    assert doctor.returncode == 0, doctor.stderr
+    assert (f"# cost against default: selective: {op['selective']['words']}; "
+            f"strict: {op['strict']['words']}") in doctor.stdout
+    # The host-data workload: no op, but where its difference enters and how to seed it.
+    (source,) = row["sources"]
+    assert (source["op"], source["module"], source["source"], source["recipe"]) == (
+        "aten.sort.default", "scatter", "host_data", "seed_generator")
+    assert source["at"].startswith("e2e/host_data_workload.py:")
+    assert source["workloads"] == [HOST]
     assert OP in row["summary"] and "pool" in row["summary"]
     # The node that did not trace (its own environment): said, with the run that names
     # the op.
@@ -131,11 +158,16 @@ def test_the_dashboard_shows_the_op_and_both_costs(server: Any) -> None:
     html = response.text
     assert "Nondeterministic ops" in html
     assert f'data-op="{OP}"' in html and "<code>pool</code>" in html
-    assert "deterministic for " in html and 'data-deterministic="yes"' in html
+    assert 'data-deterministic="yes"' in html
+    (op,) = next(row for row in get(server, "audit")["nondeterministic_ops"] if row["ops"]
+                 )["ops"]
+    # The same words as the audit's, in the op's row.
+    assert html.count(op["selective"]["words"]) >= 1 and op["strict"]["words"] in html
     csv = httpx.get(f"{server.base_url}/api/v1/audit", params={
         "format": "csv", "table": "nondeterministic_ops"},
         headers=server.headers("reader"), timeout=60).text
     assert OP in csv and "deterministic_algorithms" in csv
+    assert op["selective"]["words"] in csv and "aten.sort.default" in csv
 
 
 def test_nondeterministic_groups_are_not_attributed_to_the_environment(server: Any) -> None:

@@ -77,7 +77,7 @@ class Lab:
 
     def ready(self, *replicas: Replica) -> None:
         for replica in replicas:
-            wait_ready(replica.base_url, replica.process, replica.log_path, timeout=60)
+            wait_ready(replica.base_url, replica.process, replica.log_path)
 
     def get(self, base_url: str, path: str, **params: Any) -> Any:
         response = httpx.get(f"{base_url}{path}", params=params, timeout=60,

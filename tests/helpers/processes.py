@@ -45,8 +45,14 @@ def run_cli(*args: str, database_url: str, timeout: float = 120) -> subprocess.C
 
 
 
+# How long a process may take to answer: generous, since a loaded 2-core machine (two
+# test workers, each starting servers and agents) can take a minute to import a server;
+# a process that exits fails at once.
+READY_TIMEOUT = 300
+
+
 def wait_ready(base_url: str, process: subprocess.Popen, log_path: Path, *,
-               timeout: float = 60, path: str = "/readyz",
+               timeout: float = READY_TIMEOUT, path: str = "/readyz",
                name: str = "numparity-server") -> None:
     """Until ``path`` answers 200; raises with the process's log if it exits or never
     gets there (``name`` says which process in the message)."""

@@ -4,9 +4,9 @@ against strict (analysis/nondeterminism.py, design §3.3.12), over plain values.
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any
 
+import numpy as np
 import pytest
 
 from numparity_server.analysis.nondeterminism import (
@@ -20,34 +20,33 @@ from numparity_server.analysis.nondeterminism import (
 OP = "aten.index_add_.default"
 
 
-def _study(default: float, strict: float, selective: float | None, *, spread: float = 0.01,
-           selective_repeatable: bool = True, op_recipe: str | None = "deterministic_algorithms",
-           no_recipe: str | None = None) -> dict[str, Any]:
+def _study(strict: tuple[float, float, float], selective: tuple[float, float, float] | None,
+           *, selective_repeatable: bool = True, op_recipe: str | None =
+           "deterministic_algorithms", no_recipe: str | None = None, load: float = 0.5
+           ) -> dict[str, Any]:
+    """A study as the agent sends it: each mode's paired ratio (ratio, low, high)."""
     op = {"op": OP, "module": "encoder.pool", "phase": "backward", "index": 7, "count": 2,
           "shapes": [[64, 48]], "dtypes": ["float32"], "kernel": None, "recipe": op_recipe,
           "no_recipe": no_recipe}
+
+    def mode(found: tuple[float, float, float], repeatable: bool) -> dict[str, Any]:
+        return {"wall_s": found[0], "repeatable": repeatable, "ratio": found[0],
+                "ratio_low": found[1], "ratio_high": found[2]}
+
     cost: dict[str, Any] = {
-        "rounds": 5,
-        "default": {"wall_s": default, "wall_s_spread": spread, "repeatable": False},
-        "strict": {"wall_s": strict, "wall_s_spread": spread, "repeatable": True}}
+        "rounds": 12, "load": {"load": load, "cpus": 16},
+        "default": {"wall_s": 1.0, "repeatable": False},
+        "strict": mode(strict, True)}
     if selective is not None:
-        cost["selective"] = {"wall_s": selective, "wall_s_spread": spread,
-                             "repeatable": selective_repeatable}
+        cost["selective"] = mode(selective, selective_repeatable)
     return {"traced": True, "ops": [op], "cost": cost}
-
-
-def test_an_environment_whose_repeats_agree_is_deterministic() -> None:
-    (row,) = determinism([Repeated(1, "cpu", "mlp", "default", 3, True),
-                          Repeated(1, "cpu", "cnn", "strict", 3, True)], [])
-    assert row.deterministic and row.repeated == 6 and row.disagreeing == 0
-    assert row.ops == [] and row.summary.startswith("deterministic")
 
 
 def test_the_op_with_selective_and_strict_costs_from_two_devices() -> None:
     studies = [Study(1, "cuda/H200/9.0", "gpu-1", "probes", "default",
-                     _study(1.00, 2.00, 1.10)),
+                     _study((2.00, 1.90, 2.10), (1.025, 1.015, 1.035))),
                Study(1, "cuda/H200/9.0", "gpu-2", "probes", "default",
-                     _study(1.02, 2.10, 1.14))]
+                     _study((2.30, 1.80, 2.80), (1.10, 0.70, 1.50), load=7.5))]
     rows = determinism([Repeated(1, "cuda/H200/9.0", "probes", "default", 2, False),
                         Repeated(2, "cpu", "probes", "default", 1, True)], studies)
     nd, steady = rows
@@ -55,42 +54,85 @@ def test_the_op_with_selective_and_strict_costs_from_two_devices() -> None:
     (op,) = nd.ops
     assert (op.op, op.module, op.phase, op.results, op.first) == (
         OP, "encoder.pool", "backward", 2, True)
-    # Oracle: the mean of the devices' times; uncertainty max(sd, mean spread) / sqrt(n),
-    # the ratio's by relative uncertainties in quadrature.
-    def measured(values: list[float]) -> tuple[float, float]:
-        return statistics.mean(values), max(statistics.stdev(values), 0.01) / math.sqrt(2)
-
-    default, selective, strict = measured([1.0, 1.02]), measured([1.1, 1.14]), \
-        measured([2.0, 2.1])
-    for got, (mean, err) in ((op.selective, selective), (op.strict, strict)):
+    # Oracle: inverse-variance weights from each 95 % interval's half-width (numpy).
+    for got, found in ((op.selective, [(1.025, 0.01), (1.10, 0.40)]),
+                       (op.strict, [(2.00, 0.10), (2.30, 0.50)])):
         assert got is not None
-        expected = mean / default[0]
-        assert got.ratio == pytest.approx(expected)
-        assert got.uncertainty == pytest.approx(expected * math.hypot(err / mean,
-                                                                      default[1] / default[0]))
-        assert got.repeatable is True
-    assert op.cost == (f"deterministic for {(selective[0] / default[0] - 1) * 100:+.0f} % "
-                       f"± {op.selective.uncertainty * 100:.0f} instead of "
-                       f"{(strict[0] / default[0] - 1) * 100:+.0f} % ± "
-                       f"{op.strict.uncertainty * 100:.0f}")
-    assert op.cost.startswith("deterministic for +11 % ± ") and "instead of +103 % ± " in op.cost
+        values = np.array([v for v, _ in found])
+        sigma = np.array([h for _, h in found]) / 1.959964
+        weights = 1 / sigma ** 2
+        assert got.ratio == pytest.approx(float(np.average(values, weights=weights)))
+        assert got.uncertainty == pytest.approx(1.959964 / math.sqrt(weights.sum()))
+        assert got.low == pytest.approx(got.ratio - got.uncertainty)
+        assert got.repeatable is True and got.studies == 2
+        assert got.verdict == "measured" and got.shown
+    # The precise node dominates: the loaded node's wide interval hardly moves it.
+    assert op.selective is not None and op.strict is not None
+    assert op.selective.words.startswith("+2.") and op.strict.words.startswith("+10")
+    assert op.cost == f"selective: {op.selective.words}; strict: {op.strict.words}"
     assert nd.summary.startswith(f"nondeterministic: {OP} in encoder.pool (backward)")
+
+
+def test_a_cost_wider_than_its_effect_is_not_measurable_not_a_figure() -> None:
+    (row,) = determinism([], [Study(1, "cpu", "n", "w", "default",
+                                    _study((1.73, 0.10, 3.58), (1.01, 0.99, 1.03),
+                                           load=13.9))])
+    (op,) = row.ops
+    assert op.strict is not None and op.strict.verdict == "noisy" and not op.strict.shown
+    assert op.strict.words == "not measurable on this node now (load 13.9 on 16 CPUs, ± 185 %)"
+    assert op.selective is not None and op.selective.verdict == "negligible"
+    assert op.selective.words == "no cost above ± 2.0 %"
+    assert "73" not in op.cost
+
+
+def test_a_study_from_an_agent_before_paired_rounds_gives_its_ratio_of_medians() -> None:
+    study = _study((1.0, 1.0, 1.0), None)
+    study["cost"] = {"rounds": 3,
+                     "default": {"wall_s": 1.0, "wall_s_spread": 0.01, "repeatable": False},
+                     "strict": {"wall_s": 2.0, "wall_s_spread": 0.02, "repeatable": True}}
+    (row,) = determinism([], [Study(1, "cpu", "n", "w", "default", study)])
+    strict = row.ops[0].strict
+    assert strict is not None
+    assert strict.ratio == pytest.approx(2.0)
+    assert strict.uncertainty == pytest.approx(2.0 * math.hypot(0.01, 0.01))
+    assert strict.verdict == "measured"
+
+
+def test_a_host_data_source_is_the_row_s_summary() -> None:
+    source = {"op": "aten.sort.default", "module": "scatter", "phase": "forward",
+              "index": 2, "count": 1, "source": "host_data", "what": "a tensor …",
+              "recipe": "seed_generator", "advice": "seed the generator that made it",
+              "at": "lab/model.py:24 in forward"}
+    (row,) = determinism([Repeated(1, "cpu", "w", "default", 1, False)],
+                         [Study(1, "cpu", "n", "w", "default",
+                                {"traced": True, "ops": [], "sources": [source],
+                                 "note": "no op gives other bits"})])
+    assert row.ops == [] and row.untraced == []
+    (found,) = row.sources
+    assert (found.op, found.module, found.source, found.recipe, found.at, found.results) == (
+        "aten.sort.default", "scatter", "host_data", "seed_generator",
+        "lab/model.py:24 in forward", 1)
+    assert row.summary.startswith("nondeterministic: the difference enters from outside "
+                                  "torch's ops at aten.sort.default in scatter (forward, "
+                                  "called at lab/model.py:24 in forward)")
+    assert row.summary.endswith("seed the generator that made it")
 
 
 def test_a_recipe_that_does_not_make_it_repeatable_says_so() -> None:
     (row,) = determinism([], [Study(1, "cpu", "n", "w", "default",
-                                    _study(1.0, 1.5, 1.1, selective_repeatable=False))])
+                                    _study((1.5, 1.4, 1.6), (1.1, 1.05, 1.15),
+                                           selective_repeatable=False))])
     assert row.ops[0].cost.startswith("the selective recipe did not make it repeatable")
 
 
 def test_an_op_without_a_recipe_says_why_and_strict_s_cost() -> None:
     (row,) = determinism([], [Study(1, "cuda/A100/8.0", "n", "w", "default", _study(
-        1.0, 1.5, None, op_recipe=None,
+        (1.5, 1.4, 1.6), None, op_recipe=None,
         no_recipe="torch has no deterministic cuda implementation of histc"))])
     (op,) = row.ops
     assert op.selective is None
     assert op.cost.startswith("no selective recipe: torch has no deterministic cuda "
-                              "implementation of histc; strict: +50 % ± ")
+                              "implementation of histc; strict: +50.0 % [+40.0, +60.0]")
 
 
 def test_untraced_results_are_listed_with_the_hint_and_the_cause_is_kept() -> None:

@@ -380,7 +380,7 @@ def two_workers(migrated_database_url: str, tmp_path: Path) -> Iterator[dict[str
         for role in ("agent", "reader"):
             server[role] = run_cli("token", "create", "--role", role,
                                    database_url=migrated_database_url).stdout.strip()
-        wait_ready(server["base_url"], process, log_path, timeout=90)
+        wait_ready(server["base_url"], process, log_path)
         yield server
     finally:
         stop_process(process, timeout=30)

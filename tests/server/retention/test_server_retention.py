@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
@@ -24,6 +25,8 @@ from numparity_server.models import (
     Trace,
     utcnow,
 )
+from numparity_server.retention import repository as retention_repository
+from numparity_server.retention.service import apply_retention
 
 
 def counts(api) -> dict[str, int]:
@@ -295,3 +298,43 @@ def test_retention_drops_environments_nothing_refers_to(make_api, monkeypatch, c
     response = api.client.get("/api/v1/divergence", headers=api.reader,
                               params={"workload": "cnn", "variant": "default"})
     assert response.status_code == 200, response.text
+
+
+def test_two_retentions_at_once_count_each_run_once(make_api, monkeypatch, database_url):
+    if database_url.startswith("sqlite"):
+        pytest.skip("SQLite's writers take turns: a batch is chosen inside the write lock")
+    api = make_api()
+    old = [run_document("node-x", run_id=f"x-{day}", started_at=f"2026-09-{day:02d}T08:00:00Z")
+           for day in range(1, 6)]
+    for document in [*old, run_document("node-x", run_id="x-new")]:
+        assert api.post_run(document).status_code == 201
+    with session_factory(get_engine(api.settings))() as session, session.begin():
+        session.execute(update(Run).where(Run.run_id.in_([d["run_id"] for d in old]))
+                        .values(received_at=utcnow() - timedelta(days=60)))
+    # Both choose their first batch before either drops it.
+    both_chose = threading.Barrier(2, timeout=30)
+    choose = retention_repository.expired_run_ids
+    first = threading.local()
+
+    def chosen_together(*args, **kwargs):
+        batch = choose(*args, **kwargs)
+        if not getattr(first, "done", False):
+            first.done = True
+            both_chose.wait()
+        return batch
+
+    monkeypatch.setattr(retention_repository, "expired_run_ids", chosen_together)
+    sessions = session_factory(get_engine(api.settings))
+    reports = []
+
+    def retention_run() -> None:
+        reports.append(apply_retention(sessions=sessions, days=30))
+
+    threads = [threading.Thread(target=retention_run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(reports) == 2
+    assert sum(report.runs for report in reports) == len(old)
+    assert stored_run_ids(api) == {"x-new"}

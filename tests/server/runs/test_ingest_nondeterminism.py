@@ -23,8 +23,19 @@ STUDY: dict[str, Any] = {
                                       "recipes": ["deterministic_algorithms"]}],
              "default": {"wall_s": 0.5, "wall_s_spread": 0.01, "repeatable": False,
                          "differ": ["output"], "wall_s_rounds": [0.6, 0.5, 0.5]},
-             "strict": {"wall_s": 0.9, "wall_s_spread": 0.02, "repeatable": True},
-             "selective": {"wall_s": 0.52, "wall_s_spread": 0.01, "repeatable": True}},
+             "strict": {"wall_s": 0.9, "wall_s_spread": 0.02, "repeatable": True,
+                        "ratio": 1.8, "ratio_low": 1.7, "ratio_high": 1.95,
+                        "verdict": "measured", "cost": "+80.0 % [+70.0, +95.0]"},
+             "selective": {"wall_s": 0.52, "wall_s_spread": 0.01, "repeatable": True,
+                           "ratio": 1.04, "ratio_low": 0.7, "ratio_high": 1.6,
+                           "verdict": "noisy", "cost": "not measurable on this node now "
+                                                       "(load 9.5 on 2 CPUs, ± 56 %)"},
+             "seconds": 4.2, "confidence": 0.95, "load": {"load": 9.5, "cpus": 2}},
+    "sources": [{"op": "aten.sort.default", "module": "scatter", "phase": "forward",
+                 "index": 2, "count": 1, "source": "host_data", "what": "a tensor …",
+                 "recipe": "seed_generator", "advice": "seed the generator that made it",
+                 "input": {"position": 0, "dtype": "int64", "shape": [64]},
+                 "at": "lab/model.py:24 in forward"}],
 }
 
 
@@ -48,6 +59,12 @@ def test_a_study_is_stored_on_its_result(api: Any) -> None:
                                                         "repeatable")} == \
             {k: sent[k] for k in ("wall_s", "wall_s_spread", "repeatable")}
     assert stored[0]["cost"]["scopes"] == STUDY["cost"]["scopes"]
+    # The paired ratios, their intervals and verdicts, the load; the sources (issue 43).
+    for mode in ("strict", "selective"):
+        sent = STUDY["cost"][mode]
+        assert {k: stored[0]["cost"][mode][k] for k in sent if k != "wall_s_rounds"} == sent
+    assert stored[0]["cost"]["load"] == {"load": 9.5, "cpus": 2}
+    assert stored[0]["sources"] == STUDY["sources"]
     # The rounds' times are the agent's, not stored.
     assert "wall_s_rounds" not in stored[0]["cost"]["default"]
     assert all(study is None for study in stored[1:])
@@ -60,10 +77,14 @@ def test_a_study_is_stored_on_its_result(api: Any) -> None:
     (["ops"], [STUDY["ops"][0]] * 65),
     (["cost", "default", "wall_s"], -1.0),
     (["cost", "strict", "repeatable"], "yes"),
+    (["cost", "strict", "verdict"], "fine"),
+    (["sources", 0, "source"], "magic"),
+    (["sources", 0, "recipe"], "pray"),
     (["traced"], "true"),
 ])
 def test_a_bad_study_is_422_naming_the_field(api: Any, path: list[Any], value: Any) -> None:
     study: Any = {**STUDY, "ops": [dict(STUDY["ops"][0])],
+                  "sources": [dict(STUDY["sources"][0])],
                   "cost": {**STUDY["cost"], "default": dict(STUDY["cost"]["default"]),
                            "strict": dict(STUDY["cost"]["strict"])}}
     target = study

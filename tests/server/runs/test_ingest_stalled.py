@@ -47,7 +47,7 @@ def server(migrated_database_url: str, tmp_path: Path) -> Iterator[Server]:
            "NUMPARITY_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S)}
     process, base_url = start_server(tmp_path / "server.log", env, "--log-level", "warning")
     try:
-        wait_ready(base_url, process, tmp_path / "server.log", timeout=60)
+        wait_ready(base_url, process, tmp_path / "server.log")
         yield Server(base_url, url, tokens["agent"], tokens["reader"])
     finally:
         stop_process(process)

@@ -75,7 +75,7 @@ def two_workers(migrated_database_url: str, tmp_path: Path) -> Iterator[tuple[st
     env = {**os.environ, "NUMPARITY_DATABASE_URL": migrated_database_url}
     process, base_url = start_server(log_path, env, "--workers", "2", "--log-level", "info")
     try:
-        wait_ready(base_url, process, log_path, timeout=60)
+        wait_ready(base_url, process, log_path)
         yield base_url, log_path
     finally:
         stop_process(process, timeout=20)
