@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 
 import httpx
 
-from numparity_agent import _suite, _variants
+from numparity_agent import _suite, _variants, _workloads
 from numparity_agent._answer import ServerAnswer, answer_of, no_answer, server_message
 from numparity_agent._check_budget import (  # noqa: F401 - the command's surface
     Deadline,
@@ -115,11 +115,69 @@ def _against(device: Mapping[str, Any]) -> str:
     return "the fleet's majority on this environment"
 
 
+def _plan_problem(answer: Any, *, suite: str, allowed: frozenset[str]) -> str | None:
+    """Why this node does not compute an answer of the plan, or None. The plan is data
+    from the server, which holds what any node uploaded: only a workload of this node's
+    own suite (or a `module:factory` this node's own configuration or command line
+    names) and a known variant are ever run; nothing else is imported."""
+    if not isinstance(answer, Mapping):
+        return "the server's plan holds a malformed entry"
+    workload, variant = answer.get("workload"), answer.get("variant")
+    if not isinstance(workload, str) or not isinstance(variant, str):
+        return "the server's plan names no workload or variant"
+    tensors, version = answer.get("tensors"), answer.get("workload_version")
+    if not isinstance(answer.get("manifest_hash"), str) or not isinstance(tensors, list) \
+            or not all(isinstance(t, list | tuple) and len(t) == 2
+                       and all(isinstance(part, str) for part in t) for t in tensors) \
+            or answer.get("source") not in ("pin", "fleet") \
+            or not (version is None or type(version) is int):
+        return "the server's plan gives no answer to compare with"
+    if workload not in _workloads.SUITES.get(suite, {}) and workload not in allowed:
+        return (f"not a workload of suite {suite}, nor one this node's configuration names: "
+                "not run")
+    if variant not in _variants.VARIANTS:
+        return "not a variant this agent knows: not run"
+    return None
+
+
+def allowed_plan(expected: Any, *, suite: str, allowed: frozenset[str]
+                 ) -> tuple[list[Mapping[str, Any]], list[KeyVerdict]]:
+    """The plan's answers this node computes, and a verdict `unchecked` (with the reason)
+    for each of the others."""
+    runnable: list[Mapping[str, Any]] = []
+    refused: list[KeyVerdict] = []
+    for answer in expected if isinstance(expected, list) else []:
+        problem = _plan_problem(answer, suite=suite, allowed=allowed)
+        if problem is None:
+            runnable.append(answer)
+            continue
+        name = answer if isinstance(answer, Mapping) else {}
+        refused.append(KeyVerdict(str(name.get("workload", "?"))[:128],
+                                  str(name.get("variant", "?"))[:64],
+                                  str(name.get("source", "?"))[:8], "unchecked", problem))
+    return runnable, refused
+
+
+def undecided_keys(entries: Any) -> list[KeyVerdict]:
+    """The plan's keys that the server could not decide, as `unchecked` verdicts with the
+    server's reason."""
+    found = []
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, Mapping) and isinstance(entry.get("workload"), str) \
+                and isinstance(entry.get("variant"), str):
+            note = entry.get("note")
+            found.append(KeyVerdict(entry["workload"][:128], entry["variant"][:64], "fleet",
+                                    "unchecked", (note if isinstance(note, str) else
+                                                  "the fleet gives no answer")[:300]))
+    return found
+
+
 def check_device(device: Mapping[str, Any], expected: Sequence[Mapping[str, Any]], *,
                  deadline: Deadline, suite: str, node_env_vars: dict[str, str],
                  drill: bool) -> list[KeyVerdict]:
     """Compute the expected answers' workloads on one device, a child per variant (strict
-    first), each given only the time left; compare each result."""
+    first), each given only the time left; compare each result. ``expected`` holds only
+    what ``allowed_plan`` lets this node run."""
     slot = device["device"]
     by_variant: dict[str, list[Mapping[str, Any]]] = {}
     for answer in expected:
@@ -151,11 +209,14 @@ def run_check(*, client: httpx.Client, server: str, token: str | None,
               devices: Sequence[dict[str, Any]], environment: Mapping[str, Any],
               deadline: Deadline, child_s: float, suite: str, workloads: Sequence[str],
               variants: Sequence[str], fail_open: bool, drill_at: str | None,
-              upload_timeout: float) -> CheckReport:
-    """Ask the server, compute on every device at once, compare: the report."""
+              upload_timeout: float, allowed: Sequence[str] = ()) -> CheckReport:
+    """Ask the server, compute on every device at once, compare: the report.
+    ``allowed``: the `module:factory` workloads this node's own settings name (besides
+    ``workloads``), the only ones outside the suite a plan may make it run."""
     models = list(dict.fromkeys(device_model(d) for d in devices))
     env_key = str(environment.get("env_key") or "")
-    report = CheckReport(devices=[], fail_open=fail_open, env_key=env_key or None)
+    report = CheckReport(devices=[], fail_open=fail_open, env_key=env_key or None,
+                         drill=drill_at is not None)
     answer, plan = fetch_plan(
         client, server, token, suite=suite, env_key=env_key, models=models,
         stack=stack_of(environment), workloads=workloads, variants=variants,
@@ -165,24 +226,35 @@ def run_check(*, client: httpx.Client, server: str, token: str | None,
         report.cause_code = EXIT_REFUSED if answer.refused else EXIT_UNREACHABLE
         report.detail = server_message(answer.detail) if answer.status else answer.detail
         return report
-    report.chosen_by = plan.get("chosen_by")
-    planned = {entry["model"]: entry for entry in plan.get("devices") or []
-               if isinstance(entry, dict) and "model" in entry}
+    chosen_by = plan.get("chosen_by")
+    report.chosen_by = chosen_by if isinstance(chosen_by, str) else None
+    entries = plan.get("devices")
+    planned = {entry["model"]: entry for entry in entries if isinstance(entry, dict)
+               and isinstance(entry.get("model"), str)} if isinstance(entries, list) else {}
+    permitted = frozenset(w for w in (*workloads, *allowed) if _workloads.is_factory_spec(w))
     verdicts = []
+    runnable: list[list[Mapping[str, Any]]] = []
     for device in devices:
         entry = planned.get(device_model(device), {})
+        note = entry.get("note")
         verdicts.append(DeviceVerdict(
             device=device["device"], name=device.get("name"), uuid=device.get("uuid"),
-            model=device_model(device), source=entry.get("source", "none"),
-            against=_against(entry), note=entry.get("note")))
+            model=device_model(device), source=str(entry.get("source", "none"))[:8],
+            against=_against(entry), note=note if isinstance(note, str) else None))
+        chosen, refused = allowed_plan(entry.get("checks") or [], suite=suite,
+                                       allowed=permitted)
+        runnable.append(chosen)
+        # Keys the fleet cannot decide (split without a majority, too few nodes): shown,
+        # never silently left out.
+        verdicts[-1].keys = [*refused, *undecided_keys(entry.get("undecided"))]
+        verdicts[-1].drilled = drill_at == device["device"]
     node_env_vars = numeric_env_vars()
 
     def one(index: int) -> list[KeyVerdict]:
         device = devices[index]
-        expected = planned.get(device_model(device), {}).get("checks") or []
         started = time.monotonic()
         try:
-            return check_device(device, expected, deadline=deadline, suite=suite,
+            return check_device(device, runnable[index], deadline=deadline, suite=suite,
                                 node_env_vars=node_env_vars,
                                 drill=drill_at == device["device"])
         finally:
@@ -192,7 +264,7 @@ def run_check(*, client: httpx.Client, server: str, token: str | None,
     # device's time, not eight.
     with ThreadPoolExecutor(max_workers=max(1, len(devices))) as pool:
         for verdict, keys in zip(verdicts, pool.map(one, range(len(devices))), strict=True):
-            verdict.keys = keys
+            verdict.keys = [*keys, *verdict.keys]
     report.devices = verdicts
     report.cause_code = worst([verdict.code for verdict in verdicts])
     return report

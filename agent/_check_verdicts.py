@@ -23,13 +23,17 @@ EXIT_OUT_OF_TIME = 14
 # wrong first, then what could not be told.
 PRECEDENCE = (EXIT_DIFFERS, EXIT_FAILED, EXIT_OUT_OF_TIME, EXIT_UNKNOWN, EXIT_REFUSED,
               EXIT_UNREACHABLE)
-# Causes that say nothing about the devices: `--fail-open` lets the job start on them.
+# The variant `--fault-drill` corrupts (`_variants.FAULT_DRILL_VARIANT`; this module
+# imports neither the variants nor torch).
+DRILLED_VARIANT = "strict"
+# Causes that say nothing about the devices: `--fail-open` lets the job start on them
+# (never a drill's: a drilled device's check that cannot tell must not read as a go).
 UNDETERMINED = frozenset({EXIT_OUT_OF_TIME, EXIT_UNKNOWN, EXIT_REFUSED, EXIT_UNREACHABLE})
 CAUSES = {
     EXIT_DIFFERS: "a device differs from the pinned or fleet answer",
     EXIT_FAILED: "a device could not compute the check (crash, error)",
     EXIT_OUT_OF_TIME: "not finished within --max-seconds",
-    EXIT_UNKNOWN: "unknown environment: no pin and no fleet answer to compare with",
+    EXIT_UNKNOWN: "cannot tell: no pin and no fleet answer to compare with",
     EXIT_REFUSED: "the server refused the token (401/403)",
     EXIT_UNREACHABLE: "the server was unreachable or could not answer",
 }
@@ -37,11 +41,13 @@ CAUSES = {
 CHECK_EXIT_CODES_HELP = """\
 check exit codes:
   0  go: every device gives the pinned (or fleet) answers; also any cause
-     below but 10 and 13 with --fail-open
+     below but 10 and 13 with --fail-open (never with --fault-drill)
   2  usage (a bad option, a device the node does not show)
   5  the server refused the token (401/403)
   10 no-go: a device's answer differs from the pin or the fleet
-  11 unknown environment: neither a pin nor fleet answers to compare with
+  11 cannot tell: neither a pin nor fleet answers to compare with (none,
+     or split without a majority of several nodes), or the drilled variant
+     was not compared
   12 the server was unreachable, busy or could not answer
   13 no-go: a device could not compute the check (its child crashed, an error)
   14 not finished within --max-seconds (default 60)
@@ -81,10 +87,12 @@ class DeviceVerdict:
     note: str | None = None
     keys: list[KeyVerdict] = field(default_factory=list)
     seconds: float = 0.0
+    drilled: bool = False  # --fault-drill corrupts this device's strict variant
 
     @property
     def code(self) -> int:
-        """The cause this device gives (0: go)."""
+        """The cause this device gives (0: go). A drilled device whose corrupted variant
+        was not compared cannot tell: the drill was not put to the test."""
         statuses = {key.status for key in self.keys}
         if "differs" in statuses:
             return EXIT_DIFFERS
@@ -94,19 +102,28 @@ class DeviceVerdict:
             return EXIT_OUT_OF_TIME
         if "match" not in statuses:
             return EXIT_UNKNOWN
+        if self.drilled and not any(key.status == "match" and key.variant == DRILLED_VARIANT
+                                    for key in self.keys):
+            return EXIT_UNKNOWN
         return EXIT_GO
 
     def line(self) -> str:
         label = ", ".join(part for part in (self.name, self.uuid) if part)
         head = f"{self.device}" + (f" ({label})" if label else "")
         matched = [k for k in self.keys if k.status == "match"]
+        statuses = {k.status for k in self.keys}
         code = self.code
         if code == EXIT_GO:
             return (f"{head}: go — {len(matched)} of {len(self.keys)} answer(s) as "
                     f"{self.against}: {', '.join(k.key for k in matched)}"
                     + self._unchecked())
-        if code == EXIT_UNKNOWN and not self.keys:
-            return f"{head}: unknown — {self.note or 'nothing to compare with'}"
+        if code == EXIT_UNKNOWN and not statuses - {"unchecked"}:
+            return (f"{head}: unknown — {self.note or 'nothing to compare with'}"
+                    + self._unchecked())
+        if code == EXIT_UNKNOWN and "match" in statuses:
+            return (f"{head}: unknown — the drilled variant {DRILLED_VARIANT} was not "
+                    f"compared ({len(matched)} of {len(self.keys)} answer(s) as "
+                    f"{self.against})" + self._unchecked())
         bad = [k for k in self.keys if k.status in ("differs", "failed", "timeout")]
         verdict = "NO-GO" if code in (EXIT_DIFFERS, EXIT_FAILED) else "unknown"
         return (f"{head}: {verdict} — " + "; ".join(
@@ -153,12 +170,18 @@ class CheckReport:
     detail: str = ""  # a cause that is not a device's (unreachable, refused)
     env_key: str | None = None
     chosen_by: str | None = None
+    drill: bool = False  # --fault-drill: fail-open never applies
 
     @property
     def exit_code(self) -> int:
-        if self.fail_open and self.cause_code in UNDETERMINED:
+        if self.opens:
             return EXIT_GO
         return self.cause_code
+
+    @property
+    def opens(self) -> bool:
+        """Whether `--fail-open` turns the cause into a go."""
+        return self.fail_open and not self.drill and self.cause_code in UNDETERMINED
 
     @property
     def verdict(self) -> str:
@@ -166,7 +189,7 @@ class CheckReport:
             return "go"
         if self.cause_code in (EXIT_DIFFERS, EXIT_FAILED):
             return "no-go"
-        return "go (fail-open)" if self.fail_open else "unknown"
+        return "go (fail-open)" if self.opens else "unknown"
 
     def summary(self) -> str:
         if self.cause_code == EXIT_GO:

@@ -589,7 +589,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
                     environment=environment, deadline=deadline, child_s=child_s, suite=suite,
                     workloads=args.check_workloads or [], variants=args.check_variants or [],
                     fail_open=fail_open, drill_at=drill_at,
-                    upload_timeout=context.upload_timeout)
+                    upload_timeout=context.upload_timeout, allowed=get("workloads") or ())
         except subprocess.TimeoutExpired:
             report.cause_code, report.detail = _check.EXIT_OUT_OF_TIME, \
                 "listing the devices or reading the environment took the whole budget"

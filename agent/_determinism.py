@@ -272,14 +272,24 @@ def all_deterministic() -> Iterator[None]:
             yield
 
 
+def comment_text(text: Any) -> str:
+    """``text`` safe inside a `#` comment of printed code: no character that ends the
+    line (or any other unprintable one) survives, each is written as its escape. The
+    names come from a run document, which may be crafted."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in str(text))
+
+
 def recipe_code(ops: list[dict[str, Any]], *, workload: str = "") -> str:
-    """The selective recipe as Python a user pastes after building `model`."""
+    """The selective recipe as Python a user pastes after building `model`. Names from
+    the document (workload, module, op) appear only as string literals (``repr``) or in
+    comments (``comment_text``): pasted, the code runs nothing a document names."""
     found = scopes(ops)
-    lines = [f"# numparity: make only the nondeterministic ops of {workload or 'the model'} "
-             "deterministic", "import torch", ""]
+    lines = [f"# numparity: make only the nondeterministic ops of "
+             f"{comment_text(workload or 'the model')} deterministic", "import torch", ""]
     none = [op for op in ops if op.get("recipe") is None]
     for op in none:
-        lines.append(f"# {op['op']} in {op['module'] or 'the model'}: {op['no_recipe']}")
+        lines.append(comment_text(f"# {op['op']} in {op['module'] or 'the model'}: "
+                                  f"{op['no_recipe']}"))
     if not found:
         lines.append("# no in-process recipe for these ops")
         return "\n".join(lines) + "\n"
@@ -312,13 +322,15 @@ def recipe_code(ops: list[dict[str, Any]], *, workload: str = "") -> str:
         names = ", ".join(sorted({op["op"] for op in ops
                                   if op.get("recipe") and (op["module"] == scope["module"])}))
         if scope["phases"] == ["optimizer"]:
-            lines.append(f"# {names or 'the optimizer step'}: around optimizer.step()")
+            lines.append(comment_text(f"# {names or 'the optimizer step'}: around "
+                                      "optimizer.step()"))
             lines.append("# with torch.use_deterministic_algorithms(True): optimizer.step(); "
                          "then back to False")
             continue
-        target = (f'model.get_submodule("{scope["module"]}")' if scope["module"] else "model")
+        target = (f"model.get_submodule({str(scope['module'])!r})" if scope["module"]
+                  else "model")
         forward, backward = "forward" in scope["phases"], "backward" in scope["phases"]
-        lines.append(f"# {names}")
-        lines.append(f"deterministic_only({target}, cudnn={cudnn}, forward={forward}, "
-                     f"backward={backward})")
+        lines.append(comment_text(f"# {names}"))
+        lines.append(f"deterministic_only({target}, cudnn={bool(cudnn)}, "
+                     f"forward={bool(forward)}, backward={bool(backward)})")
     return "\n".join(lines) + "\n"

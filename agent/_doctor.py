@@ -25,7 +25,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from numparity_agent import _cost
-from numparity_agent._determinism import OMP_DYNAMIC_CAUSE, omp_dynamic, recipe_code
+from numparity_agent._determinism import (
+    OMP_DYNAMIC_CAUSE,
+    comment_text,
+    omp_dynamic,
+    recipe_code,
+)
 
 Status = Literal["ok", "warn", "fact"]
 
@@ -487,20 +492,22 @@ def selective_recipes(document: Mapping[str, Any]) -> str:
         study = result.get("nondeterminism")
         if not study:
             continue
-        head = f"{result.get('workload')} / {result.get('variant')} on {result.get('device')}"
+        head = comment_text(f"{result.get('workload')} / {result.get('variant')} on "
+                            f"{result.get('device')}")
         ops = study.get("ops") or []
         sources = study.get("sources") or []
         if sources:
             blocks.append("\n".join(
                 [f"# {head}: the difference enters from outside torch's ops"]
-                + [f"# at {s['op']} in {s.get('module') or 'the model'}"
-                   + (f" ({s['at']})" if s.get("at") else "")
-                   + f": {s.get('what', '')}; {s.get('advice', '')}" for s in sources]) + "\n")
+                + [comment_text(f"# at {s['op']} in {s.get('module') or 'the model'}"
+                                + (f" ({s['at']})" if s.get("at") else "")
+                                + f": {s.get('what', '')}; {s.get('advice', '')}")
+                   for s in sources]) + "\n")
         if not ops:
             if sources:
                 continue
             why = study.get("note") or study.get("error") or study.get("hint") or "no op named"
-            blocks.append(f"# {head}: nondeterministic; {why}\n")
+            blocks.append(f"# {head}: nondeterministic; {comment_text(why)}\n")
             continue
         cost = study.get("cost") or {}
         measured = ", ".join(
@@ -513,9 +520,9 @@ def selective_recipes(document: Mapping[str, Any]) -> str:
                  for mode in ("selective", "strict") if cost.get(mode, {}).get("ratio")
                  is not None]
         if costs:
-            lines.append(f"# cost against default: {'; '.join(costs)}")
+            lines.append(comment_text(f"# cost against default: {'; '.join(costs)}"))
         if study.get("cause"):
-            lines.append(f"# {study['cause']}")
+            lines.append(f"# {comment_text(study['cause'])}")
         blocks.append("\n".join(lines) + "\n" + recipe_code(ops, workload=str(
             result.get("workload"))))
     if not blocks:

@@ -68,9 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     token_commands = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
     create = token_commands.add_parser("create", parents=[common],
                                        help="create a token and print it (shown once)")
-    create.add_argument("--role", required=True, choices=["agent", "reader", "admin"],
-                        help="agent: uploads runs and findings; reader: reads the API, the "
-                             "dashboard and /metrics; admin: both")
+    create.add_argument("--role", required=True, choices=["agent", "reader", "admin", "check"],
+                        help="agent: uploads runs and findings (and checks); reader: reads "
+                             "the API, the dashboard and /metrics; admin: both; check: reads "
+                             "`numparity-agent check`'s plan and writes nothing (a training "
+                             "job's preflight)")
     create.add_argument("--label", default="", help="who or what the token is for")
     create.add_argument("--node", action="append", default=[], metavar="NAME",
                         help="agent tokens: write runs of this node only (repeatable; with "

@@ -136,6 +136,15 @@ def require_agent(session: DbSession, authorization: AuthorizationHeader = None)
         session.rollback()
 
 
+def require_check(session: DbSession, authorization: AuthorizationHeader = None) -> Principal:
+    """A token that may read `check`'s plan: a check token (it writes nothing: what a
+    training job's init container holds), an agent's or an admin's."""
+    try:
+        return authenticate(session=session, authorization=authorization, role="check")
+    finally:
+        session.rollback()
+
+
 def require_admin(session: DbSession, authorization: AuthorizationHeader = None) -> Principal:
     return authenticate(session=session, authorization=authorization, role="admin")
 
@@ -143,6 +152,7 @@ def require_admin(session: DbSession, authorization: AuthorizationHeader = None)
 ReaderAuth = Annotated[Principal, Depends(require_reader)]
 AgentAuth = Annotated[Principal, Depends(require_agent)]
 AdminAuth = Annotated[Principal, Depends(require_admin)]
+CheckAuth = Annotated[Principal, Depends(require_check)]
 
 
 # How many items a list skips: bounded, so the database never meets an offset beyond 64 bits.

@@ -138,10 +138,18 @@ class VersionedResult(Protocol):
 Result = TypeVar("Result", bound=VersionedResult)
 
 
-def newest_version(results: Iterable[VersionedResult]) -> int | None:
-    """The newest workload version the results report (None when none reports one)."""
-    versions = [r.workload_version for r in results if r.workload_version is not None]
-    return max(versions) if versions else None
+def fleet_version(results: Iterable[Result], *, support_of: Callable[[Result], Support]
+                  ) -> int | None:
+    """The workload version the fleet compares: the one most voters report (each result
+    counted with ``support_of``), of a tie the newest; None when none reports one. Not
+    merely the newest: one node claiming the next version would otherwise leave every
+    other node's results out as "another version". A rollout moves it once most voters
+    run the new agent."""
+    versions = tally((r.workload_version, support_of(r)) for r in results
+                     if r.workload_version is not None)
+    if not versions:
+        return None
+    return min(versions, key=lambda v: (-versions[v].nodes, -v))
 
 
 def comparable(results: Iterable[Result], *, version: int | None,

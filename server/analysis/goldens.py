@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .consensus import Support, comparable, in_voters, newest_version, tally, usual
+from .consensus import Support, comparable, fleet_version, tally, usual
 
 # The promoted attributes a stack may name (``environments``' columns, design §3.1).
 STACK_ATTRIBUTES = ("gpu_name", "compute_capability", "driver", "cuda", "cudnn", "torch",
@@ -155,54 +155,102 @@ class Holding:
         return Support(self.devices, self.first_node)
 
 
+# A fleet answer for `check` and for a pin taken from the majority needs this many
+# distinct nodes holding it: what one node alone uploads (its devices real or invented,
+# its workload versions, its "repeats disagree") never decides another node's check.
+MIN_HOLDER_NODES = 2
+# The holders' names a pin keeps and `check` shows, of each answer.
+NAMED_HOLDERS = 5
+
+
+@dataclass(frozen=True)
+class NodeAnswer:
+    """One node's latest results of a key on devices of one model in scope, of one
+    outcome (a workload version, input bytes and manifest): how many devices give it,
+    how many of them report that their repeats disagree, and their wall times."""
+
+    node: str
+    workload: str
+    variant: str
+    workload_version: int | None
+    manifest_hash: str
+    input_hash: str | None
+    param_hash: str | None
+    devices: int
+    unsteady: int = 0  # devices whose repeats disagree
+    wall_sum: float = 0.0
+    walls: int = 0
+
+
 @dataclass(frozen=True)
 class Majority:
-    """The answer more than half of the devices give (of the newest version, on the
-    fleet's input bytes); None when the devices split without one."""
+    """The answer more than half of the nodes give (of the workload version most nodes
+    report, on the fleet's input bytes), held by at least ``MIN_HOLDER_NODES`` nodes;
+    None when the nodes split without one, or too few hold it (``note`` says which)."""
 
     answer: PinnedAnswer | None
-    holders: int
-    devices: int
+    holders: int  # nodes giving it
+    devices: int  # nodes with an answer (voters)
     note: str | None = None
+    held_by: tuple[str, ...] = ()  # the first holders by name
+    holder_devices: int = 0  # the holders' devices giving it
+    unsteady: bool = False  # most nodes report that the key's repeats disagree
+    wall_s: float | None = None  # the holders' mean wall time
+
+    @property
+    def decided(self) -> bool:
+        return self.answer is not None
 
 
-def majority_answers(holdings: Iterable[Holding],
-                     crowded: Iterable[tuple[str, str, str, str, int]] = ()
-                     ) -> dict[AnswerKey, Majority]:
-    """Per (workload, variant): the answer a strict majority of the devices holds among
-    their ok results of the newest workload version on the fleet's input bytes
-    (``consensus``'s rule), counted in voters (``consensus.in_voters``: ``crowded`` names
-    the devices without a stable identity of one node giving one answer, as (workload,
-    variant, manifest hash, node, devices)); a split without a majority has ``answer``
-    None and a note."""
-    unstable: dict[AnswerKey, list[tuple[str, str, int]]] = defaultdict(list)
-    for workload, variant, manifest, node, devices in crowded:
-        unstable[(workload, variant)].append((manifest, node, devices))
-    by_key: dict[AnswerKey, list[Holding]] = defaultdict(list)
-    for holding in holdings:
-        if holding.status == "ok" and holding.manifest_hash:
-            by_key[(holding.workload, holding.variant)].append(holding)
+def _node_vote(answers: Sequence[NodeAnswer]) -> NodeAnswer:
+    """A node's one vote on a key: the outcome most of its devices give (of a tie, the
+    newest version, then the manifest's text), whatever number of devices it reports."""
+    return min(answers, key=lambda a: (-a.devices, -(a.workload_version or 0),
+                                       a.manifest_hash))
+
+
+def majority_answers(node_answers: Iterable[NodeAnswer]) -> dict[AnswerKey, Majority]:
+    """Per (workload, variant): the fleet's answer where the nodes decide it. Each node
+    is one voter (``_node_vote``): invented devices, a workload version or "repeats
+    disagree" of one node weigh one vote, never a device's each. The version compared is
+    the one most nodes report (a tie: the newest); of it, the nodes on the fleet's input
+    bytes (``consensus``'s rule) vote; the usual answer decides when more than half of
+    them give it and at least ``MIN_HOLDER_NODES`` do. A key whose repeats disagree on
+    most of those nodes has no answer (``unsteady``): its bits are not the device's."""
+    by_node: dict[AnswerKey, dict[str, list[NodeAnswer]]] = defaultdict(
+        lambda: defaultdict(list))
+    for held in node_answers:
+        by_node[(held.workload, held.variant)][held.node].append(held)
     found: dict[AnswerKey, Majority] = {}
-    for key, held in sorted(by_key.items()):
-        kept, _left_out = comparable(held, version=newest_version(held),
-                                     support_of=lambda h: h.support)
-        by_manifest = in_voters(tally((h.manifest_hash, h.support) for h in kept),
-                                unstable.get(key, ()))
-        total = sum(support.nodes for support in by_manifest.values())
+    for key, nodes in sorted(by_node.items()):
+        votes = [_node_vote(answers) for _node, answers in sorted(nodes.items())]
+        kept, _left_out = comparable(
+            votes, version=fleet_version(votes, support_of=lambda v: Support(1, v.node)),
+            support_of=lambda v: Support(1, v.node))
+        by_manifest = tally((v.manifest_hash, Support(1, v.node)) for v in kept)
         chosen = usual(by_manifest)
         if chosen is None:
             continue
-        holders = by_manifest[chosen].nodes
-        if 2 * holders <= total:
-            counted = "devices" if total == sum(h.devices for h in kept) else "voters"
-            found[key] = Majority(None, holders, total,
-                                  f"split without a majority: the usual answer is held by "
-                                  f"{holders} of {total} {counted}")
-            continue
-        first = next(h for h in kept if h.manifest_hash == chosen)
-        found[key] = Majority(PinnedAnswer(first.workload, first.workload_version,
-                                           first.variant, chosen, first.input_hash,
-                                           first.param_hash), holders, total)
+        total = len(kept)
+        holding = [v for v in kept if v.manifest_hash == chosen]
+        holders = len(holding)
+        held_by = tuple(sorted(v.node for v in holding)[:NAMED_HOLDERS])
+        unsteady = 2 * sum(1 for v in kept if v.unsteady) > total
+        walls = sum(v.walls for v in holding)
+        wall_s = sum(v.wall_sum for v in holding) / walls if walls else None
+        first = holding[0]
+        answer: PinnedAnswer | None = PinnedAnswer(
+            first.workload, first.workload_version, first.variant, chosen,
+            first.input_hash, first.param_hash)
+        note = None
+        if holders < MIN_HOLDER_NODES:
+            answer, note = None, (f"held by {holders} node ({held_by[0]}) alone: a fleet "
+                                  f"answer needs {MIN_HOLDER_NODES} nodes or more")
+        elif 2 * holders <= total:
+            answer, note = None, (f"split without a majority: the usual answer is held by "
+                                  f"{holders} of {total} nodes")
+        found[key] = Majority(answer, holders, total, note, held_by,
+                              sum(v.devices for v in holding), unsteady, wall_s)
     return found
 
 

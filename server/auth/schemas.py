@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-Role = Literal["agent", "reader", "admin"]
-ROLES: tuple[Role, ...] = ("agent", "reader", "admin")
+Role = Literal["agent", "reader", "admin", "check"]
+ROLES: tuple[Role, ...] = ("agent", "reader", "admin", "check")
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,11 @@ class Principal:
     node_patterns: tuple[str, ...] = ()
 
     def has(self, role: Role) -> bool:
-        # admin implies every role; the others are separate (an agent cannot read).
-        return self.role == role or self.role == "admin"
+        # admin implies every role; an agent may also check (the plan is what its own
+        # runs are compared with); the others are separate (an agent cannot read, a
+        # check token reads the plan and writes nothing).
+        return (self.role == role or self.role == "admin"
+                or (role == "check" and self.role == "agent"))
 
     @property
     def bound(self) -> bool:

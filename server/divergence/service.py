@@ -59,7 +59,7 @@ def divergence(
         raise NotFound(f"no ok results for suite {suite!r}, workload {workload!r}, "
                        f"variant {variant!r}")
     version = (workload_version if workload_version is not None
-               else consensus.newest_version(answers))
+               else consensus.fleet_version(answers, support_of=lambda a: a.support))
     # Other input or parameter bytes are a bug on that node, not a divergence (design
     # §2.1): such results, and those of another version, are left out and named.
     # Counted in voters: a node's devices without a stable identity are one (§3.3.12).

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path, Query, Request, Response, status
 from pydantic import StringConstraints
 
 from numparity_server.auth.schemas import Principal
-from numparity_server.deps import AdminAuth, AgentAuth, DbSession, Pagination, ReaderAuth
+from numparity_server.deps import AdminAuth, CheckAuth, DbSession, Pagination, ReaderAuth
 from numparity_server.goldens import check as plans
 from numparity_server.goldens import service
 from numparity_server.goldens.repository import check_version
@@ -68,7 +68,7 @@ def get_golden(golden_id: GoldenId, session: DbSession, _principal: ReaderAuth) 
 
 @router.get("/agent/check", response_model=CheckPlan)
 def check(
-    request: Request, session: DbSession, _principal: AgentAuth,
+    request: Request, session: DbSession, _principal: CheckAuth,
     env_key: Annotated[str, Query(min_length=1, max_length=64,
                                   description="The node's environment")],
     model: Annotated[list[Name], Query(min_length=1, max_length=MAX_MODELS, description=(
@@ -88,7 +88,8 @@ def check(
 ) -> Response:
     """What `numparity-agent check` runs on each of the node's devices and the answers it
     compares them with: the pin in force for the device model on this environment, else
-    the fleet's majority there. Kept per question (one computation for a cluster starting
+    the fleet's majority there (check token: reads this and writes nothing; an agent's
+    token may ask too). Kept per question (one computation for a cluster starting
     its jobs at once; `Age`: seconds since it was computed)."""
     promoted = {"torch": torch, "cuda": cuda, "cudnn": cudnn, "driver": driver,
                 "gpu_name": gpu_name, "compute_capability": compute_capability,

@@ -3,14 +3,13 @@ pin in force, else the fleet's majority on the environment, and the answers to c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
 from numparity_server.analysis import goldens as rules
 from numparity_server.goldens import repository
-from numparity_server.goldens.schemas import CheckAnswer, CheckDevice, CheckPlan
+from numparity_server.goldens.schemas import CheckAnswer, CheckDevice, CheckPlan, Undecided
 from numparity_server.goldens.service import pin_ref, pins_in_force
 from numparity_server.reads.results import manifest_entries
 
@@ -33,34 +32,50 @@ class CheckQuestion:
     child_s: float
 
 
+# The undecided keys a plan names per device model (strict first): enough to say why a
+# check compares less, bounded whatever the fleet uploaded.
+MAX_UNDECIDED = 16
+
+
 @dataclass(frozen=True)
 class _Expected:
-    """An answer `check` may compare: where it comes from and how many devices held it."""
+    """An answer `check` may compare: where it comes from and who held it."""
 
     source: str  # "pin" | "fleet"
     answer: rules.PinnedAnswer
     holders: int
     devices: int
+    held_by: tuple[str, ...] = ()
+
+
+def _asked(question: CheckQuestion, key: tuple[str, str]) -> bool:
+    return ((not question.workloads or key[0] in question.workloads)
+            and (not question.variants or key[1] in question.variants))
 
 
 def _expected(session: Session, question: CheckQuestion, force: rules.Pin | None,
-              own: Sequence[rules.Holding],
-              crowded: Sequence[tuple[str, str, str, str, int]] = ()
-              ) -> dict[tuple[str, str], _Expected]:
+              fleet: dict[tuple[str, str], rules.Majority]
+              ) -> tuple[dict[tuple[str, str], _Expected], list[Undecided]]:
     """The answers of the keys asked: the pin's where it has the key, else the fleet's
-    majority on the environment (keys whose repeats disagree there left out)."""
-    unsteady = {(h.workload, h.variant) for h in own if h.repeats_agree is False}
-    found = {key: _Expected("fleet", majority.answer, majority.holders, majority.devices)
-             for key, majority in rules.majority_answers(own, crowded).items()
-             if majority.answer is not None and key not in unsteady}
+    majority on the environment (``analysis.goldens.majority_answers``: nodes vote, one
+    node alone decides nothing; keys whose repeats disagree on most nodes left out); and
+    the keys neither decides, with why."""
+    found = {key: _Expected("fleet", majority.answer, majority.holders, majority.devices,
+                            majority.held_by)
+             for key, majority in fleet.items()
+             if majority.answer is not None and not majority.unsteady}
     if force is not None:
         rows = {(a.workload, a.variant): a for a in repository.answers_of(
             session, [force.id]).get(force.id, [])}
-        found.update({key: _Expected("pin", answer, rows[key].holders, rows[key].devices)
+        found.update({key: _Expected("pin", answer, rows[key].holders, rows[key].devices,
+                                     tuple(rows[key].held_by or ()))
                       for key, answer in force.answers.items()})
-    return {key: expected for key, expected in found.items()
-            if (not question.workloads or key[0] in question.workloads)
-            and (not question.variants or key[1] in question.variants)}
+    undecided = sorted((key for key, majority in fleet.items()
+                        if majority.answer is None and key not in found and _asked(question, key)),
+                       key=lambda k: (k[1] != "strict", k))
+    return ({key: expected for key, expected in found.items() if _asked(question, key)},
+            [Undecided(workload=key[0], variant=key[1], note=fleet[key].note or "no answer")
+             for key in undecided[:MAX_UNDECIDED]])
 
 
 def check_plan(*, session: Session, question: CheckQuestion) -> CheckPlan:
@@ -72,9 +87,6 @@ def check_plan(*, session: Session, question: CheckQuestion) -> CheckPlan:
     promoted = (repository.promoted(environment) if environment is not None
                 else dict(question.promoted))
     pins = [p for p in pins_in_force(session) if p.suite == question.suite]
-    held = (repository.holdings(session, suite=question.suite, models=question.models,
-                                environment_ids=[environment.id])
-            if environment is not None else [])
     # Named workloads are run as named; named variants only narrow the server's choice.
     named = bool(question.workloads)
     split = repository.split_keys(session, question.suite) if not named else set()
@@ -82,11 +94,12 @@ def check_plan(*, session: Session, question: CheckQuestion) -> CheckPlan:
     for model in question.models:
         force = rules.pin_in_force(pins, suite=question.suite, model=model,
                                    env_key=question.env_key, promoted=promoted)
-        own = [h for h in held if h.model == model]
-        expected = _expected(session, question, force, own, repository.crowded(
-            session, suite=question.suite, models=[model],
-            environment_ids=[environment.id]) if own and environment is not None else [])
-        walls = {(h.workload, h.variant): h.wall_s for h in own if h.wall_s is not None}
+        fleet = rules.majority_answers(repository.node_answers(
+            session, suite=question.suite, model=model,
+            environment_ids=[environment.id] if environment is not None else []))
+        expected, undecided = _expected(session, question, force, fleet)
+        walls = {key: majority.wall_s for key, majority in fleet.items()
+                 if majority.wall_s is not None}
         entries = manifest_entries(session, {e.answer.manifest_hash
                                              for e in expected.values()})
         candidates = [rules.CheckCandidate(
@@ -107,17 +120,18 @@ def check_plan(*, session: Session, question: CheckQuestion) -> CheckPlan:
                 param_hash=answer.param_hash,
                 tensors=[(e["name"], e["hash"][:CHECK_HASH_CHARS])
                          for e in entries.get(answer.manifest_hash, [])],
-                holders=found.holders, devices=found.devices))
+                holders=found.holders, devices=found.devices, held_by=list(found.held_by)))
         source, note = ("pin" if force is not None else "fleet"), None
         if not checks:
             source = "none"
             note = (f"no answer to compare with: the server knows no run on environment "
                     f"{question.env_key[:12]}" if environment is None else
-                    f"no answer of {model} devices on environment {question.env_key[:12]} to "
-                    "compare with") + (" and no pin holds it" if force is None else "")
+                    f"no answer of {model} devices on environment {question.env_key[:12]} "
+                    f"that {rules.MIN_HOLDER_NODES} or more nodes decide") \
+                + (" and no pin holds it" if force is None else "")
         devices.append(CheckDevice(model=model, source=source,  # type: ignore[arg-type]
                                    pin=pin_ref(session, force.id) if force else None,
-                                   note=note, checks=checks))
+                                   note=note, checks=checks, undecided=undecided))
     return CheckPlan(suite=question.suite, env_key=question.env_key,
                      environment_known=environment is not None,
                      chosen_by="agent" if named else "server", devices=devices)

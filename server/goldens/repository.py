@@ -5,23 +5,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Select, distinct, func, select
+from sqlalchemy import Select, case, distinct, func, select
 from sqlalchemy.orm import Session
 
-from numparity_server.analysis.goldens import STACK_ATTRIBUTES, Holding
+from numparity_server.analysis.goldens import STACK_ATTRIBUTES, Holding, NodeAnswer
 from numparity_server.kit.db import chunked
 from numparity_server.models import (
     Device,
     Environment,
     Golden,
     GoldenAnswer,
+    Latest,
     LatestCount,
     Node,
     Outcome,
     Result,
     Run,
 )
-from numparity_server.reads.voters import crowded_answers
 
 
 def newest_versions() -> Select[Any]:
@@ -158,15 +158,41 @@ def holdings(session: Session, *, suite: str | None = None,
             if chosen is None or (row.workload, row.variant) in chosen]
 
 
-def crowded(session: Session, *, suite: str, models: Sequence[str],
-            environment_ids: Sequence[int] | None = None
-            ) -> list[tuple[str, str, str, str, int]]:
-    """``reads.voters.crowded_answers`` as ``majority_answers`` takes them: (workload,
-    variant, manifest hash, node name, devices), the model left out (pins and check ask
-    about one)."""
-    return [(workload, variant, manifest, node, devices)
-            for workload, variant, _model, manifest, node, devices in crowded_answers(
-                session, suite=suite, models=models, environment_ids=environment_ids)]
+def node_answers(session: Session, *, suite: str, model: str,
+                 environment_ids: Sequence[int],
+                 keys: Iterable[tuple[str, str]] | None = None) -> list[NodeAnswer]:
+    """Each node's latest ok results of the suite on devices of ``model`` in these
+    environments, per outcome (``analysis.goldens.majority_answers`` counts each node
+    one voter): a row per node and answer, not per device. Of ``keys`` when given."""
+    if not environment_ids:
+        return []
+    unsteady = func.sum(case((Outcome.repeats_agree.is_(False), 1), else_=0))
+    group = (Outcome.workload, Outcome.variant, Outcome.workload_version,
+             Outcome.manifest_hash, Outcome.input_hash, Outcome.param_hash, Node.name)
+    query = (select(*group, func.count(), unsteady, func.coalesce(func.sum(Latest.wall_s), 0.0),
+                    func.count(Latest.wall_s))
+             .select_from(Latest)
+             .join(Outcome, Outcome.id == Latest.outcome_id)
+             .join(Node, Node.id == Latest.node_id)
+             .where(Latest.suite == suite, Latest.model == model,
+                    Outcome.status == "ok", Outcome.manifest_hash.is_not(None))
+             .group_by(*group))
+    chosen = None
+    if keys is not None:
+        chosen = set(keys)
+        if not chosen:
+            return []
+        query = query.where(Latest.workload.in_(sorted({w for w, _ in chosen})),
+                            Latest.variant.in_(sorted({v for _, v in chosen})))
+    found: list[NodeAnswer] = []
+    for part in chunked(sorted(set(environment_ids))):
+        found.extend(NodeAnswer(row[6], row[0], row[1], row[2], row[3], row[4], row[5],
+                                int(row[7]), int(row[8] or 0), float(row[9] or 0.0),
+                                int(row[10] or 0))
+                     for row in session.execute(
+                         query.where(Latest.environment_id.in_(part)))
+                     if chosen is None or (row[0], row[1]) in chosen)
+    return found
 
 
 def split_keys(session: Session, suite: str) -> set[tuple[str, str]]:

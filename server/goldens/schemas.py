@@ -67,8 +67,12 @@ class PinnedAnswerOut(BaseModel):
     manifest_hash: str
     input_hash: str | None
     param_hash: str | None
-    holders: int = Field(description="Devices in scope giving this answer when pinned")
-    devices: int = Field(description="Devices in scope with an answer when pinned")
+    holders: int = Field(description="Nodes in scope giving this answer when pinned (at "
+                                     "least 2 for a pin from the majority; devices for "
+                                     "pins made before nodes voted)")
+    devices: int = Field(description="Nodes in scope with an answer when pinned")
+    held_by: list[str] | None = Field(None, description=(
+        "The first nodes by name that held it when pinned (a pin from the majority)"))
 
 
 class LeftOut(BaseModel):
@@ -198,9 +202,21 @@ class CheckAnswer(BaseModel):
     input_hash: str | None
     param_hash: str | None
     tensors: list[tuple[str, str]]
-    holders: int = Field(description="Devices giving this answer (the pin's when pinned, "
+    holders: int = Field(description="Nodes giving this answer (the pin's when pinned, "
                                      "else this environment's)")
-    devices: int
+    devices: int = Field(description="Nodes with an answer of the key (voters)")
+    held_by: list[str] = Field(default_factory=list,
+                               description="The first of the holders by name")
+
+
+class Undecided(BaseModel):
+    """A key the fleet does not decide on this environment: its nodes split without a
+    majority, or too few hold its answer. `check` shows it as not compared."""
+
+    model_config = _STRICT
+    workload: str
+    variant: str
+    note: str
 
 
 class CheckDevice(BaseModel):
@@ -212,6 +228,9 @@ class CheckDevice(BaseModel):
     pin: PinRef | None
     note: str | None
     checks: list[CheckAnswer]
+    undecided: list[Undecided] = Field(
+        default_factory=list, description="Keys the fleet does not decide here (at most "
+        "16, strict first), shown as not compared: never left out in silence")
 
 
 class CheckPlan(BaseModel):

@@ -179,13 +179,14 @@ def _from_majority(session: Session, request: PinIn
         scope = _checked_scope(dict(request.match))
     in_scope = [env_id for env_id, (env_key, promoted) in repository.environments(session).items()
                 if rules.in_scope(scope, env_key, promoted)]
-    held = [h for h in repository.holdings(session, suite=request.suite, models=[model],
-                                           environment_ids=in_scope)
-            if _wanted(request, h.workload, h.variant)]
+    held = [a for a in repository.node_answers(session, suite=request.suite, model=model,
+                                               environment_ids=in_scope)
+            if _wanted(request, a.workload, a.variant)]
     answers: Answers = []
     left_out: list[LeftOut] = []
-    for (workload, variant), found in rules.majority_answers(held, repository.crowded(
-            session, suite=request.suite, models=[model], environment_ids=in_scope)).items():
+    # Nodes vote (``majority_answers``): one node's devices, versions or uploads never
+    # make the answer a pin holds.
+    for (workload, variant), found in rules.majority_answers(held).items():
         if found.answer is None:
             left_out.append(LeftOut(workload=workload, variant=variant,
                                     reason=found.note or "no majority"))
@@ -194,7 +195,8 @@ def _from_majority(session: Session, request: PinIn
         answers.append({"workload": workload, "workload_version": answer.workload_version,
                         "variant": variant, "manifest_hash": answer.manifest_hash,
                         "input_hash": answer.input_hash, "param_hash": answer.param_hash,
-                        "holders": found.holders, "devices": found.devices})
+                        "holders": found.holders, "devices": found.devices,
+                        "held_by": list(found.held_by)})
     return model, scope, answers, left_out
 
 

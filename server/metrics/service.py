@@ -75,9 +75,10 @@ def fleet_snapshot(*, session: Session, policy: Policy) -> FleetSnapshot:
 
 def result_groups(session: Session) -> KeyGroups:
     """Per key, the number of groups ``GET /divergence`` reports without a tensor: distinct
-    whole results (manifests) among the nodes' latest ok results of the newest workload
-    version, leaving out results on other input or parameter bytes than the fleet's.
-    Listed for the ``GROUP_KEYS`` keys held by the most devices."""
+    whole results (manifests) among the nodes' latest ok results of the fleet's workload
+    version (``consensus.fleet_version``), leaving out results on other input or
+    parameter bytes than the fleet's. Listed for the ``GROUP_KEYS`` keys held by the
+    most devices."""
     by_key: dict[Key, list[Any]] = defaultdict(list)
     for row in repository.latest_ok_answers(session):
         by_key[(row.suite, row.workload, row.variant)].append(row)
@@ -91,9 +92,11 @@ def result_groups(session: Session) -> KeyGroups:
 
 def _comparable(rows: Sequence[Any]) -> list[Any]:
     """The rows /divergence compares (``consensus.comparable``), on rows counting nodes."""
+    def support(row: Any) -> consensus.Support:
+        return consensus.Support(int(row.nodes), row.first_node)
+
     kept, _left_out = consensus.comparable(
-        rows, version=consensus.newest_version(rows),
-        support_of=lambda row: consensus.Support(int(row.nodes), row.first_node))
+        rows, version=consensus.fleet_version(rows, support_of=support), support_of=support)
     return kept
 
 

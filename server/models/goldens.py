@@ -60,6 +60,9 @@ class GoldenAnswer(Base):
     manifest_hash: Mapped[str] = mapped_column(ForeignKey("manifests.hash"), index=True)
     input_hash: Mapped[str | None] = mapped_column(String(64))
     param_hash: Mapped[str | None] = mapped_column(String(64))
-    # When pinned: the devices in scope that gave this answer, of how many.
+    # When pinned: the nodes in scope that gave this answer, of how many gave one (the
+    # devices, for pins taken before nodes voted, migration 0020); a run's pin: 1 of 1.
     holders: Mapped[int] = mapped_column(Integer)
     devices: Mapped[int] = mapped_column(Integer)
+    # The first holder nodes by name (a pin from the majority; NULL before 0020).
+    held_by: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)

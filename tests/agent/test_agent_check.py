@@ -84,6 +84,55 @@ def test_the_node_cause_and_fail_open() -> None:
                                   cause_code=code).exit_code == code
 
 
+def test_the_plan_is_data_the_agent_validates_never_code_it_runs() -> None:
+    """Issue 39, finding 3: the server's plan holds what any node uploaded. Only the
+    suite's workloads, `module:factory` names this node's settings allow, and known
+    variants are run; every other entry is unchecked with the reason, never a crash."""
+    entries = [
+        EXPECTED,
+        {**EXPECTED, "workload": "tempfile:mkdtemp"},
+        {**EXPECTED, "workload": "os:abort"},
+        {**EXPECTED, "variant": "no-such-variant"},
+        {**EXPECTED, "workload": "lab.models:build"},
+        {**EXPECTED, "tensors": [[1, 2]]},
+        {**EXPECTED, "workload_version": "1"},
+        {"workload": 7, "variant": "strict"},
+        "not an entry",
+    ]
+    runnable, refused = _check.allowed_plan(entries, suite="standard",
+                                            allowed=frozenset({"lab.models:build"}))
+    assert [a["workload"] for a in runnable] == ["cnn", "lab.models:build"]
+    assert all(k.status == "unchecked" for k in refused) and len(refused) == 7
+    reasons = {(k.workload, k.variant): k.detail for k in refused}
+    assert "not a workload of suite standard" in reasons[("tempfile:mkdtemp", "strict")]
+    assert "not run" in reasons[("os:abort", "strict")]
+    assert "not a variant this agent knows" in reasons[("cnn", "no-such-variant")]
+    assert "no answer to compare with" in reasons[("cnn", "strict")]
+    assert _check.allowed_plan("not a list", suite="standard", allowed=frozenset()) == \
+        ([], [])
+    # The large suite's own workloads are not the standard suite's.
+    assert _check.allowed_plan([{**EXPECTED, "workload": "gemm"}], suite="standard",
+                               allowed=frozenset())[0] == []
+    # Keys the server cannot decide are shown with its reason.
+    (undecided,) = _check.undecided_keys([{"workload": "cnn", "variant": "strict",
+                                           "note": "split without a majority"}, 5])
+    assert (undecided.status, undecided.detail) == ("unchecked", "split without a majority")
+
+
+def test_a_drilled_device_is_never_a_go_it_did_not_earn() -> None:
+    """Issue 39, finding 1: a drill whose corrupted variant was not compared cannot tell,
+    and --fail-open never turns a drill's 'cannot tell' into a go."""
+    keys = [_check.KeyVerdict("cnn", "default", "fleet", "match"),
+            _check.KeyVerdict("cnn", "strict", "fleet", "unchecked", "split")]
+    drilled = _check.DeviceVerdict("cpu", None, None, "cpu", keys=keys, drilled=True)
+    assert drilled.code == 11 and "drilled variant strict was not compared" in drilled.line()
+    assert _check.DeviceVerdict("cpu", None, None, "cpu", keys=keys).code == 0
+    report = _check.CheckReport(devices=[drilled], fail_open=True, cause_code=11,
+                                drill=True)
+    assert report.exit_code == 11 and report.verdict == "unknown"
+    assert _check.CheckReport(devices=[], fail_open=True, cause_code=11).exit_code == 0
+
+
 def test_device_models_and_stacks_are_the_servers() -> None:
     # The server's own code is the oracle; where only the agent is installed, skip.
     devices = pytest.importorskip("numparity_server.runs.devices", reason="the server's "

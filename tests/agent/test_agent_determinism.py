@@ -8,6 +8,7 @@ at the edge, as trace entries a GPU would record: unverified without a GPU.
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 from typing import Any
@@ -270,9 +271,9 @@ def test_doctor_prints_the_recipe_of_a_run_document(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     code = proc.stdout
     compile(code, "recipe", "exec")
-    assert ('deterministic_only(model.get_submodule("encoder.pool"), cudnn=False, '
+    assert ("deterministic_only(model.get_submodule('encoder.pool'), cudnn=False, "
             "forward=False, backward=True)") in code
-    assert ('deterministic_only(model.get_submodule("stem"), cudnn=True, forward=False, '
+    assert ("deterministic_only(model.get_submodule('stem'), cudnn=True, forward=False, "
             "backward=True)") in code
     assert "# aten.histc.default in stats: torch has no deterministic cuda" in code
     assert "# train / default on cpu: nondeterministic; run it again with --trace-ops" in code
@@ -303,3 +304,31 @@ def test_doctor_prints_the_recipe_of_a_run_document(tmp_path: Path) -> None:
     broken.write_text("{not json")
     refused = run_agent("doctor", "--recipe", str(broken))
     assert refused.returncode == 2 and "--recipe: cannot read a run document" in refused.stderr
+
+
+def test_a_crafted_document_prints_names_as_data_never_as_code(tmp_path: Path) -> None:
+    """Issue 39, finding 8: the names of a run document reach the printed recipe only as
+    string literals or inside comments, whatever characters they hold."""
+    escape = '")\nimport os; os.system("touch pwned")  # '
+    ops = [{"op": "aten.index_add.default\nos.system('touch pwned')", "module": escape,
+            "phase": "forward", "recipe": "deterministic_algorithms"},
+           {"op": "aten.histc.default", "module": "stats\nos.system('x')", "phase": "forward",
+            "recipe": None, "no_recipe": "none\rexec('x')"}]
+    document = {"results": [
+        {"workload": "lab:m\nimport os", "variant": "default", "device": "cpu",
+         "nondeterminism": {"traced": True, "ops": ops, "cause": "a\u2028b\nos.abort()"}},
+        {"workload": "w\nos.abort()", "variant": "default", "device": "cpu",
+         "nondeterminism": {"traced": False, "hint": "x\nos.abort()"}}]}
+    path = tmp_path / "crafted.json"
+    path.write_text(json.dumps(document))
+    proc = run_agent("doctor", "--recipe", str(path))
+    assert proc.returncode == 0, proc.stderr
+    tree = ast.parse(proc.stdout)
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    assert imported == {"torch"}
+    called = {ast.unparse(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    assert not any("system" in name or "abort" in name or name == "exec" for name in called)
+    targets = [node.args[0].value for node in ast.walk(tree) if isinstance(node, ast.Call)
+               and ast.unparse(node.func) == "model.get_submodule"]
+    assert targets == [escape]  # the module's name, whole, as data

@@ -82,7 +82,7 @@ def _commands(container: dict[str, Any]) -> list[list[str]]:
 def test_every_numparity_command_parses_with_the_real_cli() -> None:
     seen = set()
     for _name, doc in manifests():
-        if doc["kind"] in ("ConfigMap", "Service"):
+        if doc["kind"] in ("ConfigMap", "Service", "Namespace"):
             continue
         spec = pod_spec(doc)
         for container in [*spec.get("initContainers", []), *spec["containers"]]:
@@ -118,16 +118,67 @@ def test_the_agent_runs_on_gpu_nodes_and_check_gates_the_job(tmp_path: Path) -> 
         trainer["resources"]["limits"]["nvidia.com/gpu"]
     assert "nvidia.com/gpu.product" in spec["nodeSelector"]
 
-    # The agent's config file is one the agent reads (keys and values checked).
-    (config,) = by_kind("ConfigMap")
-    path = tmp_path / "agent.toml"
-    path.write_text(config["data"]["agent.toml"])
-    loaded = _config.load_config(path)
-    assert loaded["check_fail"] == "open" and loaded["device"] == "all"
-    numeric = dict(line.split("=", 1) for line in config["data"]["numeric.env"].splitlines())
+    # The agent's and the check's config files are ones the agent reads (keys and values
+    # checked), with the lab's numeric settings.
     shipped = dict(line.split("=", 1) for line in (ROOT / "deploy" / "numeric.env")
                    .read_text().splitlines() if line and not line.startswith("#"))
-    assert numeric == shipped
+    configs = {doc["metadata"]["name"]: doc for doc in by_kind("ConfigMap")}
+    assert set(configs) == {"numparity-agent", "numparity-check"}
+    for name, config in configs.items():
+        path = tmp_path / f"{name}.toml"
+        path.write_text(config["data"]["agent.toml"])
+        loaded = _config.load_config(path)
+        assert loaded["check_fail"] == "open" and loaded["device"] == "all"
+        numeric = dict(line.split("=", 1)
+                       for line in config["data"]["numeric.env"].splitlines())
+        assert numeric == shipped
+    # The job's pod reads its own namespace's config.
+    assert {v["configMap"]["name"] for v in spec["volumes"] if "configMap" in v} == \
+        {"numparity-check"}
+    assert configs["numparity-check"]["metadata"]["namespace"] == \
+        training["metadata"]["namespace"]
+
+
+def _mounted(spec: dict[str, Any], container: dict[str, Any]) -> list[dict[str, Any]]:
+    volumes = {volume["name"]: volume for volume in spec.get("volumes", [])}
+    return [volumes[mount["name"]] for mount in container.get("volumeMounts", [])]
+
+
+def test_no_pod_holds_a_token_that_writes_as_another_node() -> None:
+    """Issue "A preflight no single node can switch off …", finding 5: one Secret held a
+    token that wrote as any node, mounted by every training job's init container."""
+    for doc in [*by_kind("DaemonSet"), *by_kind("CronJob")]:
+        spec = pod_spec(doc)
+        (agent,) = spec["containers"]
+        (token,) = [v for v in _mounted(spec, agent) if v["name"] == "token"]
+        # The node's own token (bound to its name), on the node: no Secret shared by all.
+        assert token == {"name": "token", "hostPath": {
+            "path": "/etc/numparity/agent-token", "type": "Directory"}}, doc["kind"]
+    for _name, doc in manifests():
+        if doc["kind"] in ("DaemonSet", "CronJob", "Job", "Deployment", "StatefulSet"):
+            secrets = {v["secret"]["secretName"] for v in pod_spec(doc).get("volumes", [])
+                       if "secret" in v}
+            assert not any("agent" in name for name in secrets), (doc["kind"], secrets)
+
+    (training,) = [doc for doc in by_kind("Job") if doc["metadata"]["name"] == "train-example"]
+    spec = pod_spec(training)
+    (check,) = spec["initContainers"]
+    (trainer,) = spec["containers"]
+    # The init container holds the check token alone; the trainer holds none; no volume
+    # of the node is mounted, and the namespace refuses pods that would mount one.
+    assert [v.get("secret", {}).get("secretName") for v in _mounted(spec, check)
+            if "secret" in v] == ["numparity-check-token"]
+    assert not [v for v in _mounted(spec, trainer) if "secret" in v or "hostPath" in v]
+    assert not [v for v in spec["volumes"] if "hostPath" in v]
+    (namespace,) = [doc for doc in by_kind("Namespace")
+                    if doc["metadata"]["name"] == training["metadata"]["namespace"]]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] in (
+        "baseline", "restricted")
+    # The token it holds is made with the check role: the command shown parses.
+    text = (KUBERNETES / "examples" / "training-job.yaml").read_text()
+    (made,) = re.findall(r"\$\((numparity-server token create [^)]*)\)", text)
+    args = server_parser().parse_args(shlex.split(made)[1:])
+    assert args.role == "check" and not args.node and not args.node_pattern
 
 
 def test_the_server_is_a_deployment_on_postgresql_with_probes() -> None:

@@ -175,7 +175,12 @@ def test_a_drilled_gpu_fails_the_check_and_its_sibling_passes(
                      "--repeats", "1", "--output", str(path), env=fake_gpu_env(gpus),
                      timeout=600)
     assert done.returncode == 0, done.stderr
-    upload_with_agent([path], live_server, tmp_path / "spool")
+    # A fleet answer needs two nodes: a second node's run of the same answers (its GPUs
+    # reported as another node's are its claims, which count for it).
+    second = json.loads(path.read_text())
+    second["node"]["name"], second["run_id"] = "gpu-2", f"{second['run_id']}-2"
+    (tmp_path / "gpu-2.json").write_text(json.dumps(second))
+    upload_with_agent([path, tmp_path / "gpu-2.json"], live_server, tmp_path / "spool")
     done, seconds = check(live_server, "--fault-drill", "--drill-device", "cuda:1",
                           env=fake_gpu_env(gpus))
     assert done.returncode == 10, done.stdout + done.stderr

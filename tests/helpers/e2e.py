@@ -12,8 +12,10 @@ from typing import Any
 from numparity_agent.testing import spooled
 
 
-def upload_with_agent(documents: Sequence[Path], server: Any, spool: Path) -> None:
-    """Spool the run documents, then `numparity-agent flush` them to the live server.
+def upload_with_agent(documents: Sequence[Path], server: Any, spool: Path,
+                      token: str | None = None) -> None:
+    """Spool the run documents, then `numparity-agent flush` them to the live server
+    (with ``token``, else the server's unbound agent token).
 
     The spool's file names keep the documents' order (a node's runs in the order they
     were measured)."""
@@ -23,8 +25,9 @@ def upload_with_agent(documents: Sequence[Path], server: Any, spool: Path) -> No
     done = subprocess.run(
         [sys.executable, "-m", "numparity_agent", "flush", "--server", server.base_url,
          "--spool", str(spool)],
-        env={**os.environ, "NUMPARITY_TOKEN": server.agent_token},
+        env={**os.environ, "NUMPARITY_TOKEN": token or server.agent_token},
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert spooled(spool) == [], "flush left documents in the spool"
+

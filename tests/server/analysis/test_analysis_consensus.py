@@ -9,10 +9,10 @@ from numparity_server.analysis.consensus import (
     broken_inputs,
     comparable,
     fleet_inputs,
+    fleet_version,
     in_voters,
     judges,
     majority,
-    newest_version,
     ranked,
     tally,
     usual,
@@ -69,11 +69,20 @@ class Result:
     param_hash: str | None
 
 
-def test_comparable_results_are_the_newest_version_on_the_fleets_bytes():
+def test_comparable_results_are_the_fleets_version_on_the_fleets_bytes():
     results = [Result("n1", 2, "a", "p"), Result("n2", 2, "a", "p"), Result("n3", 2, "b", "p"),
                Result("n4", 1, "b", "p"), Result("n5", 2, None, None)]
-    assert newest_version(results) == 2
-    assert newest_version([Result("n", None, "a", "p")]) is None
+    one = lambda r: Support(1, r.node)  # noqa: E731
+    assert fleet_version(results, support_of=one) == 2
+    assert fleet_version([Result("n", None, "a", "p")], support_of=one) is None
+    # One node claiming the next version does not move the fleet's (issue 39, finding
+    # 1); a tie goes to the newest, and a rollout moves it once most nodes run it.
+    claimed = [*results, Result("evil", 3, "a", "p")]
+    assert fleet_version(claimed, support_of=one) == 2
+    assert fleet_version([Result("n1", 1, "a", "p"), Result("n2", 2, "a", "p")],
+                         support_of=one) == 2
+    assert fleet_version([*results, *(Result(f"new-{i}", 3, "a", "p") for i in range(5))],
+                         support_of=one) == 3
     kept, left_out = comparable(results, version=2,
                                 support_of=lambda r: Support(1, r.node))
     # Version 1's "b" does not vote: the fleet's bytes are those of version 2's results.

@@ -206,3 +206,41 @@ def test_runs_are_listed_newest_first_with_a_page_limit(make_api):
     too_many = api.client.get("/api/v1/runs", params={"limit": 3}, headers=api.reader)
     assert too_many.status_code == 422
     assert too_many.json()["detail"][0]["loc"] == ["query", "limit"]
+
+
+def test_values_of_known_tensors_cost_one_statement_and_none_when_stored(api):
+    """Issue 39, finding 7: re-sending known tensors with their values made one UPDATE
+    per tensor (151,552 one-element tensors held the write lock for minutes). Values the
+    server lacks are filled in one statement; values it has cost no UPDATE at all."""
+    from sqlalchemy import event
+
+    stripped = run_document("node-1")
+    hashes = {t["hash"] for r in stripped["results"] for t in r.get("tensors", [])
+              if "values" in t}
+    for result in stripped["results"]:
+        for tensor in result.get("tensors", []):
+            tensor.pop("values", None)
+    assert api.post_run(stripped).status_code == 201
+
+    engine = get_engine(api.settings)
+    updates: list[tuple[int, bool]] = []
+
+    def seen(_conn, _cursor, statement, parameters, _context, executemany):
+        if statement.lstrip().upper().startswith("UPDATE FINGERPRINTS"):
+            updates.append((len(parameters) if executemany else 1, executemany))
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        assert api.post_run(run_document("node-2")).status_code == 201
+        filled = list(updates)
+        updates.clear()
+        assert api.post_run(run_document("node-3")).status_code == 201
+        again = list(updates)
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert len(hashes) == 3
+    assert filled == [(3, True)]  # the three tensors' values, one statement
+    assert again == []  # stored already: nothing written
+    with session_factory(engine)() as session:
+        stored = session.scalars(select(Fingerprint).where(Fingerprint.hash.in_(hashes)))
+        assert all(row.values is not None for row in stored)
