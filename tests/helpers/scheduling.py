@@ -12,7 +12,8 @@ Two rules, both taken from the collected items, so a new test needs no marker:
 - **The longest units start first** (longest-processing-time-first): units are ordered by
   the seconds ``tests/durations.json`` measured for their tests (``make test-durations``
   writes it), and xdist is told to keep that order (``--no-loadscope-reorder``). A test not
-  in the file counts as the median test. The order inside a unit is the collection's, so a
+  in the file counts as the median test, and a group none of whose tests is in it counts
+  a minute more for its fixture. The order inside a unit is the collection's, so a
   module's fixture is set up once.
 
 Order is only an optimisation: every test stands alone, in any order (xdist proves it).
@@ -30,6 +31,8 @@ import pytest
 TESTS = Path(__file__).resolve().parents[1]
 DURATIONS = TESTS / "durations.json"
 WIDE_SCOPES = ("class", "module", "package", "session")
+# What a group never measured is taken to cost to set up (a fleet, an agent run).
+UNMEASURED_SETUP_SECONDS = 60.0
 # Wide fixtures cheap enough to build on every worker: no reason to group their tests.
 PER_WORKER = frozenset({"database_templates"})
 # `make test-fast` (--tier fast): the unit tests. Whole folders of end-to-end tests are
@@ -121,6 +124,10 @@ def plan(items: list[pytest.Item], durations: dict[str, float]) -> dict[str, str
     default = statistics.median(durations.values()) if durations else 1.0
     seconds = {unit: sum(durations.get(i.nodeid, default) for i in members)
                for unit, members in units.items()}
+    for unit, members in units.items():
+        if unit.startswith("group:") and not any(i.nodeid in durations for i in members):
+            # Never measured: a shared fixture is shared because it is expensive.
+            seconds[unit] += UNMEASURED_SETUP_SECONDS
     # sorted() is stable: equal units keep the collection's order.
     order = sorted(units, key=lambda unit: -seconds[unit])
     items[:] = [item for unit in order for item in units[unit]]
