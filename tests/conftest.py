@@ -92,7 +92,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     groups = scheduling.plan(items, durations)
     for item in items:
         if item.nodeid in groups:
-            item.add_marker(pytest.mark.xdist_group(scheduling.group_name(groups[item.nodeid])))
+            name = scheduling.group_name(groups[item.nodeid])
+            item.add_marker(pytest.mark.xdist_group(name))
+            scheduling.suffix_group(config, item, name)
 
 
 # `make test-durations`: every test's seconds (setup, call and teardown), as the

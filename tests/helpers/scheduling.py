@@ -136,8 +136,23 @@ def plan(items: list[pytest.Item], durations: dict[str, float]) -> dict[str, str
 
 def group_name(root: str) -> str:
     """A readable xdist group name for a component's root key (no '@', which xdist splits
-    on, and no '[')."""
-    return root.replace("@", "_").replace("[", "(").replace("]", ")")
+    on, no '[' and no '::', which pytest parses a nodeid by)."""
+    return (root.replace("@", "_").replace("[", "(").replace("]", ")")
+            .replace("::", ":"))
+
+
+def suffix_group(config: pytest.Config, item: pytest.Item, name: str) -> None:
+    """Give a grouped test the nodeid xdist's loadgroup schedules by, ``nodeid@group``.
+
+    xdist 3.8 appends the suffix by writing ``item._nodeid``, which pytest 9.1 and later
+    no longer read (a node keeps a structured ``NodeId`` in ``_id``): there every group
+    would be ignored and a module's fleet built on both workers. So the suffix is set here
+    where pytest keeps it; with an older pytest, xdist's own hook still does it."""
+    if not getattr(config.option, "loadgroup", False) or not hasattr(item, "_id"):
+        return
+    from _pytest.nodeid import NodeId
+
+    item._id = NodeId.parse(f"{item.nodeid}@{name}")
 
 
 def plain_nodeid(nodeid: str) -> str:
