@@ -43,7 +43,8 @@ def test_a_bound_token_writes_its_node_and_is_refused_for_another(api):
     refused = upload(api, headers, "victim")
     assert refused.status_code == 403
     body = refused.json()
-    assert body["error"] == "forbidden"
+    # Its own code, so an agent sets the run aside and goes on (issue 40).
+    assert body["error"] == "node_forbidden"
     assert body["detail"] == (f"token {token_id} is bound to gpu-01: it may not write runs "
                               "of node 'victim'")
     assert token not in refused.text

@@ -189,7 +189,7 @@ def test_a_bound_token_posts_only_for_its_node(api, lab):
     headers, token_id = bound_agent(api, "lab-01")
     refused = post(api, document("lab-mkl", lab["lab-01"]), headers)
     assert refused.status_code == 403
-    assert refused.json() == {"error": "forbidden", "detail": (
+    assert refused.json() == {"error": "node_forbidden", "detail": (
         f"token {token_id} is bound to lab-01: it may not write explanations of node "
         "'lab-mkl'")}
     assert stored(api) == 0
@@ -286,14 +286,14 @@ def test_retention_drops_a_run_with_its_findings(make_api, monkeypatch):
 
 
 def test_the_body_limit_and_the_byte_budget_hold_as_for_runs(make_api):
-    api = make_api(max_body_bytes=4096, token_bytes_per_s=1)
+    api = make_api(max_body_bytes=4096, max_document_bytes=64 * 1024, token_bytes_per_s=1)
     body = document("lab-01", "r1")
     body["findings"][0]["detail"] = "x" * 8192
     too_large = post(api, body)
     assert too_large.status_code == 413
     assert "NUMPARITY_MAX_BODY_BYTES" in too_large.json()["detail"]
-    # The bucket holds max_body_bytes and refills at 1 byte/s: a request takes all of it
-    # (at least 64 KiB, at most the bucket), the next one waits.
+    # The bucket holds max_document_bytes and refills at 1 byte/s: a request takes all of
+    # it (at least 64 KiB, at most the bucket), the next one waits.
     assert post(api, document("lab-01", "r1")).status_code == 422
     over_budget = post(api, document("lab-01", "r1"))
     assert over_budget.status_code == 429 and "Retry-After" in over_budget.headers
