@@ -133,6 +133,21 @@ def _libpq_url(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+def _create_postgresql_database(base: str, prefix: str) -> tuple[str, str]:
+    """A new, empty database on the server of ``base``: its name and its URL."""
+    import psycopg
+    from sqlalchemy import make_url
+
+    name = f"{prefix}_{uuid.uuid4().hex[:16]}"
+    parsed = make_url(base)
+    if parsed.drivername in ("postgres", "postgresql"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    url = parsed.set(database=name).render_as_string(hide_password=False)
+    with psycopg.connect(_libpq_url(base), autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    return name, url
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     require_server_packages()
@@ -148,15 +163,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         pytest.skip(POSTGRESQL_UNSET)
     psycopg = pytest.importorskip("psycopg", reason="psycopg is not importable: the "
                                   "PostgreSQL case needs the server's packages")
-    from sqlalchemy import make_url
-
-    name = f"numparity_test_{uuid.uuid4().hex[:16]}"
-    parsed = make_url(base)
-    if parsed.drivername in ("postgres", "postgresql"):
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    url = parsed.set(database=name).render_as_string(hide_password=False)
-    with psycopg.connect(_libpq_url(base), autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
+    name, url = _create_postgresql_database(base, "numparity_test")
     try:
         yield url
     finally:
@@ -192,18 +199,11 @@ class DatabaseTemplates:
     def postgresql(self, base: str) -> str:
         if "postgresql" not in self._made:
             import psycopg
-            from sqlalchemy import make_url
 
             from numparity_server.kit import migrate
             from numparity_server.kit.db import dispose_engine
 
-            name = f"numparity_template_{uuid.uuid4().hex[:16]}"
-            parsed = make_url(base)
-            if parsed.drivername in ("postgres", "postgresql"):
-                parsed = parsed.set(drivername="postgresql+psycopg")
-            url = parsed.set(database=name).render_as_string(hide_password=False)
-            with psycopg.connect(_libpq_url(base), autocommit=True) as admin:
-                admin.execute(f'CREATE DATABASE "{name}"')
+            name, url = _create_postgresql_database(base, "numparity_template")
 
             def drop() -> None:
                 with psycopg.connect(_libpq_url(base), autocommit=True) as admin:
