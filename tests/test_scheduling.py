@@ -26,18 +26,25 @@ def pytest_collection_modifyitems(items):
 '''
 
 
-def test_tests_sharing_a_fleet_are_one_group_and_start_first(tmp_path: Path) -> None:
+def collect_groups(tmp_path: Path, *paths: str, hash_seed: str = "random") -> list:
+    """[nodeid, xdist group] for each test a real collection of ``paths`` gives, in order."""
     (tmp_path / "show_groups.py").write_text(SHOW_GROUPS)
-    out = tmp_path / "groups.json"
+    out = tmp_path / f"groups-{hash_seed}.json"
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "SHOW_GROUPS_OUT": str(out),
+           "PYTHONHASHSEED": hash_seed,
            "NUMPARITY_TEST_DATABASE_URL": "postgresql+psycopg://unused@127.0.0.1:1/x"}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-         "-p", "show_groups", "tests/server/health/test_health.py", "tests/e2e/test_fleet.py"],
+         "-p", "show_groups", *paths],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    seen = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_tests_sharing_a_fleet_are_one_group_and_start_first(tmp_path: Path) -> None:
+    seen = collect_groups(tmp_path, "tests/server/health/test_health.py",
+                          "tests/e2e/test_fleet.py")
     fleet = [(i, group) for i, (nodeid, group) in enumerate(seen) if "test_fleet.py" in nodeid]
     health = [(i, group) for i, (nodeid, group) in enumerate(seen)
               if "test_health.py" in nodeid]
@@ -50,3 +57,14 @@ def test_tests_sharing_a_fleet_are_one_group_and_start_first(tmp_path: Path) -> 
     assert any(nodeid.endswith("[sqlite]") for nodeid, _ in seen)
     # The group was never measured, so it counts its fixture's minute: it starts first.
     assert max(i for i, _ in fleet) < min(i for i, _ in health)
+
+
+def test_every_worker_collects_the_same_groups_in_the_same_order(tmp_path: Path) -> None:
+    # Each xdist worker is its own interpreter with its own string hash seed; xdist refuses
+    # to run ("Different tests were collected") unless all of them name the same groups in
+    # the same order. The browser tests share two session fixtures, so the name of their
+    # group must not depend on which of the two a set yields first.
+    paths = ("tests/browser", "tests/test_packaging.py")
+    first, second = (collect_groups(tmp_path, *paths, hash_seed=seed) for seed in ("1", "2"))
+    assert any(group for _, group in first)
+    assert first == second

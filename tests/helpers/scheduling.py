@@ -110,12 +110,19 @@ def plan(items: list[pytest.Item], durations: dict[str, float]) -> dict[str, str
         if keys:
             components.union(keys)
 
+    # A component is named by its smallest key: the same in every worker, whatever order
+    # its interpreter's string hashing gives a set (xdist refuses workers that disagree).
+    names: dict[str, str] = {}
+    for keys in keys_of.values():
+        for key in keys:
+            root = components.find(key)
+            names[root] = min(names.get(root, key), key)
     groups: dict[str, str] = {}
     units: dict[str, list[pytest.Item]] = {}
     for item in items:
         keys = keys_of[item.nodeid]
         if keys:
-            root = components.find(next(iter(keys)))
+            root = names[components.find(min(keys))]
             groups[item.nodeid] = root
             units.setdefault(f"group:{root}", []).append(item)
         else:
