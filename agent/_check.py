@@ -174,7 +174,7 @@ def undecided_keys(entries: Any) -> list[KeyVerdict]:
 
 def check_device(device: Mapping[str, Any], expected: Sequence[Mapping[str, Any]], *,
                  deadline: Deadline, suite: str, node_env_vars: dict[str, str],
-                 drill: bool) -> list[KeyVerdict]:
+                 drill: bool | str) -> list[KeyVerdict]:
     """Compute the expected answers' workloads on one device, a child per variant (strict
     first), each given only the time left; compare each result. ``expected`` holds only
     what ``allowed_plan`` lets this node run."""
@@ -198,7 +198,7 @@ def check_device(device: Mapping[str, Any], expected: Sequence[Mapping[str, Any]
         _env, results = _suite.run_variant(
             variant, workloads=workloads, device=slot, repeats=1, timeout=left,
             node_env_vars=node_env_vars, suite=suite,
-            fault_drill=drill and variant == _variants.FAULT_DRILL_VARIANT)
+            fault_drill=drill if variant == _variants.FAULT_DRILL_VARIANT else False)
         by_workload = {r["workload"]: r for r in results}
         verdicts.extend(compare(answer, by_workload.get(answer["workload"]), key)
                         for answer, key in zip(answers, keys, strict=True))
@@ -209,10 +209,13 @@ def run_check(*, client: httpx.Client, server: str, token: str | None,
               devices: Sequence[dict[str, Any]], environment: Mapping[str, Any],
               deadline: Deadline, child_s: float, suite: str, workloads: Sequence[str],
               variants: Sequence[str], fail_open: bool, drill_at: str | None,
-              upload_timeout: float, allowed: Sequence[str] = ()) -> CheckReport:
+              upload_timeout: float, allowed: Sequence[str] = (),
+              drill: bool | str = True) -> CheckReport:
     """Ask the server, compute on every device at once, compare: the report.
     ``allowed``: the `module:factory` workloads this node's own settings name (besides
-    ``workloads``), the only ones outside the suite a plan may make it run."""
+    ``workloads``), the only ones outside the suite a plan may make it run. ``drill``:
+    what the drilled device (``drill_at``) runs, the tensor drill (True) or an op drill's
+    `op:SPEC` (`_drill_spec`)."""
     models = list(dict.fromkeys(device_model(d) for d in devices))
     env_key = str(environment.get("env_key") or "")
     report = CheckReport(devices=[], fail_open=fail_open, env_key=env_key or None,
@@ -256,7 +259,7 @@ def run_check(*, client: httpx.Client, server: str, token: str | None,
         try:
             return check_device(device, runnable[index], deadline=deadline, suite=suite,
                                 node_env_vars=node_env_vars,
-                                drill=drill_at == device["device"])
+                                drill=drill if drill_at == device["device"] else False)
         finally:
             verdicts[index].seconds = time.monotonic() - started
 

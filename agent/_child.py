@@ -4,7 +4,7 @@ SPEC is a JSON file {"variants" (or "variant", one), "suite", "workloads", "devi
 "repeats", "node_env_vars", "fault_drill", "trace_ops", "study_budget_s", "progress",
 "values_dir", "environment", "spawned_at"} (device: the slot, "cuda:3", that the results
 name, computed on `_devices.torch_device(slot)`; fault_drill: flip one bit in each
-workload of the first variant, design §2.6; trace_ops: record each workload's ops, §2.10;
+workload of the strict variant, design §2.6, or an `op:SPEC` text: corrupt an op's output; trace_ops: record each workload's ops, §2.10;
 study_budget_s: a nondeterministic result's cost study's time budget, §2.13;
 progress: a file that gets one line per finished workload, for the parent's progress
 display and timeout; values_dir: where large tensors' values are kept, `_values`;
@@ -66,7 +66,8 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     names = spec_variants(spec)
     store = ValuesStore(Path(spec["values_dir"])) if spec.get("values_dir") else None
     slot = spec.get("device", "cpu")
-    fault_drill = bool(spec.get("fault_drill", False))
+    # True: the tensor drill; a text: an op drill (`_drill_spec`); false: none.
+    fault_drill = spec.get("fault_drill") or False
     trace = bool(spec.get("trace_ops", False))
     suite = spec.get("suite", _workloads.SUITE)
     results: list[dict[str, Any]] = []
@@ -139,7 +140,8 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                         mine.append(run_workload(
                             workload, variant=variant, device=device, slot=device_name,
                             repeats=min(spec["repeats"], workload.max_repeats or spec["repeats"]),
-                            fault_drill=fault_drill and name == _variants.FAULT_DRILL_VARIANT,
+                            fault_drill=(fault_drill if name == _variants.FAULT_DRILL_VARIANT
+                                         else False),
                             keep_values=store.keep if store is not None else None,
                             trace=trace, trace_jobs=jobs,
                             study_budget_s=spec.get("study_budget_s")))

@@ -33,6 +33,7 @@ from numparity_agent import (
     _workloads,
 )
 from numparity_agent._answer import server_message, tls_verify
+from numparity_agent._drill_spec import DrillSpecError, parse_drill
 from numparity_agent._lock import LockBusy, spool_lock
 from numparity_agent._log import end_progress, hide, interactive, log, progress
 
@@ -172,10 +173,14 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds a traced nondeterministic result's cost study may time "
                      "rounds for, after its first six: it stops earlier once its intervals "
                      "are narrow (NUMPARITY_STUDY_BUDGET, config study_budget; default 60)")
-    run.add_argument("--fault-drill", action="store_true",
+    run.add_argument("--fault-drill", nargs="?", const=True, default=False,
+                     metavar="op[:SPEC]",
                      help="flip one bit of one activation per workload in the strict variant "
                      "and mark the document as a drill: checks that the audit catches a "
-                     "corrupting GPU")
+                     "corrupting GPU; with op[:SPEC], corrupt an op's output as it is "
+                     "computed instead (SPEC: a class matmul|conv|reduction|elementwise|"
+                     "attention|collective, seed=N, call=N, element=N, "
+                     "bit=sign|exponent|mantissa|N, bits=K, stuck)")
     run.add_argument("--drill-device", metavar="SLOT",
                      help="with --fault-drill: the one device whose strict results are "
                      "corrupted, e.g. cuda:3 (default the first device of the run)")
@@ -241,9 +246,11 @@ def _parser() -> argparse.ArgumentParser:
                       const="closed", help="exit with the cause's code then (the default)")
     check.add_argument("--json", action="store_true",
                        help="print the verdicts as one JSON object")
-    check.add_argument("--fault-drill", action="store_true",
+    check.add_argument("--fault-drill", nargs="?", const=True, default=False,
+                       metavar="op[:SPEC]",
                        help="flip one bit in the strict variant on one device (a corrupting "
-                       "GPU): that device must fail the check")
+                       "GPU): that device must fail the check; with op[:SPEC], corrupt an "
+                       "op's output as it is computed instead (as run --fault-drill)")
     check.add_argument("--drill-device", metavar="SLOT",
                        help="with --fault-drill: the device corrupted (default the first)")
 
@@ -557,6 +564,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
                      f"{', '.join(_variants.names())}")
     if args.drill_device and not args.fault_drill:
         raise _Usage("--drill-device names the device of --fault-drill: add it")
+    try:
+        parse_drill(args.fault_drill)
+    except DrillSpecError as exc:
+        raise _Usage(str(exc)) from None
     report = _check.CheckReport(devices=[], fail_open=fail_open)
 
     def out_of_time(seconds: float) -> int:
@@ -588,7 +599,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
                     client=client, server=context.server, token=context.token, devices=devices,
                     environment=environment, deadline=deadline, child_s=child_s, suite=suite,
                     workloads=args.check_workloads or [], variants=args.check_variants or [],
-                    fail_open=fail_open, drill_at=drill_at,
+                    fail_open=fail_open, drill_at=drill_at, drill=args.fault_drill,
                     upload_timeout=context.upload_timeout, allowed=get("workloads") or ())
         except subprocess.TimeoutExpired:
             report.cause_code, report.detail = _check.EXIT_OUT_OF_TIME, \

@@ -27,12 +27,14 @@ def build_document(
     finished_at: str,
     drill: bool = False,
     drill_device: str | None = None,
+    drill_spec: str | None = None,
     devices: list[dict[str, Any]] | None = None,
     run_id: str | None = None,
     results_order: list[str] | None = None,
     timeline: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The document; `drill_device` (the slot a drill corrupted) only with `drill`,
+    """The document; `drill_device` (the slot a drill corrupted) and `drill_spec` (an
+    op drill's, `_drill_spec`) only with `drill`,
     `devices` (the entries of §2.7, with `wall_s` and `status`) and `timeline` (one
     entry per child process, `_timeline`) when given. `results_order`: the variants in
     the order the run asked for them, each device's results sorted so (variants that
@@ -53,6 +55,9 @@ def build_document(
     }
     if drill and drill_device is not None:
         document["drill_device"] = drill_device
+    # An op drill's spec (`_drill_spec`): the tensor drill's is the document's default.
+    if drill and drill_spec is not None and drill_spec != "tensor":
+        document["drill_spec"] = drill_spec
     if devices is not None:
         document["devices"] = devices
     if timeline:

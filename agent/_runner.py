@@ -27,6 +27,7 @@ from numparity_agent._determinism import (
     scopes,
     selective,
 )
+from numparity_agent._drill_spec import TENSOR_DRILL, OpDrillSpec, parse_drill
 from numparity_agent._fingerprint import (
     bit_copy,
     combined_hash,
@@ -34,6 +35,7 @@ from numparity_agent._fingerprint import (
     same_bits,
     tensor_hashes,
 )
+from numparity_agent._inject import Call, Injection, OpDrill, injecting, resolve
 from numparity_agent._knobs import read_knobs
 from numparity_agent._timeline import PhaseClock
 from numparity_agent._variants import Variant
@@ -84,7 +86,7 @@ def run_workload(
     device: torch.device,
     repeats: int,
     slot: str | None = None,
-    fault_drill: bool = False,
+    fault_drill: bool | str = False,
     keep_values: Callable[[str, np.ndarray], None] | None = None,
     trace: bool = False,
     trace_jobs: list[TraceJob] | None = None,
@@ -100,9 +102,12 @@ def run_workload(
     input/param hashes and every tensor hash of all repeats; `wall_s` and
     `wall_s_spread` time one run (building and fingerprinting excluded; `wall_time`).
 
-    With `fault_drill`, every repeat has the same bit of the same layer flipped (see
-    FaultDrill) and the result says which in its "drill" field; a workload that records
-    no layers (probes) runs untouched and has no such field.
+    With `fault_drill` True (or "tensor"), every repeat has the same bit of the same
+    layer flipped (see FaultDrill) and the result says which in its "drill" field; a
+    workload that records no layers (probes) runs untouched and has no such field. With
+    an `op:SPEC` text (`_drill_spec`), every repeat has the same op output corrupted as
+    it is computed (`_inject.OpDrill`) and the result's "drill" says which op, element
+    and bits (`kind: "op"`), or that no op of the class ran (`calls: 0`).
 
     With `trace` (design §2.10) one more run records every op (`trace_ops`): the result's
     "trace" is the trace body, or "trace_error" says why it has none. A trace that
@@ -127,6 +132,10 @@ def run_workload(
     fields: dict[str, Any] = {}
     drill_target: int | None = None
     drill_field: dict[str, Any] | None = None
+    drill = parse_drill(fault_drill)
+    op_spec = drill if isinstance(drill, OpDrillSpec) else None
+    injection: Injection | None = None
+    clean: list[tuple[str, str]] = []
     job: TraceJob | None = None
     clock = PhaseClock()
     # The first repeat's built inputs and parameters and recorded tensors, kept on the
@@ -136,8 +145,15 @@ def run_workload(
     first_recorded: list[tuple[str, torch.Tensor]] = []
     differing: set[str] = set()
     try:
-        if fault_drill:
+        if drill == TENSOR_DRILL:
             drill_target = _drill_target(workload, variant=variant, dtype=dtype, device=device)
+        elif op_spec is not None:
+            calls, clean = op_census(workload, op_spec, variant=variant, dtype=dtype,
+                                     device=device)
+            injection = resolve(op_spec, calls)
+            if injection is None:
+                drill_field = {"kind": "op", "spec": op_spec.text(), "class": op_spec.op_class,
+                               "calls": 0}
         for repeat in range(repeats):
             with clock.phase("build"):
                 built = workload.build(dtype=dtype, device=device)
@@ -148,11 +164,12 @@ def run_workload(
                     first_built = _built_tensors(built, copy=True)
                 else:
                     differing.update(_differing(first_built, _built_tensors(built)))
-            drill = FaultDrill(drill_target) if drill_target is not None else None
-            recorder = Recorder(layer_fault=drill)
+            layer_drill = FaultDrill(drill_target) if drill_target is not None else None
+            op_drill = OpDrill(injection.spec, injection) if injection is not None else None
+            recorder = Recorder(layer_fault=layer_drill)
             _sync(device)
             start = time.perf_counter()
-            with variant.run_context(device):
+            with variant.run_context(device), injecting(op_drill):
                 workload.run(built, recorder)
             _sync(device)
             times.append(time.perf_counter() - start)
@@ -161,11 +178,21 @@ def run_workload(
                 recorded = [(name, value) for name, _, value in recorder.tensors]
                 if repeat == 0:
                     fields = recorder.fields
-                    drill_field = drill.flipped if drill is not None else None
+                    if layer_drill is not None:
+                        drill_field = layer_drill.flipped
+                    elif op_drill is not None:
+                        drill_field = op_drill.flipped or {
+                            "kind": "op", "spec": injection.spec.text(),  # type: ignore[union-attr]
+                            "class": op_spec.op_class,  # type: ignore[union-attr]
+                            "calls": len(op_drill.calls),
+                            "note": "the chosen call did not come in this run"}
                     prints = fingerprints([value for _, value in recorded], keep_values)
                     for order, ((name, kind, _value), entry) in enumerate(
                             zip(recorder.tensors, prints, strict=True)):
                         tensors.append({"name": name, "kind": kind, "order": order, **entry})
+                    if op_drill is not None and drill_field is not None:
+                        drill_field.update(masking(clean, [(t["name"], t["hash"])
+                                                           for t in tensors]))
                     first_recorded = recorded
                 else:
                     differing.update(_differing(first_recorded, recorded, "<tensor list>"))
@@ -173,7 +200,8 @@ def run_workload(
         first_built = first_recorded = []
         if trace and workload.traceable:
             job = TraceJob(workload, variant, dtype, device,
-                           [(t["name"], t["hash"]) for t in tensors], drill_target, {})
+                           [(t["name"], t["hash"]) for t in tensors], drill_target, {},
+                           injection)
     except Exception as exc:  # noqa: BLE001 - one workload's failure must not stop others
         # oneDNN without a half-precision kernel here: the variant cannot run it (§2.3).
         reason = unsupported_half_reason(
@@ -235,6 +263,7 @@ class TraceJob:
     expected: list[tuple[str, str]]
     drill_target: int | None
     result: dict[str, Any]
+    injection: Injection | None = None
 
 
 def run_traces(jobs: list[TraceJob]) -> None:
@@ -253,6 +282,7 @@ def run_traces(jobs: list[TraceJob]) -> None:
             tracer, error = trace_ops(job.workload, variant=job.variant, dtype=job.dtype,
                                       device=job.device, expected=job.expected,
                                       drill_target=job.drill_target, kernels=session,
+                                      injection=job.injection,
                                       name=str(index))
             done.append((job, tracer, error, time.perf_counter() - start))
     for index, (job, tracer, error, seconds) in enumerate(done):
@@ -441,7 +471,7 @@ def _timed_mode(workload: Workload, mode: str, *, variant: Variant, dtype: torch
 def trace_ops(
     workload: Workload, *, variant: Variant, dtype: torch.dtype, device: torch.device,
     expected: list[tuple[str, str]] | None, drill_target: int | None = None,
-    kernels: Any = None, name: str = "",
+    kernels: Any = None, name: str = "", injection: Injection | None = None,
 ) -> tuple[Any, str | None]:
     """(the pass's `_trace.OpTracer`, None), or (None, why there is none): one more run
     of `workload` with every op recorded (`_trace`), kept only when it recorded the
@@ -456,7 +486,10 @@ def trace_ops(
         built = workload.build(dtype=dtype, device=device)
         drill = FaultDrill(drill_target) if drill_target is not None else None
         recorder = Recorder(layer_fault=drill)
-        with tracing(built.model, kernels, name) as tracer, variant.run_context(device):
+        op_drill = OpDrill(injection.spec, injection) if injection is not None else None
+        # The drill's mode innermost: the tracer's own arithmetic is never counted.
+        with tracing(built.model, kernels, name) as tracer, variant.run_context(device), \
+                injecting(op_drill):
             recorder.tracer = tracer
             workload.run(built, recorder)
         _sync(device)
@@ -576,6 +609,36 @@ def _drill_target(
     if not planner.eligible:
         return None
     return planner.eligible[len(planner.eligible) // 2]
+
+
+def op_census(workload: Workload, spec: OpDrillSpec, *, variant: Variant,
+              dtype: torch.dtype, device: torch.device
+              ) -> tuple[list[Call], list[tuple[str, str]]]:
+    """(the calls of an op of `spec`'s class, the recorded tensors' (name, hash)) of one
+    clean run of `workload` (the op drill's planning pass, as `_drill_target` is the
+    tensor drill's): the clean answer the drilled run is told apart from."""
+    census = OpDrill(spec)
+    built = workload.build(dtype=dtype, device=device)
+    recorder = Recorder()
+    with _rng_kept(device), variant.run_context(device), injecting(census):
+        workload.run(built, recorder)
+    names = [name for name, _, _ in recorder.tensors]
+    return census.calls, list(zip(names, tensor_hashes([t for _, _, t in recorder.tensors]),
+                                  strict=True))
+
+
+def masking(clean: list[tuple[str, str]], drilled: list[tuple[str, str]]) -> dict[str, Any]:
+    """What an op drill did to the recorded tensors: `outcome` "seen" (a recorded bit
+    changed; `first_changed` names the first tensor, in execution order, and `changed`
+    counts them) or "masked" (every recorded tensor has its clean bits: no test of the
+    outputs can see this fault, whatever it compares)."""
+    before = dict(clean)
+    changed = [name for name, digest in drilled if before.get(name) != digest]
+    if [name for name, _ in clean] != [name for name, _ in drilled]:
+        changed = changed or ["<tensor list>"]
+    if not changed:
+        return {"outcome": "masked"}
+    return {"outcome": "seen", "first_changed": changed[0], "changed": len(changed)}
 
 
 def wall_time(times: list[float]) -> dict[str, float]:

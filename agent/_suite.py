@@ -26,6 +26,7 @@ from typing import Any
 
 from numparity_agent import _devices, _variants, _workloads
 from numparity_agent._document import build_document, utc_now
+from numparity_agent._drill_spec import TENSOR_DRILL, DrillSpecError, drill_text, parse_drill
 from numparity_agent._knobs import numeric_env_vars
 from numparity_agent._log import log
 
@@ -48,10 +49,14 @@ def check_suite(suite: str) -> None:
 
 
 def validate(
-    workloads: Sequence[str], variants: Sequence[str], repeats: int, *, drill: bool = False,
-    suite: str = _workloads.SUITE,
+    workloads: Sequence[str], variants: Sequence[str], repeats: int, *,
+    drill: bool | str = False, suite: str = _workloads.SUITE,
 ) -> None:
     check_suite(suite)
+    try:
+        parse_drill(drill)
+    except DrillSpecError as exc:
+        raise UsageError(str(exc)) from None
     bad_w = [w for w in workloads if not _workloads.is_known(w, suite)]
     if bad_w:
         raise UsageError(
@@ -114,7 +119,7 @@ def run_variant(
     repeats: int,
     timeout: float,
     node_env_vars: dict[str, str],
-    fault_drill: bool = False,
+    fault_drill: bool | str = False,
     on_progress: Callable[[int], None] | None = None,
     values_dir: Path | None = None,
     trace_ops: bool = False,
@@ -122,7 +127,8 @@ def run_variant(
     suite: str = _workloads.SUITE,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """(environment or None, results) of one variant's child process; with
-    `fault_drill` the child flips one bit in each workload (design §2.6), with
+    `fault_drill` the child flips one bit in each workload (design §2.6; an `op:SPEC`
+    text: inside the computation, `_inject`), with
     `trace_ops` it records each workload's ops (§2.10).
     `on_progress(finished)` is called while the child runs with how many of its
     workloads it has finished."""
@@ -142,7 +148,7 @@ def run_variants(
     repeats: int,
     timeout: float,
     node_env_vars: dict[str, str],
-    fault_drill: bool = False,
+    fault_drill: bool | str = False,
     on_progress: Callable[[int], None] | None = None,
     values_dir: Path | None = None,
     trace_ops: bool = False,
@@ -192,7 +198,7 @@ def _run_child(
     repeats: int,
     timeout: float,
     node_env_vars: dict[str, str],
-    fault_drill: bool,
+    fault_drill: bool | str,
     on_progress: Callable[[int], None],
     values_dir: Path | None,
     trace_ops: bool,
@@ -505,16 +511,24 @@ def _log_results(log_line: Callable[[str], None], prefix: str,
                 else:
                     detail += f"; {study.get('note') or study.get('hint') or ''}"
             if "drill" in result:
-                flip = result["drill"]
-                detail += (
-                    f"; fault drill flipped bit {flip['bit']} of {flip['layer']}"
-                    f"[{flip['index']}]: {flip['before']!r} -> {flip['after']!r}"
-                )
+                detail += "; " + drill_summary(result["drill"])
         elif status == "failed":
             detail = ": " + result["error"].strip().splitlines()[0]
         else:
             detail = ": " + result.get("reason", "")
         log_line(f"{prefix}variant {result['variant']}: {result['workload']} {status}{detail}")
+
+
+def drill_summary(flip: dict[str, Any]) -> str:
+    """A result's `drill` field in words, for the log line."""
+    if flip.get("kind") == "op":
+        if not flip.get("calls") or "op" not in flip:
+            return (f"fault drill {flip.get('spec')}: no {flip.get('class')} op of it ran "
+                    "here, nothing corrupted")
+        return (f"fault drill {flip['spec']}: bit(s) {flip['bits']} of {flip['op']} call "
+                f"{flip['call']}[{flip['index']}]: {flip['before']!r} -> {flip['after']!r}")
+    return (f"fault drill flipped bit {flip['bit']} of {flip['layer']}"
+            f"[{flip['index']}]: {flip['before']!r} -> {flip['after']!r}")
 
 
 def run_suite(
@@ -527,7 +541,7 @@ def run_suite(
     labels: dict[str, str] | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     log_line: Callable[[str], None] = log,
-    drill: bool = False,
+    drill: bool | str = False,
     drill_device: str | None = None,
     on_progress: Progress | None = None,
     values_dir: Path | None = None,
@@ -549,7 +563,8 @@ def run_suite(
     With `drill` (`run --fault-drill`, design §2.6) the document is marked as a drill
     and, in the FAULT_DRILL_VARIANT on `drill_device` only (default: the first
     device), every workload that records layers has one bit of one activation
-    flipped; everything else runs as without it.
+    flipped (an `op:SPEC` text: one op's output corrupted as it is computed, `_inject`);
+    everything else runs as without it.
     `on_progress` follows the run workload by workload (see Progress). With
     `trace_ops` every variant records each workload's ops (design §2.10): the document
     carries the trace bodies in `traces`, each result the hash of its own.
@@ -566,8 +581,10 @@ def run_suite(
         log_line("devices: " + "; ".join(
             f"{_devices.describe(d)}: {', '.join(runs)}" for d, runs in plan))
     if drill:
+        what = "one bit flipped" if parse_drill(drill) == TENSOR_DRILL \
+            else f"one op output corrupted ({drill_text(parse_drill(drill))})"
         log_line(
-            f"fault drill: one bit flipped per workload in {_variants.FAULT_DRILL_VARIANT} "
+            f"fault drill: {what} per workload in {_variants.FAULT_DRILL_VARIANT} "
             f"on {drill_at}; the document is marked as a drill"
         )
     node_env_vars = numeric_env_vars()
@@ -623,7 +640,8 @@ def run_suite(
                 repeats=repeats,
                 timeout=timeout,
                 node_env_vars=node_env_vars,
-                fault_drill=(drill_at == slot and _variants.FAULT_DRILL_VARIANT in group),
+                fault_drill=(drill if drill_at == slot
+                             and _variants.FAULT_DRILL_VARIANT in group else False),
                 on_progress=watch,
                 values_dir=values_dir,
                 trace_ops=trace_ops, study_budget_s=study_budget_s,
@@ -682,8 +700,9 @@ def run_suite(
         results=results,
         started_at=started_at,
         finished_at=utc_now(),
-        drill=drill,
+        drill=bool(drill),
         drill_device=drill_at,
+        drill_spec=drill_text(parse_drill(drill)) if drill else None,
         devices=entries,
         results_order=variants,
         timeline=timeline,
