@@ -7,7 +7,8 @@ CPU) and the whole fleet is measured again under it. Through a live server (SQLi
 PostgreSQL):
 - an admin pins the stock majority (the CLI on one database, the API on the other);
 - `check` on a stock node is a go; with `--fault-drill` the same node is a no-go naming
-  its device and the first tensor that differs, within the budget;
+  its device and the first tensor that differs, within the budget (and with an op drill,
+  a conv output corrupted as it is computed);
 - once every node runs under the setting, the fleet agrees with itself (one group) and
   the audit and /divergence report its drift from the pin; `check` under the setting is
   a no-go against the pin;
@@ -137,6 +138,13 @@ def test_pin_check_and_drift_after_a_fleet_wide_change(
     differing = [a for a in device["answers"] if a["status"] == "differs"]
     assert differing and {a["variant"] for a in differing} == {"strict"}
     assert all(a["first_differing"] for a in differing)
+    assert seconds < BUDGET_S
+
+    # A fault inside the computation (issue 44): a conv output's sign flipped as computed.
+    done, seconds = check(live_server, "--fault-drill", "op:conv,call=0,bit=sign", "--json")
+    assert done.returncode == 10, done.stdout + done.stderr
+    (device,) = json.loads(done.stdout)["devices"]
+    assert {a["variant"] for a in device["answers"] if a["status"] == "differs"} == {"strict"}
     assert seconds < BUDGET_S
 
     # Every node rolls out the setting: the fleet agrees with itself, not with the pin.
