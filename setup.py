@@ -62,6 +62,8 @@ setup(
     packages=_packages(),
     package_dir=ROOTS,
     package_data={
+        # The benchmarks' measured coverage and false alarms (`_proof`, issue 44).
+        "numparity_agent": ["proof_of_catch.json"],
         # The dashboard's templates and static files; the vendored libraries (uPlot,
         # Swagger UI, ReDoc) with their licences and notices, and Swagger UI's favicon.
         "numparity_server": ["**/*.html", "**/*.js", "**/*.css", "**/*.png", "**/*.LICENSE",

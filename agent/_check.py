@@ -46,6 +46,7 @@ from numparity_agent._check_verdicts import (  # noqa: F401 - the command's surf
 )
 from numparity_agent._knobs import numeric_env_vars
 from numparity_agent._log import log
+from numparity_agent._proof import plan_proof
 
 CHECK_PATH = "/api/v1/agent/check"
 DEFAULT_MAX_SECONDS = 60.0
@@ -270,6 +271,10 @@ def run_check(*, client: httpx.Client, server: str, token: str | None,
             verdict.keys = [*keys, *verdict.keys]
     report.devices = verdicts
     report.cause_code = worst([verdict.code for verdict in verdicts])
+    # The measured coverage and false alarms of the plan's strict workloads (issue 44).
+    report.proof = plan_proof(list(dict.fromkeys(
+        answer["workload"] for chosen in runnable for answer in chosen
+        if answer["variant"] == _variants.FAULT_DRILL_VARIANT)))
     return report
 
 

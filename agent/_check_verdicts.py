@@ -171,6 +171,8 @@ class CheckReport:
     env_key: str | None = None
     chosen_by: str | None = None
     drill: bool = False  # --fault-drill: fail-open never applies
+    # What the benchmarks measured this plan to see, and its false alarms (`_proof`).
+    proof: dict[str, Any] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -206,7 +208,8 @@ class CheckReport:
                 "fail": "open" if self.fail_open else "closed",
                 "seconds": round(self.seconds, 3), "env_key": self.env_key,
                 "chosen_by": self.chosen_by,
-                "devices": [device.to_json() for device in self.devices]}
+                "devices": [device.to_json() for device in self.devices],
+                "proof": self.proof}
 
 
 def worst(codes: Sequence[int]) -> int:

@@ -4,7 +4,8 @@ SPEC is a JSON file {"variants" (or "variant", one), "suite", "workloads", "devi
 "repeats", "node_env_vars", "fault_drill", "trace_ops", "study_budget_s", "progress",
 "values_dir", "environment", "spawned_at"} (device: the slot, "cuda:3", that the results
 name, computed on `_devices.torch_device(slot)`; fault_drill: flip one bit in each
-workload of the strict variant, design §2.6, or an `op:SPEC` text: corrupt an op's output; trace_ops: record each workload's ops, §2.10;
+workload of the strict variant, design §2.6 (an `op:SPEC` text: corrupt an op's output
+as it is computed); trace_ops: record each workload's ops, §2.10;
 study_budget_s: a nondeterministic result's cost study's time budget, §2.13;
 progress: a file that gets one line per finished workload, for the parent's progress
 display and timeout; values_dir: where large tensors' values are kept, `_values`;

@@ -53,8 +53,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from numparity_agent._drill_spec import OP_CLASSES, OpDrillSpec
 from numparity_agent._fingerprint import tensor_hashes
-from numparity_agent._inject import Call, Injection, OpDrill, first_float, injecting, \
-    op_class, resolve
+from numparity_agent._inject import (
+    Call,
+    Injection,
+    OpDrill,
+    bit_layout,
+    field_of,
+    first_float,
+    injecting,
+    op_class,
+    resolve,
+)
 from numparity_agent._workloads._base import Recorder
 from numparity_agent.testing import load_workload, variant
 from numparity_server.analysis.goldens import CheckCandidate, choose_checks
@@ -182,11 +191,10 @@ class Outcome:
     first_changed: str | None
     before: float
     after: float
+    mantissa: int = 23
 
 
 def _field(bits: tuple[int, ...], dtype: torch.dtype) -> str:
-    from numparity_agent._inject import field_of
-
     fields = {field_of(dtype, b) for b in bits}
     return fields.pop() if len(fields) == 1 else "mixed"
 
@@ -233,7 +241,7 @@ def inject(name: str, ref: Reference, spec: OpDrillSpec, strict: Any) -> Outcome
                    injection.bits, _field(injection.bits, call.dtype), bool(changed),
                    "output" in changed, self_check, judged, nonfinite > ref.clean.nonfinite,
                    changed[0] if changed else None, float(flip.get("before", math.nan)),
-                   float(flip.get("after", math.nan)))
+                   float(flip.get("after", math.nan)), bit_layout(call.dtype)[1])
 
 
 # ---- the tables ---------------------------------------------------------------------
@@ -260,7 +268,9 @@ def table(title: str, rows: list[tuple[str, list[Outcome]]]) -> None:
 def bit_band(o: Outcome) -> str:
     if o.field in ("sign", "exponent", "mixed"):
         return o.field
-    return "mantissa high (12-22)" if min(o.bits) >= 12 else "mantissa low (0-11)"
+    # The upper and lower half of the mantissa (float32: bits 12-22 and 0-11).
+    return "mantissa high half" if min(o.bits) >= (o.mantissa + 1) // 2 \
+        else "mantissa low half"
 
 
 @dataclass
@@ -302,7 +312,8 @@ def faults_seen(outcomes: list[Outcome], workloads: list[str], walls: dict[str, 
     return counted, seen, ttd
 
 
-def greedy_plan(outcomes: list[Outcome], refs: dict[str, Reference]) -> list[tuple[str, int, float]]:
+def greedy_plan(outcomes: list[Outcome], refs: dict[str, Reference]
+                ) -> list[tuple[str, int, float]]:
     """Workloads in the order that adds the most newly seen faults per second: (name,
     faults it adds, its wall time)."""
     by_fault: dict[tuple[str, str, int], set[str]] = defaultdict(set)
@@ -337,7 +348,7 @@ def report(campaign: Campaign) -> dict[str, Any]:
     table("single-bit faults by op class", [(c, [o for o in single if o.op_class == c])
                                             for c in OP_CLASSES
                                             if any(o.op_class == c for o in single)])
-    bands = ("sign", "exponent", "mantissa high (12-22)", "mantissa low (0-11)")
+    bands = ("sign", "exponent", "mantissa high half", "mantissa low half")
     table("single-bit faults by bit position", [(b, [o for o in single if bit_band(o) == b])
                                                 for b in bands])
     table("by kind", [(k, [o for o in outcomes if o.kind == k]) for k in KINDS])
@@ -353,8 +364,9 @@ def report(campaign: Campaign) -> dict[str, Any]:
     suite_order = list(refs)
     faults, suite_seen, suite_ttd = faults_seen(outcomes, suite_order, walls)
     _f, plan_seen, plan_ttd = faults_seen(outcomes, plan, walls)
-    print(f"\ncheck's plan (the server's choice for {CHECK_BUDGET_S:.0f} s, child {CHILD_S:.0f} s): "
-          f"{', '.join(plan)} — {sum(walls[w] for w in plan):.2f} s of strict compute")
+    print(f"\ncheck's plan (the server's choice for {CHECK_BUDGET_S:.0f} s, child "
+          f"{CHILD_S:.0f} s): {', '.join(plan)} — {sum(walls[w] for w in plan):.2f} s of "
+          "strict compute")
     print(f"  faults (class, kind, seed) injected into every workload with the class: {faults}")
     print(f"  the suite sees {suite_seen} ({pct(suite_seen, faults).strip()}); the plan sees "
           f"{plan_seen} ({pct(plan_seen, suite_seen).strip()} of what the suite sees)")
@@ -371,7 +383,18 @@ def report(campaign: Campaign) -> dict[str, Any]:
     in_plan = [o for o in outcomes if o.workload in plan]
     plan_single = [o for o in in_plan if o.kind == "single"]
     by_class = {c: [o for o in plan_single if o.op_class == c] for c in OP_CLASSES}
+    per_workload = {}
+    for name, ref in refs.items():
+        mine = [o for o in single if o.workload == name]
+        per_workload[name] = {
+            "wall_s": round(ref.wall_s, 3),
+            "single": [len(mine), sum(o.seen for o in mine)],
+            "single_by_class": {c: [len(v), sum(o.seen for o in v)] for c in OP_CLASSES
+                                if (v := [o for o in mine if o.op_class == c])},
+            "output_alone": sum(o.output for o in mine)}
     return {
+        "workloads": per_workload,
+        "not_reached": NOT_REACHED,
         "plan": plan,
         "injections": len(outcomes),
         "suite_single_bit_seen": round(sum(o.seen for o in single) / max(len(single), 1), 4),

@@ -462,6 +462,36 @@ class DataPipelineRow(_Row):
     breaks: list[PipelineBreakRow]
 
 
+class ProofOut(BaseModel):
+    """What the benchmarks measured (issue 44, `agent/proof_of_catch.json`): the share of
+    injected faults `check`'s plan and the suite see, and the false alarms of honest
+    evaluations. The same figures on every node and every request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    statement: str
+    plan: list[str]
+    plan_single_bit_seen: float | None = Field(
+        description="Share of single-bit faults injected into the plan's op outputs that "
+        "changed a recorded bit (seen by comparing with identical peers or a pin)")
+    suite_single_bit_seen: float | None
+    plan_share_of_suite: float | None = Field(
+        description="Of the faults the whole suite sees, the share the plan sees")
+    masked: float | None = Field(description="Share of injections no recorded bit shows")
+    nan_inf_alone: float | None = Field(
+        description="Share of injections a NaN/Inf check alone would see")
+    injections: int | None
+    coverage_measured_at: str | None
+    honest_evaluations: int | None
+    false_no_go: int | None
+    false_no_go_bound: float | None = Field(
+        description="With no false no-go in N honest evaluations: 3/N, the rate's 95 % "
+        "upper bound (rule of three)")
+    suspects_in_honest_runs: int | None
+    conditions: list[str]
+    false_alarms_measured_at: str | None
+
+
 class AuditOut(BaseModel):
     """The audit; ``?format=csv&table=NAME`` gives one of its lists as CSV."""
 
@@ -493,3 +523,6 @@ class AuditOut(BaseModel):
         default_factory=list, description="Drift from the pinned answers (design §3.11): "
         "devices in a pin's scope whose latest answer of a pinned key is another, "
         "`peers_agree` when their whole environment moved together (a page)")
+    proof: ProofOut | None = Field(
+        default=None, description="What check's plan was measured to see and its false "
+        "alarms (bench/coverage.py, bench/false_alarms.py; issue 44)")

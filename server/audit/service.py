@@ -48,6 +48,7 @@ from numparity_server.analysis.numerics import Reported, numerics
 from numparity_server.analysis.policy import Policy
 from numparity_server.audit import repository
 from numparity_server.audit.fleet import Fleet, deviations, held_key, judged_fleet, strict_key
+from numparity_server.audit.proof import proof_of_catch
 from numparity_server.audit.repository import Held
 from numparity_server.audit.schemas import (
     AuditOut,
@@ -127,6 +128,7 @@ def audit(*, session: Session, policy: Policy, now: datetime | None = None,
         numerics=_numerics(fleet.held, env_keys),
         data_pipeline=_data_pipeline(fleet.held, env_keys),
         pinned=pinned[page],
+        proof=proof_of_catch(),
     )
 
 

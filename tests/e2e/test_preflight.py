@@ -139,6 +139,11 @@ def test_pin_check_and_drift_after_a_fleet_wide_change(
     assert differing and {a["variant"] for a in differing} == {"strict"}
     assert all(a["first_differing"] for a in differing)
     assert seconds < BUDGET_S
+    # The measured coverage of the plan it ran and the false-alarm bound (issue 44).
+    proof = report["proof"]
+    assert set(proof["workloads_measured"]) == {"cnn", "probes"}
+    assert 0 < proof["single_bit_seen"] <= 1
+    assert "honest evaluations" in proof["statement"]
 
     # A fault inside the computation (issue 44): a conv output's sign flipped as computed.
     done, seconds = check(live_server, "--fault-drill", "op:conv,call=0,bit=sign", "--json")

@@ -49,6 +49,25 @@ def test_the_compare_link_of_a_suspect_names_a_peer_and_the_suspects_run(fleet):
     assert runs[link["run_a"]] in {"peer-1", "peer-2", "peer-3", "glitchy", "broken", "old"}
 
 
+def test_the_audit_states_the_measured_proof_of_catch(fleet):
+    """Issue 44: the figures of the benchmarks (the file the agent ships), not the fleet's."""
+    import json
+    from importlib import resources
+
+    shipped = json.loads(resources.files("numparity_agent").joinpath(
+        "proof_of_catch.json").read_text("utf-8"))
+    proof = get_audit(fleet).json()["proof"]
+    coverage, alarms = shipped["coverage"], shipped["false_alarms"]
+    trials = alarms["answer_evaluations"] + alarms["checks"]
+    assert proof["plan"] == coverage["plan"]
+    assert proof["plan_single_bit_seen"] == coverage["plan_single_bit_seen"]
+    assert proof["honest_evaluations"] == trials
+    assert proof["false_no_go"] == alarms["answers_differing"] + alarms["check_no_go"]
+    if proof["false_no_go"] == 0:
+        assert proof["false_no_go_bound"] == round(3 / trials, 6)
+        assert f"0 false no-go in {trials} honest evaluations" in proof["statement"]
+
+
 def test_nondeterministic_nodes(fleet):
     report = get_audit(fleet).json()
     reasons = {(e["node"], e["reason"], e["variant"]) for e in report["nondeterministic"]}
