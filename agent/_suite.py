@@ -29,6 +29,7 @@ from numparity_agent._document import build_document, utc_now
 from numparity_agent._drill_spec import TENSOR_DRILL, DrillSpecError, drill_text, parse_drill
 from numparity_agent._knobs import numeric_env_vars
 from numparity_agent._log import log
+from numparity_agent._telemetry import read_in_child
 
 DEFAULT_TIMEOUT_S = 900.0
 DEFAULT_REPEATS = 2
@@ -588,6 +589,9 @@ def run_suite(
             f"on {drill_at}; the document is marked as a drill"
         )
     node_env_vars = numeric_env_vars()
+    # The GPUs' own readings at the start and the end (`_telemetry`; none without NVML).
+    gpu_uuids = [d["uuid"] for d, _ in plan if d.get("type") == "cuda" and d.get("uuid")]
+    telemetry_start = read_in_child(gpu_uuids)
     started_at = utc_now()
     per_device = device_workloads(plan, workloads)
     total = sum(len(runs) * len(names) for (_, runs), names in zip(plan, per_device,
@@ -686,6 +690,13 @@ def run_suite(
                 log_line(f"environment capture failed, once: {exc}")
     results = [result for r in device_runs for result in r.results]
     entries = [r.entry for r in device_runs]
+    telemetry_end = read_in_child(gpu_uuids)
+    for entry in entries:
+        readings = {when: found[entry.get("uuid")] for when, found
+                    in (("start", telemetry_start), ("end", telemetry_end))
+                    if entry.get("uuid") in found}
+        if readings:
+            entry["telemetry"] = readings
     timeline = [t for r in device_runs for t in r.timeline]
     if environment is None:
         try:

@@ -19,8 +19,14 @@ from helpers.agent import fake_gpu, fake_gpu_env, run_agent
 from numparity_agent import _devices
 from numparity_agent.testing import load_workload, run_suite, run_workload, variant
 
+# What NVML reads on cuda:0 (issue 44); the others answer Not Supported, as consumer
+# boards do.
+TELEMETRY = {"temperature_c": 83, "sm_clock_mhz": 1410, "memory_clock_mhz": 1593,
+             "power_w": 312.5, "ecc_corrected_volatile": 7, "ecc_uncorrected_volatile": 0,
+             "ecc_corrected_aggregate": 41, "ecc_uncorrected_aggregate": 1,
+             "remapped_rows": [2, 1, False, False]}
 # The node's two threads on cuda:0 and cuda:1; cuda:2 computes with one.
-NODE_GPUS = [fake_gpu(0), fake_gpu(1), fake_gpu(2, threads=1)]
+NODE_GPUS = [fake_gpu(0, telemetry=TELEMETRY), fake_gpu(1), fake_gpu(2, threads=1)]
 WORKLOADS = ["mlp", "probes"]
 CPU = torch.device("cpu")
 
@@ -70,12 +76,24 @@ def drill_run():
     return document, logs, shown
 
 
+def test_each_gpu_has_nvmls_readings_at_the_start_and_the_end(node_run):
+    _log, document = node_run
+    telemetry = {d["device"]: d.get("telemetry") for d in document["devices"]}
+    expected = {**{k: v for k, v in TELEMETRY.items() if k != "remapped_rows"},
+                "remapped_rows_corrected": 2, "remapped_rows_uncorrected": 1,
+                "remap_pending": False, "remap_failed": False}
+    assert telemetry["cuda:0"] == {"start": expected, "end": expected}
+    # Boards NVML reads nothing of, and the CPU, carry none: nothing is guessed.
+    assert telemetry["cuda:1"] is None and telemetry["cuda:2"] is None
+    assert telemetry["cpu"] is None
+
+
 def test_no_device_option_runs_every_gpu_and_lists_each(node_run):
     _log, document = node_run
     devices = document["devices"]
     assert [d["device"] for d in devices] == ["cuda:0", "cuda:1", "cuda:2", "cpu"]
     for index, (entry, gpu) in enumerate(zip(devices, NODE_GPUS, strict=False)):
-        assert {k: v for k, v in entry.items() if k != "wall_s"} == {
+        assert {k: v for k, v in entry.items() if k not in ("wall_s", "telemetry")} == {
             "device": f"cuda:{index}", "type": "cuda", "index": index, "uuid": gpu["uuid"],
             "serial": gpu["serial"], "pci_bus_id": gpu["pci_bus_id"],
             "name": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0", "mig": False,

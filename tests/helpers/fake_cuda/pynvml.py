@@ -76,3 +76,47 @@ def nvmlDeviceGetPciInfo(handle):
 def nvmlDeviceGetEccMode(handle):
     _gpu(handle)
     return (1, 1)
+
+
+# The readings of `_telemetry` (issue 44): a GPU's "telemetry" dict, keyed as the agent
+# records them; a GPU without one answers Not Supported, as a consumer board does.
+NVML_TEMPERATURE_GPU = 0
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+
+
+def _reading(handle, name):
+    value = (_gpu(handle).get("telemetry") or {}).get(name)
+    if value is None:
+        raise NVMLError("Not Supported")
+    return value
+
+
+def nvmlDeviceGetTemperature(handle, sensor):
+    assert sensor == NVML_TEMPERATURE_GPU
+    return _reading(handle, "temperature_c")
+
+
+def nvmlDeviceGetClockInfo(handle, clock):
+    return _reading(handle, {NVML_CLOCK_SM: "sm_clock_mhz",
+                             NVML_CLOCK_MEM: "memory_clock_mhz"}[clock])
+
+
+def nvmlDeviceGetPowerUsage(handle):
+    return int(_reading(handle, "power_w") * 1000)  # NVML answers in milliwatts
+
+
+def nvmlDeviceGetTotalEccErrors(handle, error_type, counter_type):
+    kind = {NVML_MEMORY_ERROR_TYPE_CORRECTED: "corrected",
+            NVML_MEMORY_ERROR_TYPE_UNCORRECTED: "uncorrected"}[error_type]
+    scope = {NVML_VOLATILE_ECC: "volatile", NVML_AGGREGATE_ECC: "aggregate"}[counter_type]
+    return _reading(handle, f"ecc_{kind}_{scope}")
+
+
+def nvmlDeviceGetRemappedRows(handle):
+    rows = _reading(handle, "remapped_rows")
+    return tuple(rows)
