@@ -35,6 +35,10 @@ class Run(Base):
     document_sha256: Mapped[str] = mapped_column(String(64))
     drill: Mapped[bool] = mapped_column(Boolean, default=False)
     received_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    # The GPUs' NVML readings at the run's start and end, by slot (design §2.7 `devices[]
+    # .telemetry`, issue 44): {slot: {"uuid", "start", "end"}}; NULL when none had any.
+    telemetry: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True),
+                                                            nullable=True)
 
 
 class Outcome(Base):

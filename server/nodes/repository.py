@@ -55,6 +55,16 @@ def timeline_runs(session: Session, node_id: int, *, limit: int, offset: int) ->
 
 
 
+def newest_telemetry(session: Session, node_id: int) -> Any:
+    """(run_id, started_at, telemetry) of the node's newest run that recorded GPU
+    readings, or None."""
+    return session.execute(
+        select(Run.run_id, Run.started_at, Run.telemetry)
+        .where(Run.node_id == node_id, Run.telemetry.is_not(None))
+        .order_by(Run.started_at.desc(), Run.id.desc()).limit(1)
+    ).first()
+
+
 def environment_documents(session: Session, env_keys: Sequence[str]) -> dict[str, Any]:
     return lookup(session, Environment.env_key, Environment.document, env_keys)
 

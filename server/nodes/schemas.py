@@ -75,10 +75,26 @@ class DeviceItem(BaseModel):
     last_seen: datetime
 
 
+class DeviceTelemetryItem(BaseModel):
+    """A GPU's NVML readings in the node's newest run that has any (issue 44): what a
+    suspect's disagreements are read beside (SDCs grow with temperature)."""
+
+    device: str = Field(description="Its slot in that run")
+    uuid: str | None
+    run_id: str
+    started_at: datetime
+    start: dict[str, bool | int | float] | None = Field(description="At the run's start")
+    end: dict[str, bool | int | float] | None = Field(description="At the run's end")
+
+
 class NodeTimeline(BaseModel):
     name: str
     labels: dict[str, Any]
     first_seen: datetime
     last_seen: datetime
     devices: list[DeviceItem]
+    telemetry: list[DeviceTelemetryItem] = Field(
+        default_factory=list, description="The GPUs' NVML readings (temperature, clocks, "
+        "power, ECC and remapped rows) at the start and end of the node's newest run "
+        "that recorded any")
     runs: Page[TimelineRun]

@@ -14,6 +14,7 @@ from numparity_server.nodes import repository
 from numparity_server.nodes.schemas import (
     AttributeChange,
     DeviceItem,
+    DeviceTelemetryItem,
     NodeItem,
     NodeTimeline,
     ResultChange,
@@ -93,8 +94,19 @@ def node_timeline(*, session: Session, name: str, limit: int, offset: int) -> No
         last_seen=node.last_seen,
         devices=[DeviceItem.model_validate(row, from_attributes=True)
                  for row in repository.devices(session, node.id)],
+        telemetry=_telemetry(session, node.id),
         runs=Page[TimelineRun](items=items, total=total, limit=limit, offset=offset),
     )
+
+
+def _telemetry(session: Session, node_id: int) -> list[DeviceTelemetryItem]:
+    row = repository.newest_telemetry(session, node_id)
+    if row is None or not isinstance(row.telemetry, dict):
+        return []
+    return [DeviceTelemetryItem(device=slot, uuid=found.get("uuid"), run_id=row.run_id,
+                                started_at=row.started_at, start=found.get("start"),
+                                end=found.get("end"))
+            for slot, found in sorted(row.telemetry.items()) if isinstance(found, dict)]
 
 
 def _environment_changes(session: Session, pairs: list[tuple[str, str]]

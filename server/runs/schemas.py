@@ -632,6 +632,22 @@ class TraceBody(_Wire):
         return self
 
 
+# One NVML reading (`_telemetry`): a count, a temperature, a clock, watts, or a flag.
+Reading = bool | int | float
+
+
+class DeviceTelemetry(_Wire):
+    """A GPU's NVML readings at the run's start and end (design §2.7, issue 44), each at
+    most 32 named numbers."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+    start: dict[Annotated[str, Field(max_length=64)], Reading] | None = Field(
+        default=None, max_length=32)
+    end: dict[Annotated[str, Field(max_length=64)], Reading] | None = Field(
+        default=None, max_length=32)
+
+
 class DeviceDoc(_Wire):
     """A device the run used (design §2.7): its slot, which the results name, and what
     identifies it wherever it sits (UUID, serial, PCI bus id)."""
@@ -647,6 +663,7 @@ class DeviceDoc(_Wire):
     mig: bool = False
     wall_s: float | None = Field(default=None, ge=0)
     status: str | None = Field(default=None, max_length=16)
+    telemetry: DeviceTelemetry | None = None
 
 
 class RunDocument(_Wire):

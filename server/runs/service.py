@@ -159,6 +159,14 @@ def as_utc(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
 
 
+def _telemetry(run: RunDocument) -> dict[str, Any] | None:
+    """The GPUs' NVML readings by slot (`runs.telemetry`), or None when none had any."""
+    found = {device.device: {"uuid": device.uuid,
+                             **device.telemetry.model_dump(mode="json", exclude_none=True)}
+             for device in run.devices or [] if device.telemetry is not None}
+    return found or None
+
+
 def ingest_run(*, session: Session, document: dict[str, Any],
                max_clock_skew_s: float = 86_400.0) -> Ingested:
     run = validate_document(document)
@@ -238,7 +246,7 @@ def _store(session: Session, run: RunDocument, sha256: str,
         "run_id": run.run_id, "node_id": node_id, "environment_id": environment_id,
         "started_at": run.started_at, "finished_at": run.finished_at,
         "agent_version": run.agent_version, "document_sha256": sha256, "drill": run.drill,
-        "received_at": now,
+        "received_at": now, "telemetry": _telemetry(run),
     })
     # The node's row is locked now (its upsert): its latest rows move only here.
     held_before = counts.node_rows(session, node_id)

@@ -227,3 +227,39 @@ def test_the_audit_page_names_the_suspect_gpu(gpu_fleet):
     assert f"<code>{BAD}</code>" in row and f"serial serial-{BAD}" in row
     assert "NVIDIA A100-SXM4-80GB" in row
     assert '<td data-status="suspect">suspect</td>' in row
+
+
+def test_the_suspects_page_shows_its_gpus_readings_beside_the_audits_status(api):
+    """Issue 44: NVML's readings at the newest run's start and end, beside the verdict."""
+    hot = {"start": {"temperature_c": 71, "sm_clock_mhz": 1410, "power_w": 250.5,
+                     "ecc_corrected_volatile": 3, "remapped_rows_corrected": 1},
+           "end": {"temperature_c": 88, "sm_clock_mhz": 1275, "power_w": 402.0,
+                   "ecc_corrected_volatile": 5, "remapped_rows_corrected": 1}}
+    documents = [gpu_document("gpu-node-1", hours, GPUS, shifted={BAD: 1e-3})
+                 for hours in (3, 2)]
+    documents[1]["devices"][2]["telemetry"] = hot
+    documents[1]["devices"][0]["telemetry"] = {"start": {"temperature_c": 40}}
+    upload(api, *documents, with_fp64_on_the_cpu(gpu_document("gpu-node-2", 2, AGREEING)))
+    node = api.client.get("/api/v1/nodes/gpu-node-1", headers=api.reader).json()
+    by_slot = {t["device"]: t for t in node["telemetry"]}
+    assert set(by_slot) == {"cuda:0", "cuda:2"}
+    assert by_slot["cuda:2"]["uuid"] == BAD and by_slot["cuda:2"]["start"] == hot["start"]
+    assert by_slot["cuda:2"]["end"] == hot["end"]
+    assert by_slot["cuda:2"]["run_id"] == documents[1]["run_id"]
+    html = page(api, "/nodes/gpu-node-1")
+    table = html.split('<table id="telemetry"')[1].split("</table>")[0]
+    rows = dict(re.findall(r'<tr data-device="([^"]+)">(.*?)</tr>', table, re.S))
+    assert set(rows) == {"cuda:0", "cuda:2"}
+    suspect = rows["cuda:2"]
+    assert "71 → 88" in suspect and "1410 → 1275" in suspect and "250.5 → 402.0" in suspect
+    assert "3 → 5" in suspect and '<td data-status="suspect"' in suspect
+    assert '<td data-status="none">' in rows["cuda:0"] and "40 → —" in rows["cuda:0"]
+    # A node whose runs carried none has no such table.
+    assert '<table id="telemetry"' not in page(api, "/nodes/gpu-node-2")
+
+
+def test_a_reading_that_is_not_a_number_is_refused(api):
+    document = gpu_document("gpu-node-3", 1, GPUS[:1])
+    document["devices"][0]["telemetry"] = {"start": {"temperature_c": "hot"}}
+    response = api.post_run(document)
+    assert response.status_code in (400, 422), response.text
