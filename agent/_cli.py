@@ -614,6 +614,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     else:
         _answer("".join(device.line() + "\n" for device in report.devices))
     log(report.summary())
+    if report.proof and report.proof.get("statement"):
+        log(f"check: measured: {report.proof['statement']}")
     return report.exit_code
 
 

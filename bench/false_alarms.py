@@ -7,8 +7,10 @@ node meets, in environments a lab runs:
 - **conditions** (each its own environment, its own peers: a thread count or
   `OMP_DYNAMIC` is part of the env_key, so a node is compared with nodes configured as
   it is): the stock node, `OMP_DYNAMIC=true`, one thread (`OMP_NUM_THREADS=1`);
-- **noise**: half of each condition's evaluations run beside a CPU burner (two
-  processes of float32 matrix products, as other jobs on the node), half without;
+- **noise**: half of each condition's evaluations run beside a CPU burner (a process
+  of float32 matrix products, as another job on the node), half without; the whole
+  checks run at the same time as the in-process evaluations, each the other's load,
+  beside whatever else the machine runs (its load average is recorded);
 - **in-process evaluations**: a peer process computes the answer (the fleet's); a
   worker process then evaluates the plan `--evaluations` times (each workload built
   and run anew, as `check` computes it, its tensors hashed and compared with the
@@ -37,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -49,9 +52,18 @@ CONDITIONS: dict[str, dict[str, str]] = {
     "OMP_DYNAMIC=true": {"OMP_DYNAMIC": "true"},
     "OMP_NUM_THREADS=1": {"OMP_NUM_THREADS": "1"},
 }
-# The plan `bench/coverage.py` measured the server choosing on this machine (its
-# cheapest layered strict answers within 60 s); `--plan` names another.
-PLAN = ("lstm", "train", "transformer", "mlp", "probes", "cnn")
+# The plan when the figures file names none (`bench/coverage.py` writes the one it
+# measured the server choosing on this machine); `--plan` names another.
+PLAN = ("train", "lstm", "mlp", "transformer", "cnn", "decoder")
+FIGURES = HERE.parent / "agent" / "proof_of_catch.json"
+
+
+def measured_plan() -> list[str]:
+    try:
+        plan = json.loads(FIGURES.read_text())["coverage"]["plan"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return list(PLAN)
+    return [str(w) for w in plan] or list(PLAN)
 BURNER = """
 import numpy as np, time, sys
 a = np.random.default_rng(0).standard_normal((384, 384)).astype(np.float32)
@@ -72,10 +84,10 @@ def node_env(condition: dict[str, str]) -> dict[str, str]:
 
 @contextmanager
 def burner(on: bool, seconds: float = 3600) -> Any:
-    """Two processes of matrix products beside the block (other jobs on the node)."""
+    """A process of matrix products beside the block (another job on the node)."""
     procs = [subprocess.Popen([sys.executable, "-c", BURNER, str(seconds)],
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
-             for _ in range(2 if on else 0)]
+             for _ in range(1 if on else 0)]
     try:
         yield
     finally:
@@ -249,7 +261,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=400,
                         help="at most this long per condition's evaluations")
     parser.add_argument("--checks", type=int, default=100)
-    parser.add_argument("--plan", nargs="+", default=list(PLAN))
+    parser.add_argument("--plan", nargs="+", default=None,
+                        help="the plan's workloads (default: the one bench/coverage.py wrote "
+                        "into agent/proof_of_catch.json)")
     parser.add_argument("--figures", type=Path)
     parser.add_argument("--worker", choices=["peer", "evaluate"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -260,16 +274,20 @@ def main() -> int:
     if args.worker:
         args.evaluations = args.worker_count
         return worker(args)
+    args.plan = args.plan or measured_plan()
     evaluations, checks = (20, 6) if args.quick else (args.evaluations, args.checks)
     started = time.monotonic()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="numparity-false-alarms-") as folder:
         tmp = Path(folder)
         print(f"plan: {', '.join(args.plan)}; conditions: {', '.join(CONDITIONS)}")
-        print("in-process evaluations (a peer's answer, then the plan again and again):")
-        inner = in_process(args.plan, evaluations, args.seconds, tmp)
-        print("whole checks through a live server:")
-        outer = whole_checks(args.plan, checks, tmp)
+        # Both at once: each is the other's noise, and the two cores are both used.
+        print("in-process evaluations (a peer's answer, then the plan again and again) and "
+              "whole checks through a live server, at once:")
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            outer_future = pool.submit(whole_checks, args.plan, checks, tmp)
+            inner = in_process(args.plan, evaluations, args.seconds, tmp)
+            outer = outer_future.result()
     wall = time.monotonic() - started
     trials_keys = inner["answers"]
     figures = {

@@ -302,6 +302,12 @@ def test_every_device_at_once_one_verdict_each_naming_the_tensor(fleet_node: dic
     assert [(a["variant"], a["status"], a["first_differing"]) for a in bad["answers"]] == \
         [("strict", "differs", "conv2")]
     assert (good["device"], good["verdict"]) == ("cuda:1", "go")
+    # Issue 44: what the benchmarks measured of this plan (cnn/strict), from the figures
+    # the agent ships, pooled exactly as `_proof.plan_proof` does it.
+    from numparity_agent import _proof
+
+    assert report["proof"] == _proof.plan_proof(["cnn"])
+    assert report["proof"]["workloads_measured"] == ["cnn"]
 
 
 def test_the_watchdog_stops_a_step_that_overruns_and_its_children(tmp_path: Any) -> None:
