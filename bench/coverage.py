@@ -353,6 +353,10 @@ def report(campaign: Campaign) -> dict[str, Any]:
                                                 for b in bands])
     table("by kind", [(k, [o for o in outcomes if o.kind == k]) for k in KINDS])
     table("by workload", [(w, [o for o in outcomes if o.workload == w]) for w in refs])
+    seen_share = pct(sum(o.seen for o in outcomes), len(outcomes)).strip()
+    print("\nrepeats: a fault in one repeat only changes what the fingerprint compares, so "
+          f"the repeats alone (no peer, no pin) see the same {seen_share}; a lasting fault "
+          "(every repeat alike) they cannot see")
     masked = [o for o in outcomes if not o.seen]
     print(f"\nmasked: {len(masked)} of {len(outcomes)} ({pct(len(masked), len(outcomes)).strip()})"
           "; by the op corrupted (then what masked it, from the values):")
