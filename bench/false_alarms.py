@@ -192,7 +192,9 @@ def agent(*args: str, env: dict[str, str], timeout: float = 600
                           capture_output=True, text=True, timeout=timeout)
 
 
-def whole_checks(plan: list[str], checks: int, tmp: Path) -> dict[str, Any]:
+def whole_checks(plan: list[str], checks: int, tmp: Path, deadline: float) -> dict[str, Any]:
+    """`checks` whole checks, a third per condition, none started past `deadline`
+    (time.monotonic()); each condition's peers and honest runs whatever the time."""
     from ingest import _server_command, running_server
 
     per_condition = max(1, checks // len(CONDITIONS))
@@ -209,6 +211,10 @@ def whole_checks(plan: list[str], checks: int, tmp: Path) -> dict[str, Any]:
                 assert done.returncode == 0, done.stderr[-2000:]
             found: dict[int, int] = {}
             for attempt in range(per_condition):
+                # The conditions left share what time is left.
+                if time.monotonic() > deadline - (len(CONDITIONS) - index - 1) * 120:
+                    print(f"    {label}: stopped after {attempt} checks: the budget", flush=True)
+                    break
                 with burner(attempt % 2 == 1):
                     started = time.monotonic()
                     done = agent("check", *base, "--variants", "strict", "--json",
@@ -256,11 +262,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="60 plan evaluations and 6 whole checks")
-    parser.add_argument("--evaluations", type=int, default=2000,
+    parser.add_argument("--evaluations", type=int, default=10000,
                         help="plan evaluations per condition (halved quiet and noisy)")
-    parser.add_argument("--seconds", type=float, default=400,
+    parser.add_argument("--seconds", type=float, default=600,
                         help="at most this long per condition's evaluations")
-    parser.add_argument("--checks", type=int, default=100)
+    parser.add_argument("--checks", type=int, default=102)
+    parser.add_argument("--budget", type=float, default=1950,
+                        help="no whole check starts past this many seconds")
     parser.add_argument("--plan", nargs="+", default=None,
                         help="the plan's workloads (default: the one bench/coverage.py wrote "
                         "into agent/proof_of_catch.json)")
@@ -285,7 +293,8 @@ def main() -> int:
         print("in-process evaluations (a peer's answer, then the plan again and again) and "
               "whole checks through a live server, at once:")
         with ThreadPoolExecutor(max_workers=2) as pool:
-            outer_future = pool.submit(whole_checks, args.plan, checks, tmp)
+            outer_future = pool.submit(whole_checks, args.plan, checks, tmp,
+                                       started + args.budget)
             inner = in_process(args.plan, evaluations, args.seconds, tmp)
             outer = outer_future.result()
     wall = time.monotonic() - started
