@@ -67,6 +67,8 @@ def test_wheel_carries_the_spdx_licence_and_the_licence_files(wheel: Path) -> No
 def test_wheel_maps_the_folders_to_their_import_names(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "numparity_agent/__init__.py" in names
+    # The benchmarks' measured coverage and false alarms, which check and the audit state.
+    assert "numparity_agent/proof_of_catch.json" in names
     assert not any("__pycache__" in n for n in names)
     assert "numparity_server/__init__.py" in names
     assert "numparity_server/migrations/env.py" in names
