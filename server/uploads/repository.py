@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from numparity_server.models import STAT_FIELDS, Fingerprint, UploadPart
+from numparity_server.models import STAT_FIELDS, Fingerprint, Token, UploadPart
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,26 @@ def staged(session: Session, token_id: int) -> list[Staged]:
 
 def delete_stale(session: Session, *, before: datetime) -> None:
     session.execute(delete(UploadPart).where(UploadPart.received_at < before))
+
+
+def stale_part_ids(session: Session, *, before: datetime, limit: int | None = None
+                   ) -> list[int]:
+    """Parts received before ``before`` (oldest first; at most ``limit``)."""
+    query = (select(UploadPart.id).where(UploadPart.received_at < before)
+             .order_by(UploadPart.id))
+    return list(session.scalars(query if limit is None else query.limit(limit)))
+
+
+def delete_parts(session: Session, ids: Sequence[int]) -> int:
+    return int(session.execute(delete(UploadPart).where(UploadPart.id.in_(ids)))
+               .rowcount or 0)
+
+
+def lock_token(session: Session, token_id: int) -> None:
+    """Hold the token's row to the end of the transaction: its uploads' writes take
+    turns, so the bound on what it holds is read and kept by one at a time (PostgreSQL,
+    READ COMMITTED; SQLite's writers take turns already)."""
+    session.execute(select(Token.id).where(Token.id == token_id).with_for_update())
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,9 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -20,7 +23,10 @@ from helpers.documents import run_document
 
 from numparity_server.kit.db import get_engine, session_factory
 from numparity_server.kit.errors import BODY_LIMIT_HEADER
+from numparity_server.models import utcnow
 from numparity_server.reads.fingerprints import load_fingerprints
+from numparity_server.retention.service import apply_retention
+from sqlalchemy import update
 
 UPLOADS = "/api/v1/uploads"
 VALUES = "/api/v1/values"
@@ -235,3 +241,52 @@ def test_the_agent_sends_no_part_past_what_the_server_holds(make_api):
     held = {f"{base}{UPLOADS}/{other_digest}": len(other)}
     answer = send_document_in_parts(api.client, base, other, api.agent, BodyLimit(), held)
     assert answer.status == 201, answer.detail
+
+
+def _staged_bytes(api: Any) -> int:
+    from sqlalchemy import func, select
+
+    from numparity_server.models import UploadPart
+    with session_factory(get_engine(api.settings))() as session:
+        return int(session.scalar(select(func.coalesce(func.sum(UploadPart.size), 0))) or 0)
+
+
+def test_a_tokens_unfinished_bytes_stay_bounded_when_its_parts_arrive_at_once(make_api):
+    # One token, many uploads begun at the same moment (a node flushing its spool, or a
+    # token shared by many): on PostgreSQL each request read the token's holding before
+    # the others wrote theirs, and all were stored (96-152 MiB against 64 MiB).
+    api = make_api(max_values_bytes=50_000, max_document_bytes=50_000, token_bytes_per_s=0)
+    limit, senders = 100_000, 8
+    for round_ in range(3):
+        start = threading.Barrier(senders, timeout=60)
+
+        def send(n: int, round_: int = round_, start: threading.Barrier = start) -> int:
+            digest = hashlib.sha256(f"{round_}-{n}".encode()).hexdigest()
+            start.wait()
+            return int(_put(api, digest, b"x" * 40_000, 0, 50_000).status_code)
+
+        with ThreadPoolExecutor(senders) as pool:
+            statuses = list(pool.map(send, range(senders)))
+        assert set(statuses) <= {200, 507}, statuses
+        assert _staged_bytes(api) <= limit, (round_, statuses)
+
+
+def test_retention_drops_parts_nobody_finished(make_api):
+    api = make_api(token_bytes_per_s=0)
+    stale, fresh = (hashlib.sha256(name).hexdigest() for name in (b"stale", b"fresh"))
+    # An agent that stopped mid-upload, and no upload begun since (a new one drops
+    # stale parts too): only retention can drop them.
+    for digest, data in ((stale, b"x"), (fresh, b"y")):
+        assert _put(api, digest, data * 1000, 0, 5000).status_code == 200
+    from numparity_server.models import UploadPart
+    with session_factory(get_engine(api.settings))() as session:
+        session.execute(update(UploadPart).where(UploadPart.digest == stale)
+                        .values(received_at=utcnow() - timedelta(days=2)))  # > STALE_AFTER
+        session.commit()
+    sessions = session_factory(get_engine(api.settings))
+    assert apply_retention(sessions=sessions, days=30, dry_run=True).upload_parts == 1
+    report = apply_retention(sessions=sessions, days=30)
+    assert report.upload_parts == 1
+    # The stale upload starts again from 0; the fresh one keeps its bytes.
+    assert _put(api, stale, b"x" * 10, 1000, 5000).headers["Upload-Offset"] == "0"
+    assert _put(api, fresh, b"y" * 10, 1000, 5000).json()["received"] == 1010
