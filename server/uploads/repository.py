@@ -110,7 +110,7 @@ def values_target(session: Session, digest: str) -> ValuesTarget | None:
     return None if row is None else ValuesTarget(row[0], list(row[1]), bool(row[2]))
 
 
-def fill_values(session: Session, *, digest: str, values: bytes, dtype: str,
+def fill_values(session: Session, *, digest: str, values: bytes | bytearray, dtype: str,
                 codec: str | None, stats: Mapping[str, Any]) -> None:
     """Set the values of a fingerprint that has none (the first complete upload wins),
     and the statistics computed from them."""

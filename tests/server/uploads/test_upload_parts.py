@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import json
 import threading
+import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers.agent_upload import agent_document
+from helpers.agent_upload import agent_document, fingerprint
 from helpers.documents import run_document
 
 from numparity_server.kit.db import get_engine, session_factory
@@ -26,6 +27,7 @@ from numparity_server.kit.errors import BODY_LIMIT_HEADER
 from numparity_server.models import utcnow
 from numparity_server.reads.fingerprints import load_fingerprints
 from numparity_server.retention.service import apply_retention
+from numparity_server.uploads import service as upload_service
 from sqlalchemy import update
 
 UPLOADS = "/api/v1/uploads"
@@ -290,3 +292,60 @@ def test_retention_drops_parts_nobody_finished(make_api):
     # The stale upload starts again from 0; the fresh one keeps its bytes.
     assert _put(api, stale, b"x" * 10, 1000, 5000).headers["Upload-Offset"] == "0"
     assert _put(api, fresh, b"y" * 10, 1000, 5000).json()["received"] == 1010
+
+
+def test_values_are_completed_in_bounded_memory_while_other_uploads_go_on(make_api,
+                                                                          monkeypatch):
+    # A float16 tensor of 8 MiB, sent in 1 MiB parts: finishing it held the whole raw
+    # values, their float64 copies (~19 times the size) and SQLite's write lock, for
+    # which every other upload waited.
+    api = make_api(max_body_bytes=1 << 20, token_bytes_per_s=0)
+    document = agent_document("values-big")
+    big = torch.randn((2048, 2048), generator=torch.Generator().manual_seed(3)).half()
+    for result in document["results"]:
+        result["tensors"] = [{"name": "big", "kind": "output", "order": 0,
+                              **fingerprint(big)}]
+    assert make_api().post_run(document).status_code == 201
+    digest = document["results"][0]["tensors"][0]["hash"]
+    raw = big.numpy().astype("<f2").tobytes()
+    step = 1 << 20
+    for offset in range(0, len(raw) - step, step):
+        part = api.client.put(f"{VALUES}/{digest}", params={"offset": offset},
+                              content=raw[offset:offset + step], headers=api.agent)
+        assert part.status_code == 200, part.text
+    last = raw[len(raw) - step:]
+    del big
+
+    # While the server reads the parts back, another node uploads a run.
+    others: list[int] = []
+    read_parts = upload_service.repository.part_bytes
+
+    def reading(session: Any, parts: Any) -> Any:
+        if not others:
+            upload = threading.Thread(target=lambda: others.append(make_api().post_run(
+                run_document("other-node")).status_code))
+            upload.start()
+            upload.join(timeout=120)
+            others.append(0)
+        yield from read_parts(session, parts)
+
+    monkeypatch.setattr(upload_service.repository, "part_bytes", reading)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        done = api.client.put(f"{VALUES}/{digest}", params={"offset": len(raw) - step},
+                              content=last, headers=api.agent)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert done.status_code == 200 and done.json()["complete"] is True, done.text
+    assert others[0] == 201, "the other upload waited for the values"
+    assert peak <= 2 * len(raw), f"{peak / 2**20:.1f} MiB for {len(raw) / 2**20:.0f} MiB"
+    # What is stored is the values, element for element, and their statistics.
+    with session_factory(get_engine(api.settings))() as session:
+        (stored,) = load_fingerprints(session, {digest}).values()
+        whole = stored.whole_values()
+    assert whole is not None
+    expected = np.frombuffer(raw, dtype="<f2").astype(np.float64)
+    np.testing.assert_array_equal(whole.ravel().astype(np.float64), expected)
