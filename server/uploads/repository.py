@@ -82,8 +82,8 @@ def stale_part_ids(session: Session, *, before: datetime, limit: int | None = No
 
 
 def delete_parts(session: Session, ids: Sequence[int]) -> int:
-    return int(session.execute(delete(UploadPart).where(UploadPart.id.in_(ids)))
-               .rowcount or 0)
+    deleted = session.execute(delete(UploadPart).where(UploadPart.id.in_(ids)))
+    return int(getattr(deleted, "rowcount", 0) or 0)
 
 
 def lock_token(session: Session, token_id: int) -> None:

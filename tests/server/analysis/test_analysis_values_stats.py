@@ -5,6 +5,7 @@ boundaries, across many chunks."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -39,7 +40,7 @@ def test_statistics_of_values_in_pieces_are_the_wholes(dtype):
     stats = ValuesStats(dtype)
     # Pieces that split elements: a byte, an odd count, a chunk and a byte, the rest.
     cuts = [0, 1, 8, 8 + CHUNK_ELEMENTS * x.itemsize + 1, len(raw)]
-    for start, end in zip(cuts, cuts[1:]):
+    for start, end in itertools.pairwise(cuts):
         stats.add(raw[start:end])
     found = stats.result()
     expected = _oracle(x.astype(np.float64), TINY[dtype])

@@ -21,6 +21,7 @@ import pytest
 import torch
 from helpers.agent_upload import agent_document, fingerprint
 from helpers.documents import run_document
+from sqlalchemy import update
 
 from numparity_server.kit.db import get_engine, session_factory
 from numparity_server.kit.errors import BODY_LIMIT_HEADER
@@ -28,7 +29,6 @@ from numparity_server.models import utcnow
 from numparity_server.reads.fingerprints import load_fingerprints
 from numparity_server.retention.service import apply_retention
 from numparity_server.uploads import service as upload_service
-from sqlalchemy import update
 
 UPLOADS = "/api/v1/uploads"
 VALUES = "/api/v1/values"
