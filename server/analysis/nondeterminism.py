@@ -52,8 +52,10 @@ MAX_UNTRACED = 20
 NAMED_CLAIMANTS = 5  # the nodes named as claiming an op, a source or a cause
 # What makes a study's free text read like a command to run: shell syntax (substitution,
 # pipes, redirection, chains), a download or privilege tool, Python that runs programs.
+# The agent's own words (code in backticks, `torch.manual_seed(s)`, `export
+# PYTHONHASHSEED=0`) are none of these.
 COMMAND_LIKE = re.compile(
-    r"`|\$\(|\$\{|\|\s*\w|&&|>\s*/|\b(?:curl|wget|sudo|bash|zsh|sh\s+-c|rm\s+-|chmod|"
+    r"\$\(|\$\{|\|\s*\w|&&|>\s*/|\b(?:curl|wget|sudo|bash|zsh|sh\s+-c|rm\s+-|chmod|"
     r"chown|nc|ncat|eval|exec|os\.system|subprocess|popen|__import__|pip\s+install)\b",
     re.IGNORECASE)
 UNVERIFIED = ("[unverified text of {who}'s study that reads like a command: numparity "
