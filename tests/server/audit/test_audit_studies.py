@@ -82,7 +82,6 @@ def test_honest_words_are_not_marked(make_api):
 
 def test_the_agents_own_words_are_never_marked():
     from numparity_agent import _determinism, _sources
-
     from numparity_server.analysis.nondeterminism import marked
 
     honest = [*(advice for _recipe, advice in _sources.RECIPES.values()),
