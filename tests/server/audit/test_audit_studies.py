@@ -32,9 +32,9 @@ def test_a_study_is_shown_as_the_node_s_claim_and_its_commands_marked(make_api):
         tokens = {node: {"Authorization": "Bearer " + auth_service.create_token(
             session=session, role="agent", label=node, node_names=[node]).token}
             for node in ("honest-1", "honest-2", "evil")}
-    for node in ("honest-1", "honest-2"):
-        response = api.client.post("/api/v1/runs", json=run_document(node),
-                                   headers=tokens[node])
+    honest = {node: run_document(node) for node in ("honest-1", "honest-2")}
+    for node, document in honest.items():
+        response = api.client.post("/api/v1/runs", json=document, headers=tokens[node])
         assert response.status_code == 201, response.text
     forged = run_document("evil")
     forged["results"][0]["repeats_agree"] = False
@@ -62,6 +62,14 @@ def test_a_study_is_shown_as_the_node_s_claim_and_its_commands_marked(make_api):
     assert "evil" in csv and MARK in csv
     html = unescape(api.client.get("/audit", headers=api.reader).text)
     assert "claimed by evil" in html and MARK in html
+    # /compare of the forged run shows the same words marked.
+    compared = api.client.get("/api/v1/compare", params={
+        "run_a": honest["honest-1"]["run_id"], "run_b": forged["run_id"]},
+        headers=api.reader)
+    assert compared.status_code == 200, compared.text
+    (shown,) = [op for pair in compared.json()["pairs"]
+                for op in pair.get("nondeterministic_ops") or []]
+    assert shown["no_recipe"].startswith(MARK)
 
 
 def test_honest_words_are_not_marked(make_api):
