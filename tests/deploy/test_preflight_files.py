@@ -139,6 +139,48 @@ def test_the_agent_runs_on_gpu_nodes_and_check_gates_the_job(tmp_path: Path) -> 
         training["metadata"]["namespace"]
 
 
+def _kinds(path: Path) -> list[str]:
+    return [doc["kind"] for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def test_the_agent_is_a_daemonset_or_a_cronjob_a_file_each() -> None:
+    """Issue 40, finding 10: `kubectl apply -f deploy/kubernetes/` (not recursive) applies
+    the server and PostgreSQL only, and the agent's two alternatives are two files, each
+    complete alone, of which a lab applies one."""
+    top = {path.name: _kinds(path) for path in sorted(KUBERNETES.glob("*.yaml"))}
+    assert set(top) == {"postgres.yaml", "server.yaml"}, top
+    assert not {"DaemonSet", "CronJob"} & {kind for kinds in top.values() for kind in kinds}
+    assert not [path for path in KUBERNETES.rglob("*.yaml")
+                if {"DaemonSet", "CronJob"} <= set(_kinds(path))], "both in one file"
+    (server,) = by_kind("Deployment")
+
+    files = {"DaemonSet": KUBERNETES / "examples" / "agent-daemonset.yaml",
+             "CronJob": KUBERNETES / "examples" / "agent-cronjob.yaml"}
+    agents, configs = {}, {}
+    for kind, path in files.items():
+        docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+        assert [doc["kind"] for doc in docs] == ["ConfigMap", kind], path.name
+        config, workload = docs
+        spec = pod_spec(workload)
+        # Alone, the file is complete: every ConfigMap its pod mounts is in it, in the
+        # server's namespace.
+        mounted = {v["configMap"]["name"] for v in spec["volumes"] if "configMap" in v}
+        assert mounted == {config["metadata"]["name"]}, path.name
+        assert workload["metadata"]["namespace"] == config["metadata"]["namespace"] == \
+            server["metadata"]["namespace"], path.name
+        # The other file is named as the alternative.
+        other = next(p for k, p in files.items() if k != kind)
+        assert f"Apply this file OR {other.name}" in path.read_text(), path.name
+        (agents[kind],) = spec["containers"]
+        configs[kind] = config
+    # The same agent, configured alike, in both: they differ in how they are scheduled.
+    assert configs["DaemonSet"] == configs["CronJob"]
+    for field in ("image", "volumeMounts"):
+        assert agents["DaemonSet"][field] == agents["CronJob"][field], field
+    assert [c[:2] for c in _commands(agents["DaemonSet"])] == \
+        [c[:2] for c in _commands(agents["CronJob"])] == [["numparity-agent", "run"]]
+
+
 def _mounted(spec: dict[str, Any], container: dict[str, Any]) -> list[dict[str, Any]]:
     volumes = {volume["name"]: volume for volume in spec.get("volumes", [])}
     return [volumes[mount["name"]] for mount in container.get("volumeMounts", [])]
