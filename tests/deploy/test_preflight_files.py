@@ -323,6 +323,25 @@ def test_a_no_go_drains_the_node_naming_the_gpu_and_requeues(stand_ins: dict[str
     assert code == 0 and "--device" not in agent and "State=DRAIN" in drained
 
 
+def test_the_health_check_ends_before_slurmd_kills_it(stand_ins: dict[str, Any]) -> None:
+    """slurmd kills a HealthCheckProgram at 60 s whatever PrologEpilogTimeout says (slurmd
+    22.05, `run_script(..., 60, ...)`): killed, it drains nothing. As the health check the
+    budget is NUMPARITY_HEALTH_CHECK_SECONDS (45), never over 50, not the prolog's."""
+    code, agent, drained = run_script(stand_ins, 13, NUMPARITY_CHECK_SECONDS="240")
+    assert code == 0 and "State=DRAIN" in drained
+    assert agent.split() == ["PCI_BUS_ID", "check", "--config", "/etc/numparity/agent.toml",
+                             "--max-seconds", "45", "--fail-open"]
+    for asked, used in (("30", "30"), ("55", "50"), ("soon", "50")):
+        code, agent, _drained = run_script(stand_ins, 0,
+                                           NUMPARITY_HEALTH_CHECK_SECONDS=asked)
+        assert code == 0 and agent.split()[agent.split().index("--max-seconds") + 1] == used
+    # The prolog keeps its own budget.
+    code, agent, _drained = run_script(stand_ins, 0, SLURM_JOB_ID="42", SLURM_JOB_GPUS="1",
+                                       NUMPARITY_CHECK_SECONDS="240",
+                                       NUMPARITY_HEALTH_CHECK_SECONDS="30")
+    assert agent.split()[agent.split().index("--max-seconds") + 1] == "240"
+
+
 def test_the_job_gpus_at_their_slots_among_cuda_visible_devices(
         stand_ins: dict[str, Any]) -> None:
     """slurmd sets CUDA_VISIBLE_DEVICES to the job's GPUs (tests/deploy/test_slurm_prolog.py
