@@ -35,6 +35,8 @@
 #   NUMPARITY_CHECK_FAIL     open | closed (open)
 #   NUMPARITY_SCONTROL       scontrol (scontrol on the PATH; an absolute path where Slurm
 #                            is installed outside the standard directories)
+#   SLURM_CONF               where slurm.conf is not at Slurm's default path: slurmd gives
+#                            the health check no SLURM_CONF, and scontrol could not drain
 set -u
 
 # slurmd runs the prolog with no PATH at all (bash then uses a built-in one of its own,
@@ -149,8 +151,12 @@ case $code in
         fi
         ;;
 esac
-"$SCONTROL" update NodeName="$NODE" State=DRAIN Reason="numparity: ${reason:-exit $code}" \
-    || say "could not drain $NODE"
+if ! failed=$("$SCONTROL" update NodeName="$NODE" State=DRAIN \
+        Reason="numparity: ${reason:-exit $code}" 2>&1); then
+    # slurmd gives a health check no SLURM_CONF: scontrol finds only the default path.
+    say "could not drain $NODE: $(tail -n1 <<< "$failed" | cut -c1-160)" \
+        "(slurm.conf elsewhere than Slurm's default path: SLURM_CONF in /etc/numparity/check.env)"
+fi
 if [ -n "${SLURM_JOB_ID:-}" ]; then
     exit 1
 fi

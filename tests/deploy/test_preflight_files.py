@@ -342,6 +342,24 @@ def test_the_health_check_ends_before_slurmd_kills_it(stand_ins: dict[str, Any])
     assert agent.split()[agent.split().index("--max-seconds") + 1] == "240"
 
 
+def test_a_drain_scontrol_refuses_says_why(stand_ins: dict[str, Any],
+                                          tmp_path: Path) -> None:
+    """slurmd gives a health check no SLURM_CONF (measured under slurmd 22.05): where
+    slurm.conf is elsewhere than Slurm's default path, scontrol cannot drain. The log
+    says so and names the setting."""
+    scontrol = tmp_path / "scontrol-without-conf"
+    scontrol.write_text("#!/bin/bash\necho 'scontrol: fatal: Could not establish a "
+                        "configuration source' >&2\nexit 1\n")
+    scontrol.chmod(0o755)
+    done = subprocess.run(["bash", str(SCRIPT)], env={
+        **stand_ins["env"], "FAKE_CODE": "13", "NUMPARITY_SCONTROL": str(scontrol)},
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert ("could not drain gpu-node-17: scontrol: fatal: Could not establish a "
+            "configuration source") in done.stderr
+    assert "SLURM_CONF in /etc/numparity/check.env" in done.stderr
+
+
 def test_the_job_gpus_at_their_slots_among_cuda_visible_devices(
         stand_ins: dict[str, Any]) -> None:
     """slurmd sets CUDA_VISIBLE_DEVICES to the job's GPUs (tests/deploy/test_slurm_prolog.py

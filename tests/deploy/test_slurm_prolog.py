@@ -77,7 +77,8 @@ def _health_wrapper(path: Path, armed: Path, record: Path) -> None:
     path.write_text(f"""#!/bin/bash
 /bin/mv {shlex.quote(str(armed))} {shlex.quote(str(taken))} 2>/dev/null || exit 0
 {{ declare -p PATH 2>&1; echo "SLURMD_NODENAME=${{SLURMD_NODENAME-unset}}"
-   echo "SLURM_JOB_ID=${{SLURM_JOB_ID-unset}}"; }} > {shlex.quote(str(record))}/health-env
+   echo "SLURM_JOB_ID=${{SLURM_JOB_ID-unset}} SLURM_CONF=${{SLURM_CONF-unset}}"
+}} > {shlex.quote(str(record))}/health-env
 set -a; . {shlex.quote(str(taken))}; set +a
 /bin/bash {shlex.quote(str(SCRIPT))} 2> {shlex.quote(str(record))}/health-stderr
 echo $? > {shlex.quote(str(record))}/health-exit.part
@@ -164,9 +165,12 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         token_file.chmod(0o600)
         config = tmp / "agent.toml"
         config.write_text(f'server = "{base_url}"\ntoken_file = "{token_file}"\n')
+        # slurm.conf is not at Slurm's default path here: slurmd gives the health check no
+        # SLURM_CONF (the prolog gets it), so check.env names it, as the page says.
         settings.write_text(f"NUMPARITY_AGENT={agent}\nNUMPARITY_CONFIG={config}\n"
                             f"NUMPARITY_NUMERIC_ENV={NUMERIC_ENV}\n"
-                            f"NUMPARITY_CHECK_SECONDS={BUDGET_S}\n")
+                            f"NUMPARITY_CHECK_SECONDS={BUDGET_S}\n"
+                            f"SLURM_CONF={cluster.conf}\n")
         yield {"cluster": cluster, "settings": settings, "record": record, "agent": agent,
                "config": config, "base_url": base_url, "tmp": tmp, "holder": holder}
     finally:
@@ -191,22 +195,24 @@ def _record(lab: dict[str, Any], job_id: str) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def _srun(lab: dict[str, Any], gpus: int) -> tuple[int, str, str]:
-    """srun a job of `gpus` GPUs that prints the GPUs it got: (exit, job id, its GPUs)."""
+def _srun(lab: dict[str, Any], gpus: int) -> tuple[int, str, str, str]:
+    """srun a job of `gpus` GPUs that prints the GPUs it got: (exit, job id, its GPUs,
+    srun's stderr: "queued and waiting for resources" while the last job's end is
+    still being cleaned up)."""
     done = lab["cluster"].run(
         "srun", f"--gres=gpu:{gpus}", "bash", "-c",
         'echo "$SLURM_JOB_ID ${SLURM_STEP_GPUS:-$CUDA_VISIBLE_DEVICES}"',
         timeout=BUDGET_S + 60)
     job_id, _, job_gpus = done.stdout.strip().partition(" ")
-    return done.returncode, job_id, job_gpus + done.stderr
+    return done.returncode, job_id, job_gpus, done.stderr
 
 
 def test_a_job_on_gpu_1_and_on_gpus_1_2_checks_those_gpus_and_starts(
         lab: dict[str, Any]) -> None:
     cluster = lab["cluster"]
-    code, job_id, job_gpus = _srun(lab, 1)
+    code, job_id, job_gpus, stderr = _srun(lab, 1)
     record = _record(lab, job_id)
-    assert code == 0 and job_gpus == "1", (job_gpus, record)
+    assert code == 0 and job_gpus == "1", (job_gpus, stderr, record)
     # slurmd showed the prolog GPU 1 alone (as cuda:0), and no PATH of its own.
     assert "CUDA_VISIBLE_DEVICES=1" in record
     assert "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin " in record
@@ -214,9 +220,9 @@ def test_a_job_on_gpu_1_and_on_gpus_1_2_checks_those_gpus_and_starts(
     (line,) = [line for line in record.splitlines() if line.startswith("cuda:")]
     assert GPUS[1]["uuid"] in line and ": go — 1 of 1 answer(s) as pinned" in line, record
 
-    code, job_id, job_gpus = _srun(lab, 2)
+    code, job_id, job_gpus, stderr = _srun(lab, 2)
     record = _record(lab, job_id)
-    assert code == 0 and job_gpus == "1,2", (job_gpus, record)
+    assert code == 0 and job_gpus == "1,2", (job_gpus, stderr, record)
     assert "CUDA_VISIBLE_DEVICES=1,2" in record and "--device cuda:0,cuda:1" in record
     lines = dict(line.split(" ", 1) for line in record.splitlines()
                  if line.startswith("cuda:"))
@@ -268,8 +274,8 @@ def test_fail_open_never_drains(lab: dict[str, Any], case: str, tmp_path: Path) 
                         .replace(f"NUMPARITY_CONFIG={lab['config']}",
                                  f"NUMPARITY_CONFIG={config}"))
     try:
-        code, job_id, job_gpus = _srun(lab, 1)
-        assert code == 0, job_gpus
+        code, job_id, job_gpus, stderr = _srun(lab, 1)
+        assert code == 0, (job_gpus, stderr)
         assert "DRAIN" not in cluster.node_state()[0], cluster.node_state()
         record = _record(lab, job_id)
         if case == "no agent":
@@ -328,7 +334,8 @@ def test_the_health_check_drains_an_idle_node_whose_gpu_fails(
     code, stderr, record, given = _health_check(lab, lab["settings"].read_text())
     # slurmd gave the program no job and no PATH; the script checked every GPU, with the
     # health check's budget (not the prolog's 240 s of the same check.env).
-    assert "SLURM_JOB_ID=unset" in given and f"SLURMD_NODENAME={lab['cluster'].node}" in given
+    assert f"SLURMD_NODENAME={lab['cluster'].node}" in given
+    assert "SLURM_JOB_ID=unset SLURM_CONF=unset" in given, given
     assert "declare -x PATH" not in given, given
     assert "CUDA_VISIBLE_DEVICES=unset" in record and "--device" not in record, record
     assert "--max-seconds 45 " in record and "EXIT 13" in record, record
