@@ -85,11 +85,16 @@ def test_the_sample_runs_this_codes_fleet() -> None:
 
 
 def test_the_fleet_page_has_this_codes_size() -> None:
-    """Nodes × columns (every workload the fleet runs, under every variant any node
-    runs), and the verdict counts adding up to the cells; findings name those columns."""
+    """Nodes × columns (every workload the fleet runs, under every variant a node runs
+    that the workload runs under: `data` only under default), and the verdict counts
+    adding up to the cells; findings name those columns."""
+    pytest.importorskip("torch")
+    from numparity_agent import _workloads
+
     lines = whole()
     variants = {variant for node in FLEET for variant in node.variants}
-    columns = {f"{workload}/{variant}" for workload in RUN_WORKLOADS for variant in variants}
+    columns = {f"{workload}/{variant}" for workload in RUN_WORKLOADS for variant in variants
+               if _workloads.load(workload).skip_reason(variant) is None}
     (header,) = [line for line in lines if line.startswith("== fleet page")]
     match = re.search(r": (\d+) nodes × (\d+) workload variants, (\d+) cells: (.*)$", header)
     assert match, header
@@ -128,14 +133,14 @@ def test_the_sample_ends_with_what_the_demo_says() -> None:
 
 
 def test_the_picture_is_of_the_samples_run() -> None:
-    """A whole PNG of the fleet page at the tool's width, taken of the run the sample
+    """A whole PNG of the fleet page, at least the tool's width, taken of the run the sample
     shows (its address and reader token in the picture's tEXt chunk), and shown by the
     README and the manual."""
     data = assets.PICTURE.read_bytes()
     chunks = list(assets.png_chunks(data))  # a PNG, every chunk's CRC right
     kind, header = chunks[0]
     width, height = struct.unpack(">II", header[:8])
-    assert kind == b"IHDR" and width == assets.VIEWPORT["width"], (kind, width)
+    assert kind == b"IHDR" and width >= assets.VIEWPORT["width"], (kind, width)
     assert height >= assets.VIEWPORT["height"] and len(data) > 50_000, (height, len(data))
     assert chunks[-1][0] == b"IEND"
     source = assets.picture_source(data)
