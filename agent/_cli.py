@@ -64,16 +64,18 @@ exit codes:
      about every process or the format never fail it)
   2  misconfigured: a bad option, config key or value, unknown workload,
      variant or device (the message lists the visible ones); a server URL
-     that is not numparity's API (no scheme, a 404, another web server) or a
-     token without the agent role. Found before the suite runs where it can
-     be; a run made already stays in the spool
+     that is not numparity's API (no scheme, a 404, another web server).
+     Found before the suite runs where it can be; a run made already stays
+     in the spool
   3  spooled: the server was unreachable, busy (5xx, 408, 429) or its TLS
      certificate could not be verified; the next run or flush sends it
   4  a variant failed (crash, timeout, exception) on a device; the rest is
      still uploaded. Also: the devices could not be listed (nothing ran)
-  5  refused by the server: 401/403 (the token; the document stays spooled) or
-     another 4xx, or a token bound to another node (the document is moved to
-     <spool>/rejected/ with a .reason; `numparity-agent spool` lists it)
+  5  refused by the server: 401/403, the token (unknown, revoked, without the
+     agent role: `run` asks before its suite and runs nothing; a document
+     stays spooled), or another 4xx, or a token bound to another node (the
+     document is moved to <spool>/rejected/ with a .reason; `numparity-agent
+     spool` lists it)
   6  the spool (or --output) could not be written (disk full, read-only, no
      permission); the run is then uploaded directly, lost only if that fails too
   7  another numparity-agent holds the spool's lock: nothing was done
@@ -696,8 +698,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         problem = _preflight.server_problem(context.server, context.token,
                                             verify=context.verify,
                                             timeout=context.upload_timeout)
+        if problem and problem.token_refused:
+            # As `flush` and `check` say of a refused token: 5, not 2.
+            log(f"error: {problem.detail}; nothing was run")
+            return _finish({EXIT_REFUSED})
         if problem:
-            raise _Usage(f"{problem}; nothing was run")
+            raise _Usage(f"{problem.detail}; nothing was run")
     with ExitStack() as stack:
         if context.server:
             stopped = context.lock(stack, "run")
