@@ -146,8 +146,8 @@ def _parser() -> argparse.ArgumentParser:
                      "built-ins of the suite)")
     run.add_argument("--device", metavar="LIST",
                      help="devices, comma-separated: cuda:N, cpu, or all (every visible CUDA "
-                     "device, MIG instances included, else the CPU); they run one after "
-                     "another (NUMPARITY_DEVICE, config device; default all)")
+                     "device, MIG instances included, else the CPU); they run at once "
+                     "(NUMPARITY_DEVICE, config device; default all)")
     run.add_argument("--repeats", metavar="N",
                      help="runs per variant (NUMPARITY_REPEATS, config repeats; default 2)")
     run.add_argument("--node", metavar="NAME",
@@ -172,6 +172,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds a traced nondeterministic result's cost study may time "
                      "rounds for, after its first six: it stops earlier once its intervals "
                      "are narrow (NUMPARITY_STUDY_BUDGET, config study_budget; default 60)")
+    run.add_argument("--fresh-interpreters", action="store_true",
+                     help="start each variant's child process in a fresh interpreter, "
+                     "which imports torch again, instead of forking it from a server "
+                     "that imported torch once (default: forked, where its environment "
+                     "allows)")
     run.add_argument("--fault-drill", action="store_true",
                      help="flip one bit of one activation per workload in the strict variant "
                      "and mark the document as a drill: checks that the audit catches a "
@@ -730,6 +735,7 @@ def _run_locked(args: argparse.Namespace, context: _Context, *, suite: str,
             values_dir=store.folder if store is not None else None,
             trace_ops=bool(get("trace_ops", False)),
             study_budget_s=get("study_budget"),
+            fork_server=not args.fresh_interpreters,
         )
     finally:
         end_progress()
