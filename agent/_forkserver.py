@@ -6,12 +6,13 @@ without importing torch again (a child's import was most of a variant's overhead
     python -m numparity_agent._forkserver SOCKET
 
 The server imports PRELOAD, checks that no thread started (but OpenBLAS's, which is
-fork-safe) and that CUDA is not initialised, prints one JSON line `{"ready": true, ...}` and serves SOCKET, a Unix
-socket; it ends when its stdin closes (the agent ended or closed it). Each connection is
-one child: a JSON line {"module", "argv", "env", "cwd", "stdout", "stderr"} is answered
-with {"pid": N} as soon as the child runs and {"returncode": N} when it has ended
-(negative: the signal that ended it, as subprocess says). The child is forked from a
-supervisor forked per connection, which waits for it, so the server itself never waits.
+fork-safe) and that CUDA is not initialised, prints one JSON line `{"ready": true, ...}`
+and serves SOCKET, a Unix socket; it ends when its stdin closes (the agent ended or
+closed it). Each connection is one child: a JSON line {"module", "argv", "env", "cwd",
+"stdout", "stderr"} is answered with {"pid": N} as soon as the child runs and
+{"returncode": N} when it has ended (negative: the signal that ended it, as subprocess
+says). The child is forked from a supervisor forked per connection, which waits for it,
+so the server itself never waits.
 
 What makes a forked child the same as a fresh interpreter:
 - CUDA is never initialised in the server (nothing in PRELOAD touches a device, and the
@@ -362,12 +363,13 @@ class ForkServer:
         return ForkedChild(conn, int(json.loads(line)["pid"]))
 
     def close(self) -> None:
-        """End the server (its children run on until they end)."""
+        """End the server at once, even while it imports (its children, which it does
+        not wait for, run on until they end)."""
         if self._proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self._proc.stdin.close()
         try:
-            self._proc.wait(timeout=10)
+            self._proc.wait(timeout=0.5 if self._ready else 0)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()

@@ -425,30 +425,35 @@ class DeviceListError(RuntimeError):
     """The child that lists the node's devices crashed or timed out."""
 
 
-def list_devices(timeout: float) -> list[dict[str, Any]]:
-    """Every visible device (`_devices.visible_devices`), from a fresh interpreter: CUDA
-    and NVML can hang on a wedged GPU, and the agent's own process stays without torch."""
-    cmd = [sys.executable, "-m", "numparity_agent._devices"]
-    try:
-        proc = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True,
-                              check=False)
-    except subprocess.TimeoutExpired:
-        raise DeviceListError(f"listing the devices timed out after {timeout:g} s") from None
-    if proc.returncode != 0:
-        raise DeviceListError(_child_failure(proc, _describe_exit(proc.returncode)))
-    devices: list[dict[str, Any]] = json.loads(proc.stdout)
+def list_devices(timeout: float, fork_server: ForkServer | None = None
+                 ) -> list[dict[str, Any]]:
+    """Every visible device (`_devices.visible_devices`), from a child process (a fresh
+    interpreter, or forked from `fork_server`): CUDA and NVML can hang on a wedged GPU,
+    and the agent's own process stays without torch."""
+    with tempfile.TemporaryDirectory(prefix="numparity-") as tmp:
+        child = _start("numparity_agent._devices", [], dict(os.environ), tmp, fork_server)
+        code = child.wait(timeout)
+        if code is None:
+            child.kill()
+            child.wait()
+            raise DeviceListError(f"listing the devices timed out after {timeout:g} s")
+        if code != 0:
+            stderr = _output(tmp, "stderr")
+            raise DeviceListError(_describe_exit(code) + ("\n" + stderr[-2000:] if stderr
+                                                          else ""))
+        devices: list[dict[str, Any]] = json.loads(_output(tmp, "stdout"))
     return devices
 
 
-def select_devices(selection: str, *, timeout: float = DEFAULT_TIMEOUT_S
-                   ) -> list[dict[str, Any]]:
+def select_devices(selection: str, *, timeout: float = DEFAULT_TIMEOUT_S,
+                   fork_server: ForkServer | None = None) -> list[dict[str, Any]]:
     """The devices `selection` names (`cuda:0,cuda:3`, `cpu`, `all`: every visible CUDA
     device, else the CPU). UsageError when it names one this node does not show (the
     message lists those it does); DeviceListError when they cannot be listed."""
     try:
         items = _devices.parse_selection(selection)
         wanted = _devices.needs_cuda(items) and _devices.gpu_driver_present()
-        visible = list_devices(timeout) if wanted else []
+        visible = list_devices(timeout, fork_server) if wanted else []
         return _devices.select(items, visible)
     except _devices.DeviceError as exc:
         raise UsageError(str(exc)) from None
@@ -592,7 +597,7 @@ def run_suite(
     trace_ops: bool = False,
     study_budget_s: float | None = None,
     suite: str = _workloads.SUITE,
-    fork_server: bool = True,
+    fork_server: bool | ForkServer = True,
 ) -> dict[str, Any]:
     """Run `workloads` of `suite` under `variants` (by default its built-ins under
     `default_variants(suite)`) on each device: the run document. Large tensors' values
@@ -613,13 +618,39 @@ def run_suite(
     `trace_ops` every variant records each workload's ops (design §2.10): the document
     carries the trace bodies in `traces`, each result the hash of its own.
     With `fork_server` the children are forked from one interpreter that imported torch
-    once (`_forkserver`), where their environment allows; else each is a fresh one.
+    once (`_forkserver`), where their environment allows; else each is a fresh one. A
+    ForkServer given is used (and left running); True starts one for the run.
     """
     check_suite(suite)
     workloads = list(workloads or _workloads.builtin_names(suite))
     variants = list(variants or default_variants(suite))
     validate(workloads, variants, repeats, drill=drill, suite=suite)
-    devices = select_devices(device, timeout=timeout) if isinstance(device, str) else device
+    # One per run: torch's import is paid once, by the server, not by every child.
+    given = fork_server if isinstance(fork_server, ForkServer) else None
+    server = given or (ForkServer() if fork_server else None)
+    try:
+        return _run_suite(
+            workloads=workloads, variants=variants, device=device, repeats=repeats,
+            node=node, labels=labels, timeout=timeout, log_line=log_line, drill=drill,
+            drill_device=drill_device, on_progress=on_progress, values_dir=values_dir,
+            trace_ops=trace_ops, study_budget_s=study_budget_s, suite=suite, server=server)
+    finally:
+        if server is not None:
+            if given is None:
+                server.close()
+            for refusal in server.refusals:
+                log_line(f"a child ran in a fresh interpreter: {refusal}")
+
+
+def _run_suite(
+    *, workloads: list[str], variants: list[str], device: str | Sequence[dict[str, Any]],
+    repeats: int, node: str | None, labels: dict[str, str] | None, timeout: float,
+    log_line: Callable[[str], None], drill: bool, drill_device: str | None,
+    on_progress: Progress | None, values_dir: Path | None, trace_ops: bool,
+    study_budget_s: float | None, suite: str, server: ForkServer | None,
+) -> dict[str, Any]:
+    devices = (select_devices(device, timeout=timeout, fork_server=server)
+               if isinstance(device, str) else device)
     drill_at = drill_slot(devices, drill_device) if drill else None
     plan = device_plan(devices, variants)
     several = len(plan) > 1
@@ -633,20 +664,12 @@ def run_suite(
         )
     node_env_vars = numeric_env_vars()
     started_at = utc_now()
-    # One per run: torch's import is paid once, by the server, not by every child.
-    server = ForkServer() if fork_server else None
-    try:
-        return _run_devices(
-            plan=plan, workloads=workloads, variants=variants, repeats=repeats, node=node,
-            labels=labels, timeout=timeout, log_line=log_line, drill=drill,
-            drill_at=drill_at, on_progress=on_progress, values_dir=values_dir,
-            trace_ops=trace_ops, study_budget_s=study_budget_s, suite=suite,
-            node_env_vars=node_env_vars, started_at=started_at, server=server)
-    finally:
-        if server is not None:
-            server.close()
-            for refusal in server.refusals:
-                log_line(f"a child ran in a fresh interpreter: {refusal}")
+    return _run_devices(
+        plan=plan, workloads=workloads, variants=variants, repeats=repeats, node=node,
+        labels=labels, timeout=timeout, log_line=log_line, drill=drill,
+        drill_at=drill_at, on_progress=on_progress, values_dir=values_dir,
+        trace_ops=trace_ops, study_budget_s=study_budget_s, suite=suite,
+        node_env_vars=node_env_vars, started_at=started_at, server=server)
 
 
 def _run_devices(
@@ -741,7 +764,8 @@ def _run_devices(
 
     with ThreadPoolExecutor(max_workers=len(plan) + 1,
                             thread_name_prefix="numparity-device") as pool:
-        captured = pool.submit(_environment_child, timeout, server) if own_environment_child else None
+        captured = (pool.submit(_environment_child, timeout, server)
+                    if own_environment_child else None)
         futures = [pool.submit(run_device, position, entry, runs, on_device)
                    for position, ((entry, runs), on_device)
                    in enumerate(zip(plan, per_device, strict=True))]

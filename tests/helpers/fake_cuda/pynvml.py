@@ -2,8 +2,9 @@
 
 NVML sees every GPU and MIG instance, whatever CUDA_VISIBLE_DEVICES says; a handle is
 the device's UUID; NVML's index counts the GPUs (not their instances) in the list's order,
-and a GPU's instances are its MIG devices 0, 1, … in the list's order. Serial numbers come back as bytes, as older bindings return them; a
-MIG instance has no serial of its own (NVML: Not Supported).
+and a GPU's instances are its MIG devices 0, 1, … in the list's order. Serial numbers
+come back as bytes, as older bindings return them; a MIG instance has no serial of its
+own (NVML: Not Supported).
 """
 
 from types import SimpleNamespace
