@@ -37,6 +37,7 @@ import importlib
 import json
 import os
 import runpy
+import select
 import selectors
 import signal
 import socket
@@ -84,28 +85,33 @@ READY_TIMEOUT_S = 600.0
 _LINE_LIMIT = 1 << 20
 
 
-def _read_line(conn: socket.socket, deadline: float | None = None) -> bytes | None:
-    """One line from `conn` (without its newline); None at end of stream. Raises
-    TimeoutError past `deadline` (time.monotonic)."""
-    data = b""
-    while not data.endswith(b"\n"):
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
+class _Lines:
+    """The lines of a connection, each read whole: a wait that times out keeps what it
+    had read for the next one (a line is never cut, whatever the load)."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self._conn = conn
+        self._buffer = b""
+
+    def read(self, deadline: float | None = None) -> bytes | None:
+        """The next line (without its newline); None at the end of the stream. Raises
+        TimeoutError past `deadline` (time.monotonic)."""
+        while b"\n" not in self._buffer:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
                 raise TimeoutError
-            conn.settimeout(left)
-        try:
-            chunk = conn.recv(1)
-        except TimeoutError:
-            raise
-        except OSError:
-            return None
-        if not chunk:
-            return None
-        data += chunk
-        if len(data) > _LINE_LIMIT:
-            return None
-    return data[:-1]
+            ready, _w, _x = select.select([self._conn], [], [], left)
+            if not ready:
+                raise TimeoutError
+            try:
+                chunk = self._conn.recv(4096)
+            except OSError:
+                return None
+            if not chunk or len(self._buffer) > _LINE_LIMIT:
+                return None
+            self._buffer += chunk
+        line, _newline, self._buffer = self._buffer.partition(b"\n")
+        return line
 
 
 # The server side ----------------------------------------------------------------------
@@ -170,7 +176,7 @@ def _supervise(conn: socket.socket) -> None:
     code = 0
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        line = _read_line(conn)
+        line = _Lines(conn).read()
         if line is None:
             return
         request = json.loads(line)
@@ -240,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
 class ForkedChild:
     """A child the server forked: wait for it, kill it."""
 
-    def __init__(self, conn: socket.socket, pid: int) -> None:
+    def __init__(self, conn: socket.socket, lines: _Lines, pid: int) -> None:
         self._conn = conn
+        self._lines = lines
         self.pid = pid
         self.returncode: int | None = None
 
@@ -251,7 +258,7 @@ class ForkedChild:
             return self.returncode
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            line = _read_line(self._conn, deadline)
+            line = self._lines.read(deadline)
         except TimeoutError:
             return None
         if line is None:  # the supervisor is gone: the child cannot be told apart
@@ -352,15 +359,15 @@ class ForkServer:
             request = {"module": module, "argv": argv, "env": env, "cwd": cwd or os.getcwd(),
                        "stdout": stdout, "stderr": stderr}
             conn.sendall(json.dumps(request).encode() + b"\n")
-            line = _read_line(conn, time.monotonic() + 60.0)
+            lines = _Lines(conn)
+            line = lines.read(time.monotonic() + 60.0)
         except (OSError, TimeoutError) as exc:
             conn.close()
             raise OSError(f"the fork server did not answer: {exc}") from None
         if line is None:
             conn.close()
             raise OSError("the fork server closed the connection")
-        conn.settimeout(None)
-        return ForkedChild(conn, int(json.loads(line)["pid"]))
+        return ForkedChild(conn, lines, int(json.loads(line)["pid"]))
 
     def close(self) -> None:
         """End the server at once, even while it imports (its children, which it does

@@ -115,3 +115,25 @@ def test_a_setting_read_as_torch_loads_gets_a_fresh_interpreter(server, tmp_path
     assert seen["torch_imported_before"] is False
     assert seen["torch_threads"] == 1
     assert any("OMP_NUM_THREADS" in reason for reason in server.refusals)
+
+
+def test_a_wait_that_times_out_mid_line_loses_nothing_of_it():
+    """The parent waits for a child's exit in short slices (its progress display): a slice
+    that ends between two bytes of the supervisor's line must leave them for the next
+    (a lost "{" made the line a JSON string and a stray rest)."""
+    import socket
+    import time
+
+    from numparity_agent._forkserver import _Lines
+
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        lines = _Lines(ours)
+        theirs.sendall(b"{")
+        with pytest.raises(TimeoutError):
+            lines.read(time.monotonic() + 0.05)
+        theirs.sendall(b'"returncode": -6}\n{"next": 1}\n')
+        assert json.loads(lines.read(time.monotonic() + 5)) == {"returncode": -6}
+        assert json.loads(lines.read(time.monotonic() + 5)) == {"next": 1}
+        theirs.close()
+        assert lines.read(time.monotonic() + 5) is None
