@@ -36,6 +36,7 @@ import contextlib
 import importlib
 import json
 import os
+import random
 import runpy
 import select
 import selectors
@@ -132,9 +133,15 @@ def serve(socket_path: str) -> int:
     # memory.c, openblas_fork_handler), so those threads are safe. No other may start.
     importlib.import_module("numpy")
     blas = _threads() - alone
+    import torch
+
+    # torch's CPU generator as a fresh interpreter has it: seeded from the system's
+    # entropy (each child reseeds it) or, in a torch that seeds it with its fixed default,
+    # that state (each child starts from it, whatever the agent's imports drew).
+    fresh_rng = (None if torch.initial_seed() != torch.Generator().initial_seed()
+                 else torch.get_rng_state())
     for name in PRELOAD:
         importlib.import_module(name)
-    import torch
 
     threads = _threads() - blas
     refusal = None
@@ -167,11 +174,11 @@ def serve(socket_path: str) -> int:
             if os.fork() == 0:
                 selector.close()
                 listener.close()
-                _supervise(conn)
+                _supervise(conn, fresh_rng)
             conn.close()
 
 
-def _supervise(conn: socket.socket) -> None:
+def _supervise(conn: socket.socket, fresh_rng: Any) -> None:
     """The supervisor of one child: fork it, say its pid, wait, say how it ended."""
     code = 0
     try:
@@ -182,7 +189,7 @@ def _supervise(conn: socket.socket) -> None:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:
-            _become_child(request, conn)
+            _become_child(request, conn, fresh_rng)
         conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
         _pid, status = os.waitpid(pid, 0)
         returncode = os.waitstatus_to_exitcode(status)
@@ -193,12 +200,24 @@ def _supervise(conn: socket.socket) -> None:
         os._exit(code)
 
 
-def _become_child(request: dict[str, Any], conn: socket.socket) -> None:
+def _become_child(request: dict[str, Any], conn: socket.socket, fresh_rng: Any) -> None:
     """Run `request`'s module as `python -m` would, in this freshly forked process."""
     code: int = 1
     try:
         conn.close()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # The generators as in a fresh interpreter (`serve`), never the server's state
+        # shared by every child: Python's and numpy's global ones from the system's
+        # entropy; CUDA's are created, seeded as ever, when the child initialises CUDA.
+        import numpy
+        import torch
+
+        if fresh_rng is None:
+            torch.default_generator.seed()
+        else:
+            torch.set_rng_state(fresh_rng)
+        random.seed()
+        numpy.random.seed()
         # Before anything else runs: the child's environment, whole (putenv too, so
         # that C code's getenv reads it).
         os.environ.clear()

@@ -3,6 +3,7 @@ forked from the agent's fork server): printed as one JSON line."""
 
 import ctypes
 import json
+import random
 import sys
 
 torch_before = "torch" in sys.modules  # forked: the server imported it; fresh: not yet
@@ -29,4 +30,8 @@ print(json.dumps({
     "devices": [torch.cuda.get_device_properties(i).uuid
                 for i in range(torch.cuda.device_count())],
     "argv": sys.argv[1:],
+    # The generators' first draws: torch's from its fixed default seed, Python's from
+    # the system's entropy (each process its own).
+    "torch_first_draw": torch.rand(1).item(),
+    "python_first_draw": random.random(),
 }))

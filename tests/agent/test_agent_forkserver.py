@@ -11,6 +11,7 @@ import json
 import os
 
 import pytest
+import torch
 from helpers.agent import fake_gpu, fake_gpu_env
 
 from numparity_agent import _devices, _suite
@@ -103,6 +104,15 @@ def test_a_forked_child_has_torch_and_its_own_environment_and_no_cuda_yet(server
     plain = probe(server, dict(server.environ), tmp_path)
     assert plain["getenv"]["CUBLAS_WORKSPACE_CONFIG"] is None
     assert len(plain["devices"]) == len(NODE_GPUS)
+    # Generators as in a fresh interpreter: Python's each process its own; torch's too
+    # where torch seeds its CPU generator from entropy (as this process shows), else
+    # its fixed default (the oracle: a new generator's first draw).
+    assert seen["python_first_draw"] != plain["python_first_draw"]
+    if torch.initial_seed() != torch.Generator().initial_seed():
+        assert seen["torch_first_draw"] != plain["torch_first_draw"]
+    else:
+        fresh = torch.rand(1, generator=torch.Generator()).item()
+        assert seen["torch_first_draw"] == plain["torch_first_draw"] == fresh
 
 
 def test_a_setting_read_as_torch_loads_gets_a_fresh_interpreter(server, tmp_path):
