@@ -67,8 +67,8 @@ def overheads(document: dict[str, Any]) -> tuple[list[float], list[float]]:
 
 
 def summary(label: str, walls: list[float], per_variant: list[float],
-            imports: list[float], firsts: list[float]) -> None:
-    later = [v for v in per_variant if v not in firsts] or per_variant
+            imports: list[float], firsts: list[float], later: list[float]) -> None:
+    later = later or per_variant
     print(f"  {label:<7} run {statistics.mean(walls):7.2f} s | overhead per variant: mean "
           f"{statistics.mean(per_variant):6.2f} s, worst {max(per_variant):6.2f} s, first "
           f"child {statistics.mean(firsts):6.2f} s, later children mean "
@@ -89,7 +89,7 @@ def main() -> int:
           f"workloads {', '.join(args.workloads)}; variants {', '.join(args.variants)}; "
           f"{args.fake_gpus or 'no'} fake GPU(s); {args.rounds} round(s)")
     figures: dict[bool, dict[str, list[float]]] = {
-        fresh: {"walls": [], "per_variant": [], "imports": [], "firsts": []}
+        fresh: {"walls": [], "per_variant": [], "imports": [], "firsts": [], "later": []}
         for fresh in (True, False)}
     with tempfile.TemporaryDirectory(prefix="numparity-bench-") as tmp:
         for round_ in range(args.rounds):
@@ -104,10 +104,12 @@ def main() -> int:
                 got["per_variant"] += per_variant
                 got["imports"] += imports
                 got["firsts"].append(per_variant[0])
+                got["later"] += per_variant[1:]
     print(f"\n== before / after (load average {os.getloadavg()[0]:.1f} at the end)")
     for fresh, label in ((True, "before"), (False, "after")):
         got = figures[fresh]
-        summary(label, got["walls"], got["per_variant"], got["imports"], got["firsts"])
+        summary(label, got["walls"], got["per_variant"], got["imports"], got["firsts"],
+                got["later"])
     worst = max(figures[False]["per_variant"])
     print(f"== after: worst overhead per variant {worst:.2f} s (target <= "
           f"{TARGET_VARIANT_OVERHEAD_S:.0f} s on a GPU: "
