@@ -309,6 +309,12 @@ class ForkServer:
         # Why children ran in a fresh interpreter instead, each once, in order.
         self.refusals: list[str] = []
         self.import_s: float | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        if not sys.platform.startswith("linux"):
+            # Forking a process that loaded torch is Linux's way (macOS's frameworks
+            # forbid it after their initialisation): fresh interpreters elsewhere.
+            self._ready, self.failure = False, "the fork server runs on Linux only"
+            return
         with open(self._stderr, "wb") as err:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "numparity_agent._forkserver", self._socket],
@@ -322,7 +328,7 @@ class ForkServer:
             return self._ready
 
     def _read_ready(self) -> bool:
-        assert self._proc.stdout is not None
+        assert self._proc is not None and self._proc.stdout is not None
         selector = selectors.DefaultSelector()
         selector.register(self._proc.stdout, selectors.EVENT_READ)
         line = b""
@@ -341,7 +347,7 @@ class ForkServer:
         return False
 
     def _why_gone(self) -> str:
-        code = self._proc.poll()
+        code = self._proc.poll() if self._proc is not None else None
         try:
             with open(self._stderr, encoding="utf-8", errors="replace") as f:
                 tail = f.read()[-2000:].strip()
@@ -391,6 +397,10 @@ class ForkServer:
     def close(self) -> None:
         """End the server at once, even while it imports (its children, which it does
         not wait for, run on until they end)."""
+        if self._proc is None:
+            with contextlib.suppress(OSError):
+                os.rmdir(self._dir)
+            return
         if self._proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self._proc.stdin.close()
