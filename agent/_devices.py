@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from numparity_agent._environment import without_identity
+from numparity_agent._environment import anonymous_devices, without_identity
 
 ALL = "all"
 CPU = "cpu"
@@ -267,18 +267,7 @@ def _mig_instances_cuda_hides(pynvml: Any, devices: list[dict[str, Any]],
                 with contextlib.suppress(Exception):
                     boards.append(pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
                         pynvml.nvmlDeviceGetHandleByUUID(device["uuid"])))
-    instances: list[Any] = []
-    for board in boards:
-        try:
-            current, _pending = pynvml.nvmlDeviceGetMigMode(board)
-            count = int(pynvml.nvmlDeviceGetMaxMigDeviceCount(board)) if current else 0
-        except Exception:  # noqa: BLE001, S112 - not MIG-capable (or a MIG handle)
-            continue
-        for index in range(count):
-            try:  # the indices of a GPU's instances have gaps: NVML says Not Found
-                instances.append(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(board, index))
-            except Exception:  # noqa: BLE001, S112
-                continue
+    instances = [handle for board in boards for handle in _mig_handles(pynvml, board)]
     seen = {d["uuid"] for d in devices if d.get("uuid")}
     hidden: list[dict[str, Any]] = []
     for handle in [*instances, *named]:
@@ -302,6 +291,50 @@ def _mig_instances_cuda_hides(pynvml: Any, devices: list[dict[str, Any]],
     return hidden
 
 
+def _mig_handles(pynvml: Any, board: Any) -> list[Any]:
+    """NVML's handles of the MIG instances of `board` ([] when it is not in MIG mode)."""
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(board)
+        count = int(pynvml.nvmlDeviceGetMaxMigDeviceCount(board)) if current else 0
+    except Exception:  # noqa: BLE001 - not MIG-capable (or a MIG handle)
+        return []
+    handles = []
+    for index in range(count):
+        try:  # the indices of a GPU's instances have gaps: NVML says Not Found
+            handles.append(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(board, index))
+        except Exception:  # noqa: BLE001, S112
+            continue
+    return handles
+
+
+def node_gpus() -> list[str] | None:
+    """NVML's UUIDs of every GPU of the node and of every MIG instance of a GPU in MIG
+    mode, whatever CUDA_VISIBLE_DEVICES shows this process: the run document's
+    `node_gpus`, by which the server knows that a GPU a scheduler did not give this run
+    has not left the node. None without NVML, or when the node reports its devices
+    anonymously. Needs no torch."""
+    if anonymous_devices():
+        return None
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - optional dependency, or no driver
+        return None
+    try:
+        uuids = []
+        for index in range(int(pynvml.nvmlDeviceGetCount())):
+            board = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuids.append(_text(pynvml.nvmlDeviceGetUUID(board)))
+            uuids += [_text(pynvml.nvmlDeviceGetUUID(h)) for h in _mig_handles(pynvml, board)]
+        return uuids
+    except Exception:  # noqa: BLE001 - a partial list would detach the rest
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
 def torch_device(slot: str) -> Any:
     """The torch.device a child computes on for `slot` ("cpu", "cuda:1").
 
@@ -314,6 +347,11 @@ def torch_device(slot: str) -> Any:
 
 
 def main() -> int:
+    """Print the visible devices as JSON (`--node-gpus`: `node_gpus()` instead)."""
+    if sys.argv[1:] == ["--node-gpus"]:
+        json.dump(node_gpus(), sys.stdout)
+        sys.stdout.write("\n")
+        return 0
     json.dump(visible_devices(), sys.stdout)
     sys.stdout.write("\n")
     return 0

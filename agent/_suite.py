@@ -410,6 +410,26 @@ def _environment_child(timeout: float, fork_server: ForkServer | None = None
     return environment
 
 
+def _node_gpus(timeout: float, fork_server: ForkServer | None = None) -> list[str] | None:
+    """NVML's UUIDs of the node's GPUs (`_devices.node_gpus`, in a child: NVML can hang
+    on a wedged GPU); None when NVML cannot say."""
+    with tempfile.TemporaryDirectory(prefix="numparity-") as tmp:
+        child = _start("numparity_agent._devices", ["--node-gpus"], dict(os.environ), tmp,
+                       fork_server)
+        code = child.wait(timeout)
+        if code is None:
+            child.kill()
+            child.wait()
+            return None
+        try:
+            found = json.loads(_output(tmp, "stdout")) if code == 0 else None
+        except ValueError:
+            return None
+    if not isinstance(found, list):
+        return None
+    return [str(uuid) for uuid in found]
+
+
 @dataclass
 class _DeviceRun:
     """What one device's children gave: its results, timeline, its `devices` entry,
@@ -762,14 +782,18 @@ def _run_devices(
             + (", every result failed" if failed else ""))
         return run
 
-    with ThreadPoolExecutor(max_workers=len(plan) + 1,
+    with ThreadPoolExecutor(max_workers=len(plan) + 2,
                             thread_name_prefix="numparity-device") as pool:
         captured = (pool.submit(_environment_child, timeout, server)
                     if own_environment_child else None)
+        # Which GPUs the node has, whatever this run was given (the server keeps them).
+        listed = (pool.submit(_node_gpus, timeout, server)
+                  if any(entry["type"] == "cuda" for entry, _runs in plan) else None)
         futures = [pool.submit(run_device, position, entry, runs, on_device)
                    for position, ((entry, runs), on_device)
                    in enumerate(zip(plan, per_device, strict=True))]
         device_runs = [future.result() for future in futures]
+        node_gpus = listed.result() if listed is not None else None
         environment: dict[str, Any] | None = next(
             (r.environment for r in device_runs if r.environment), None)
         if captured is not None:
@@ -798,4 +822,5 @@ def _run_devices(
         devices=entries,
         results_order=variants,
         timeline=timeline,
+        node_gpus=node_gpus,
     )

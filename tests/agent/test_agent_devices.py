@@ -293,6 +293,24 @@ def test_a_run_measures_every_mig_instance_each_in_a_child_that_sees_it_alone(tm
                 repeats=1)["tensors"]} for w in workloads}
     finally:
         torch.set_num_threads(before)
+    # NVML's list of the node's GPUs, for the server (every board and instance).
+    assert document["node_gpus"] == [MIG_BOARD["uuid"], *(i["uuid"] for i in INSTANCES),
+                                     V100["uuid"]]
     assert expected[1] != expected[2], "one thread and two give the same bits here"
     assert found["cuda:3"] == expected[1]
     assert found["cuda:0"] == found["cuda:2"] == expected[2]
+
+
+def test_the_nodes_gpus_are_nvmls_whatever_a_scheduler_shows_the_run(node, monkeypatch):
+    """A job given one GPU still says which GPUs the node has, so that the server does
+    not take the others for gone (issue 42); anonymously, or without NVML, it says
+    nothing."""
+    every = [MIG_BOARD["uuid"], *(i["uuid"] for i in INSTANCES), V100["uuid"]]
+    node(MIG_NODE, visible=V100["uuid"])
+    assert [d["uuid"] for d in visible_devices()] == [V100["uuid"]]
+    assert _devices.node_gpus() == every
+    monkeypatch.setenv("NUMPARITY_ANONYMOUS_DEVICES", "1")
+    assert _devices.node_gpus() is None
+    monkeypatch.delenv("NUMPARITY_ANONYMOUS_DEVICES")
+    node(MIG_NODE, visible=V100["uuid"], nvml=False)
+    assert _devices.node_gpus() is None
