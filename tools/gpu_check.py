@@ -231,9 +231,11 @@ except Exception as exc:
     raise SystemExit(0)
 text = lambda v: v.decode() if isinstance(v, bytes) else str(v)
 found = {}
+every = []
 count = pynvml.nvmlDeviceGetCount()
 for i in range(count):
     board = pynvml.nvmlDeviceGetHandleByIndex(i)
+    every.append(text(pynvml.nvmlDeviceGetUUID(board)))
     try:
         mode = pynvml.nvmlDeviceGetMigMode(board)[0]
     except Exception:
@@ -248,17 +250,15 @@ for i in range(count):
         except Exception:
             pass
     found[text(pynvml.nvmlDeviceGetUUID(board))] = uuids
-print(json.dumps({"gpus": count, "mig": found}))
+    every += uuids
+print(json.dumps({"gpus": count, "mig": found, "every": every}))
 """
 
 
 def check_mig(check: Check) -> Row:
     """Every MIG instance NVML shows is a device of `--device all`: CUDA shows a process
-    one MIG instance, the agent finds the others in NVML (issue 42, 11)."""
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        return Row("MIG instances", "n/a", f"CUDA_VISIBLE_DEVICES={listed}: the devices are "
-                   "that allocation's, not every instance NVML shows")
+    one MIG instance, the agent finds the others in NVML (issue 42, 11); and the stock
+    run's `node_gpus` is NVML's every GPU and instance of the node."""
     done = subprocess.run([sys.executable, "-c", MIG_SCRIPT], env=check.agent_env(),
                           capture_output=True, text=True, timeout=check.remaining(),
                           check=False)
@@ -267,17 +267,28 @@ def check_mig(check: Check) -> Row:
     nvml = json.loads(done.stdout)
     if "error" in nvml:
         return Row("MIG instances", "n/a", f"no NVML here ({nvml['error']})")
+    problems = []
+    stock = check.documents.get("stock")
+    node_gpus = f"node_gpus: {len(nvml['every'])}, NVML's"
+    if stock is not None and sorted(stock.get("node_gpus") or []) != sorted(nvml["every"]):
+        node_gpus = f"node_gpus {stock.get('node_gpus')} is not NVML's {nvml['every']}"
+        problems.append(node_gpus)
     instances = {u for uuids in nvml["mig"].values() for u in uuids}
-    if not instances:
-        return Row("MIG instances", "n/a", f"no GPU in MIG mode among NVML's {nvml['gpus']}",
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not instances or listed is not None:
+        why = (f"CUDA_VISIBLE_DEVICES={listed}: the devices are that allocation's"
+               if listed is not None else f"no GPU in MIG mode among NVML's {nvml['gpus']}")
+        return Row("MIG instances", "FAIL" if problems else "n/a", f"{why}; {node_gpus}",
                    nvml)
     devices = {d.get("uuid"): d.get("device") for d in check.all_devices}
     missing = sorted(instances - set(devices))
     slots = [str(devices[u]) for u in sorted(instances) if u in devices]
     detail = (f"{len(instances)} instance(s) on {len(nvml['mig'])} GPU(s) in MIG mode; "
-              f"devices of all: {', '.join(slots) or 'none'}")
+              f"devices of all: {', '.join(slots) or 'none'}; {node_gpus}")
     if missing:
-        return Row("MIG instances", "FAIL", f"{detail}; not listed: {', '.join(missing)}", nvml)
+        problems.append(f"not listed: {', '.join(missing)}")
+    if problems:
+        return Row("MIG instances", "FAIL", f"{detail}; {'; '.join(problems)}", nvml)
     return Row("MIG instances", "ok", detail, nvml)
 
 
@@ -719,7 +730,7 @@ def check_isclose(check: Check) -> Row:
 # Each step of the check: the rows it answers (in the table's order) and its deadline
 # in seconds on one GPU. A step past its deadline is FAIL with that reason, the steps
 # after it still run; the whole check stops starting steps at --deadline.
-ROWS = ["identity", "MIG instances", "variants", "variant overhead", "fork server",
+ROWS = ["identity", "variants", "variant overhead", "fork server", "MIG instances",
         "TF32 split", "explain", "SDPA backends", "NCCL collectives", "profiler kernel names",
         "large-suite upload", "CUDA isclose"]
 DEADLINES_S = {"identity": 60, "MIG instances": 30, "variants": 240, "fork server": 120,
@@ -744,9 +755,9 @@ class Step:
 def steps() -> list[Step]:
     return [
         Step(["identity"], lambda c: [check_identity(c)], needs_server=False),
-        Step(["MIG instances"], lambda c: [check_mig(c)], needs_server=False),
         Step(["variants", "variant overhead"], check_variants),
         Step(["fork server"], lambda c: [check_fork_server(c)], needs_server=False),
+        Step(["MIG instances"], lambda c: [check_mig(c)], needs_server=False),
         Step(["TF32 split"], check_tf32_split),
         Step(["explain"], lambda c: [check_explain(c, c.split)]),
         Step(["SDPA backends"], lambda c: [check_sdpa(c)]),

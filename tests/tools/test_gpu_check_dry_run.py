@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(2400)
 ROOT = Path(__file__).resolve().parents[2]
 ALONE = ROOT / "tests" / "helpers" / "agent_alone"
 FAKE_CUDA = ROOT / "tests" / "helpers" / "fake_cuda"
-ROWS = ["identity", "MIG instances", "variants", "variant overhead", "fork server",
+ROWS = ["identity", "variants", "variant overhead", "fork server", "MIG instances",
         "TF32 split", "explain", "SDPA backends", "NCCL collectives", "profiler kernel names",
         "large-suite upload", "CUDA isclose"]
 
@@ -138,7 +138,9 @@ def test_the_fork_servers_children_measure_what_fresh_interpreters_do(dry_run):
     probe = row["data"]["probe"]
     assert probe["torch_imported_before"] and not probe["cuda_initialised"]
     assert probe["devices"] == ["00000000-0000-4000-8000-000000000028"]
-    assert rows["MIG instances"]["status"] == "n/a"
+    mig = rows["MIG instances"]
+    assert mig["status"] == "n/a", mig["detail"]
+    assert mig["detail"].endswith("node_gpus: 1, NVML's")
 
 
 def test_the_judge_agrees_with_isclose_on_the_device_it_ran_on(dry_run):

@@ -128,3 +128,7 @@ def test_the_mig_row_names_an_instance_nvml_shows_that_all_does_not(quick, monke
                         lambda self, **extra: fake_gpu_env([fake_gpu(0)]))
     row = gpu_check.check_mig(quick)
     assert row.status == "n/a" and "no GPU in MIG mode among NVML's 1" in row.detail
+    # The stock run's node_gpus must be NVML's whole list.
+    quick.documents["stock"] = {"node_gpus": []}
+    row = gpu_check.check_mig(quick)
+    assert row.status == "FAIL" and "node_gpus [] is not NVML's" in row.detail
