@@ -1,10 +1,12 @@
 """Run the suite: every device at once, one child process per variant (group) after
 another on each, results gathered into a run document.
 
-Each variant runs in its own interpreter (design §2.3): knobs such as
-CUBLAS_WORKSPACE_CONFIG must be set before torch starts, and a crash or a hang in one
+Each variant runs in its own process (design §2.3): knobs such as
+CUBLAS_WORKSPACE_CONFIG must be set before CUDA starts, and a crash or a hang in one
 variant must not lose the others; a GPU that crashes or hangs its children fails its
-own results only. This module does not import torch.
+own results only. The processes are forked from the run's fork server (`_forkserver`:
+torch imported once) where their environment allows, else fresh interpreters. This
+module does not import torch.
 """
 
 from __future__ import annotations
