@@ -27,6 +27,9 @@ What makes a forked child the same as a fresh interpreter:
   may differ from the server's own environment, each with where it is read; a child
   whose environment differs in any other variable gets a fresh interpreter
   (`ForkServer.refuses`).
+- Its generators are reseeded as a fresh interpreter seeds them (`_become_child`).
+What stays the server's: str's hash seed (the iteration order of a set of strings), the
+same in every child; nothing numeric depends on it.
 This module does not import torch in the agent's own process.
 """
 
