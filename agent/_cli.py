@@ -33,6 +33,7 @@ from numparity_agent import (
     _workloads,
 )
 from numparity_agent._answer import server_message, tls_verify
+from numparity_agent._forkserver import ForkServer
 from numparity_agent._lock import LockBusy, spool_lock
 from numparity_agent._log import end_progress, hide, interactive, log, progress
 
@@ -148,8 +149,8 @@ def _parser() -> argparse.ArgumentParser:
                      "built-ins of the suite)")
     run.add_argument("--device", metavar="LIST",
                      help="devices, comma-separated: cuda:N, cpu, or all (every visible CUDA "
-                     "device, MIG instances included, else the CPU); they run one after "
-                     "another (NUMPARITY_DEVICE, config device; default all)")
+                     "device, MIG instances included, else the CPU); they run at once "
+                     "(NUMPARITY_DEVICE, config device; default all)")
     run.add_argument("--repeats", metavar="N",
                      help="runs per variant (NUMPARITY_REPEATS, config repeats; default 2)")
     run.add_argument("--node", metavar="NAME",
@@ -174,6 +175,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds a traced nondeterministic result's cost study may time "
                      "rounds for, after its first six: it stops earlier once its intervals "
                      "are narrow (NUMPARITY_STUDY_BUDGET, config study_budget; default 60)")
+    run.add_argument("--fresh-interpreters", action="store_true",
+                     help="start each variant's child process in a fresh interpreter, "
+                     "which imports torch again, instead of forking it from a server "
+                     "that imported torch once (default: forked, where its environment "
+                     "allows)")
     run.add_argument("--fault-drill", action="store_true",
                      help="flip one bit of one activation per workload in the strict variant "
                      "and mark the document as a drill: checks that the audit catches a "
@@ -646,12 +652,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from numparity_agent._suite import (
         DEFAULT_REPEATS,
         DEFAULT_TIMEOUT_S,
-        DeviceListError,
         UsageError,
         check_suite,
         default_variants,
-        drill_slot,
-        select_devices,
         validate,
     )
 
@@ -672,8 +675,31 @@ def _cmd_run(args: argparse.Namespace) -> int:
         validate(workloads, variants, repeats, drill=args.fault_drill, suite=suite)
         if args.drill_device and not args.fault_drill:
             raise UsageError("--drill-device names the device of --fault-drill: add it")
+    except UsageError as exc:
+        raise _Usage(str(exc)) from None
+    # The run's fork server (`_forkserver`) imports torch while the devices are listed,
+    # by a child it forks as soon as it can.
+    with ExitStack() as servers:
+        server = None if args.fresh_interpreters else servers.enter_context(ForkServer())
+        return _run_on_devices(args, context, suite=suite, workloads=workloads,
+                               variants=variants, repeats=repeats, timeout=timeout,
+                               selection=selection, server=server)
+
+
+def _run_on_devices(args: argparse.Namespace, context: _Context, *, suite: str,
+                    workloads: list[str], variants: list[str], repeats: int,
+                    timeout: float, selection: str, server: ForkServer | None) -> int:
+    from numparity_agent._suite import (
+        DeviceListError,
+        UsageError,
+        drill_slot,
+        select_devices,
+    )
+
+    get = context.settings.get
+    try:
         try:
-            devices = select_devices(selection, timeout=timeout)
+            devices = select_devices(selection, timeout=timeout, fork_server=server)
         except UsageError as exc:
             where = context.settings.sources.get("device", "--device")
             raise UsageError(f"{where} {selection}: {exc}") from None
@@ -711,12 +737,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 return stopped
         return _run_locked(args, context, suite=suite, workloads=workloads,
                            variants=variants, devices=devices, repeats=repeats,
-                           timeout=timeout)
+                           timeout=timeout, server=server)
 
 
 def _run_locked(args: argparse.Namespace, context: _Context, *, suite: str,
                 workloads: list[str], variants: list[str], devices: list[dict[str, Any]],
-                repeats: int, timeout: float) -> int:
+                repeats: int, timeout: float, server: ForkServer | None) -> int:
     from numparity_agent._suite import run_suite
 
     codes: set[int] = set()
@@ -736,6 +762,7 @@ def _run_locked(args: argparse.Namespace, context: _Context, *, suite: str,
             values_dir=store.folder if store is not None else None,
             trace_ops=bool(get("trace_ops", False)),
             study_budget_s=get("study_budget"),
+            fork_server=server or False,
         )
     finally:
         end_progress()
