@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from numparity_agent import _devices, _variants, _workloads
+from numparity_agent import _compile, _devices, _variants, _workloads
 from numparity_agent._document import build_document, utc_now
 from numparity_agent._knobs import numeric_env_vars
 from numparity_agent._log import log
@@ -74,8 +74,9 @@ def validate(
 
 def default_variants(suite: str = _workloads.SUITE) -> list[str]:
     """The variants a run of `suite` makes when none are named: all, but those the suite
-    leaves out unless asked for (`_workloads.NOT_BY_DEFAULT`)."""
-    skipped = _workloads.NOT_BY_DEFAULT.get(suite, frozenset())
+    leaves out unless asked for (`_workloads.NOT_BY_DEFAULT`) and the opt-in ones
+    (`_variants.OPT_IN`: `compiled`)."""
+    skipped = _workloads.NOT_BY_DEFAULT.get(suite, frozenset()) | _variants.OPT_IN
     return [v for v in _variants.names() if v not in skipped]
 
 
@@ -120,6 +121,7 @@ def run_variant(
     trace_ops: bool = False,
     study_budget_s: float | None = None,
     suite: str = _workloads.SUITE,
+    compile_cache: Path | None = None,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """(environment or None, results) of one variant's child process; with
     `fault_drill` the child flips one bit in each workload (design §2.6), with
@@ -130,7 +132,8 @@ def run_variant(
                        timeout=timeout, node_env_vars=node_env_vars,
                        fault_drill=fault_drill, on_progress=on_progress,
                        values_dir=values_dir, trace_ops=trace_ops,
-                       study_budget_s=study_budget_s, suite=suite)
+                       study_budget_s=study_budget_s, suite=suite,
+                       compile_cache=compile_cache)
     return run.environment, run.results
 
 
@@ -150,6 +153,7 @@ def run_variants(
     suite: str = _workloads.SUITE,
     environment: bool = True,
     visible: str | None = None,
+    compile_cache: Path | None = None,
 ) -> ChildRun:
     """`variants` (one `_variants.process_groups` group) in one child process, each
     with `timeout` seconds (from when it starts): the variants a crash or a timeout
@@ -171,7 +175,7 @@ def run_variants(
                           values_dir=values_dir, trace_ops=trace_ops,
                           study_budget_s=study_budget_s, suite=suite,
                           environment=environment and run.environment is None,
-                          visible=visible)
+                          visible=visible, compile_cache=compile_cache)
         run.environment = run.environment or part.environment
         run.results.extend(part.results)
         run.timeline.extend(part.timeline)
@@ -200,11 +204,13 @@ def _run_child(
     environment: bool,
     study_budget_s: float | None = None,
     visible: str | None = None,
+    compile_cache: Path | None = None,
 ) -> ChildRun:
     """One child for `variants`: its results for the variants it finished, failed
     results for the one a crash or a timeout hit, nothing for those it left (the
     caller starts another child for them). `visible`: the child sees only this device
-    (its CUDA_VISIBLE_DEVICES) and computes on its cuda:0."""
+    (its CUDA_VISIBLE_DEVICES) and computes on its cuda:0. `compile_cache`: Inductor's
+    cache folder for a compiling variant (`_compile.cache_environ`)."""
     spec = {
         "variants": variants,
         "suite": suite,
@@ -219,7 +225,10 @@ def _run_child(
         "environment": environment,
     }
     # The group's variants have the same child environment (`process_groups`).
-    env = _variants.get(variants[0]).child_env(dict(os.environ))
+    first = _variants.get(variants[0])
+    env = first.child_env(dict(os.environ))
+    if first.compiles:
+        env = _compile.cache_environ(env, compile_cache)
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
         spec["torch_device"] = "cuda:0"
@@ -534,6 +543,7 @@ def run_suite(
     trace_ops: bool = False,
     study_budget_s: float | None = None,
     suite: str = _workloads.SUITE,
+    compile_cache: Path | None = None,
 ) -> dict[str, Any]:
     """Run `workloads` of `suite` under `variants` (by default its built-ins under
     `default_variants(suite)`) on each device: the run document. Large tensors' values
@@ -553,6 +563,7 @@ def run_suite(
     `on_progress` follows the run workload by workload (see Progress). With
     `trace_ops` every variant records each workload's ops (design §2.10): the document
     carries the trace bodies in `traces`, each result the hash of its own.
+    `compile_cache`: Inductor's cache folder for the compiled variant (design §2.14).
     """
     check_suite(suite)
     workloads = list(workloads or _workloads.builtin_names(suite))
@@ -632,6 +643,7 @@ def run_suite(
                 environment=(position == 0 and not own_environment_child
                              and run.environment is None),
                 visible=visible,
+                compile_cache=compile_cache,
             )
             run.environment = run.environment or child.environment
             run.timeline.extend(child.timeline)
