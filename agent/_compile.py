@@ -105,8 +105,8 @@ def cache_counters() -> dict[str, int]:
     """Inductor's FX graph cache hits and misses and dynamo's compiled frames so far."""
     from torch._dynamo.utils import counters
 
-    inductor = counters.get("inductor", {})
-    stats = counters.get("stats", {})
+    inductor: Mapping[str, int] = counters.get("inductor", {})
+    stats: Mapping[str, int] = counters.get("stats", {})
     return {"cache_hits": int(inductor.get("fxgraph_cache_hit", 0)),
             "cache_misses": int(inductor.get("fxgraph_cache_miss", 0)),
             "graphs": int(stats.get("unique_graphs", 0))}
