@@ -110,8 +110,9 @@ def _use_deterministic_algorithms(torch: Any) -> None:
     """torch.use_deterministic_algorithms(True), without its 2.5 s import of inductor.
 
     The public function (torch >= 2.6) also imports torch._inductor.config to make
-    compiled kernels deterministic, which pulls in dynamo. The suite never compiles, so
-    the inductor flag is only set when inductor is already loaded.
+    compiled kernels deterministic, which pulls in dynamo. Only the opt-in `compiled`
+    variant compiles (and it never runs with strict in one process), so the inductor
+    flag is only set when inductor is already loaded.
     """
     set_flag = getattr(torch._C, "_set_deterministic_algorithms", None)
     if set_flag is None:
