@@ -102,12 +102,16 @@ def reset() -> None:
 
 
 def cache_counters() -> dict[str, int]:
-    """Inductor's FX graph cache hits and misses and dynamo's compiled frames so far."""
+    """The compiled graphs served by a cache (Inductor's FX graph cache, or
+    AOTAutograd's, which holds Inductor's code too and is asked first where it is on),
+    those Inductor had to generate (FX graph cache misses), and dynamo's graphs so far."""
     from torch._dynamo.utils import counters
 
     inductor: Mapping[str, int] = counters.get("inductor", {})
+    autograd: Mapping[str, int] = counters.get("aot_autograd", {})
     stats: Mapping[str, int] = counters.get("stats", {})
-    return {"cache_hits": int(inductor.get("fxgraph_cache_hit", 0)),
+    return {"cache_hits": int(inductor.get("fxgraph_cache_hit", 0))
+            + int(autograd.get("autograd_cache_hit", 0)),
             "cache_misses": int(inductor.get("fxgraph_cache_miss", 0)),
             "graphs": int(stats.get("unique_graphs", 0))}
 
