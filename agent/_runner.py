@@ -298,8 +298,16 @@ def against_eager(workload: Workload, *, dtype: torch.dtype, device: torch.devic
     if differing:
         layer = next((t["name"] for t in tensors
                       if t["name"] in differing and t["kind"] == "layer"), None)
-        found.update(_compile.localise(workload, dtype=dtype, device=device,
-                                       first_differing=layer))
+        if layer is None:
+            # Localisation compiles forward leaves on their eager inputs: where every
+            # recorded layer agrees (train's gradients differ, its forward does not), a
+            # leaf that differs alone would be a false lead.
+            found.update({"module": None, "note": (
+                f"every recorded layer gives eager's bits; the first difference is "
+                f"{differing[0]}: not localised (leaf modules are compiled forward only)")})
+        else:
+            found.update(_compile.localise(workload, dtype=dtype, device=device,
+                                           first_differing=layer))
     return found
 
 
