@@ -99,3 +99,12 @@ def test_repro_refuses_what_it_cannot_reproduce(tmp_path: Path) -> None:
                      str(tmp_path / "r.py"))
     assert done.returncode == 2 and "cnn/compiled is skipped in the run" in done.stderr
     assert not (tmp_path / "r.py").exists()
+
+
+def test_inductor_settings_are_numeric_variables_its_cache_folder_is_not() -> None:
+    from numparity_agent._knobs import numeric_env_vars
+
+    found = numeric_env_vars({"TORCHINDUCTOR_EMULATE_PRECISION_CASTS": "1",
+                              "TORCHINDUCTOR_CACHE_DIR": "/ci/inductor",
+                              "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"})
+    assert found == {"TORCHINDUCTOR_EMULATE_PRECISION_CASTS": "1"}
