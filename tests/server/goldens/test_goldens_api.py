@@ -272,3 +272,11 @@ def test_check_computes_the_compiled_variant_only_when_the_agent_names_it(api: A
     named = api.client.get("/api/v1/agent/check", params={**ask, "variant": "compiled"},
                            headers=api.agent).json()
     assert {c["variant"] for c in named["devices"][0]["checks"]} == {"compiled"}
+
+
+def test_the_servers_opt_in_variants_are_the_agents() -> None:
+    from numparity_agent._variants import OPT_IN
+
+    from numparity_server.analysis.goldens import OPT_IN_VARIANTS
+
+    assert OPT_IN_VARIANTS == OPT_IN
