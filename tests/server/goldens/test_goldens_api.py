@@ -276,7 +276,6 @@ def test_check_computes_the_compiled_variant_only_when_the_agent_names_it(api: A
 
 def test_the_servers_opt_in_variants_are_the_agents() -> None:
     from numparity_agent._variants import OPT_IN
-
     from numparity_server.analysis.goldens import OPT_IN_VARIANTS
 
     assert OPT_IN_VARIANTS == OPT_IN
