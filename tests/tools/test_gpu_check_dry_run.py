@@ -125,7 +125,7 @@ def test_each_row_is_printed_as_it_finishes(dry_run):
     done, _rows, _work = dry_run
     running = {line.split("  ")[0].strip(): alive for line, alive in done.lines}
     assert running["identity"] and running["variants"], done.lines
-    assert done.lines[-1][0].startswith("10 rows, 0 FAIL, in ")
+    assert done.lines[-1][0].startswith(f"{len(ROWS)} rows, 0 FAIL, in ")
 
 
 def test_the_judge_agrees_with_isclose_on_the_device_it_ran_on(dry_run):
