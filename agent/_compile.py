@@ -29,6 +29,7 @@ CACHE_DIR_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 CACHE_SWITCHES = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
 # Inductor settings that change numerics (design §2.11): read into each compiled
 # result's knobs and tried by `explain`. (name in torch._inductor.config, values tried)
+INDUCTOR_PREFIX = "inductor."
 INDUCTOR_SETTINGS: tuple[tuple[str, tuple[Any, ...]], ...] = (
     ("emulate_precision_casts", (True, False)),
     ("fallback_random", (True, False)),
@@ -127,7 +128,7 @@ def inductor_knobs() -> dict[str, Any]:
         from torch._inductor import config
     except ImportError:
         return {}
-    return {f"inductor.{name}": getattr(config, name) for name, _values in INDUCTOR_SETTINGS
+    return {INDUCTOR_PREFIX + name: getattr(config, name) for name, _values in INDUCTOR_SETTINGS
             if hasattr(config, name)}
 
 

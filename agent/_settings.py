@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from numparity_agent._compile import INDUCTOR_PREFIX, INDUCTOR_SETTINGS
+
 # Environment variables that change numerics and that a process reads when it starts.
 # (variable, devices it applies to, the values worth trying beside unset)
 ENV_CHOICES: tuple[tuple[str, frozenset[str], tuple[str, ...]], ...] = (
@@ -45,14 +47,11 @@ KNOB_CHOICES: tuple[tuple[str, frozenset[str], tuple[Any, ...]], ...] = (
     ("cudnn.deterministic", frozenset({"cuda"}), (True, False)),
     ("cudnn.benchmark", frozenset({"cuda"}), (False, True)),
     # Inductor's settings that change a compiled result's numerics (torch._inductor.
-    # config; `_compile.INDUCTOR_SETTINGS`): tried for the compiled variant only, each
+    # config, `_compile.INDUCTOR_SETTINGS`): tried for the compiled variant only, each
     # compile in the child made afresh under it (design §2.11, §2.14).
-    ("inductor.emulate_precision_casts", frozenset({"cpu", "cuda"}), (True, False)),
-    ("inductor.fallback_random", frozenset({"cpu", "cuda"}), (True, False)),
-    ("inductor.max_autotune", frozenset({"cpu", "cuda"}), (True, False)),
-    ("inductor.batch_invariant", frozenset({"cpu", "cuda"}), (True, False)),
+    *((f"inductor.{name}", frozenset({"cpu", "cuda"}), values)
+      for name, values in INDUCTOR_SETTINGS),
 )
-INDUCTOR_PREFIX = "inductor."
 KNOB_NAMES = tuple(name for name, _devices, _values in KNOB_CHOICES)
 # The SDPA backends that exist only on CUDA.
 _CUDA_ONLY_SDPA = frozenset({"efficient", "cudnn"})
