@@ -45,6 +45,11 @@ def test_workloads_without_a_model_to_compile_are_skipped_saying_so() -> None:
         assert reason is not None and "has none to compile" in reason, name
     for name in ("mlp", "cnn", "transformer", "lstm", "train", "decoder"):
         assert _workloads.load(name).skip_reason("compiled") is None, name
+    for name in ("gemm", "attention"):
+        reason = _workloads.load(name, _workloads.LARGE).skip_reason("compiled")
+        assert reason is not None and "has none to compile" in reason, name
+    for name in ("resnet_block", "decoder", "train"):
+        assert _workloads.load(name, _workloads.LARGE).skip_reason("compiled") is None
 
 
 def test_explain_tries_inductor_settings_for_compiled_targets_only() -> None:
