@@ -29,6 +29,10 @@ from helpers.agent import clean_env, run_agent
 from helpers.e2e import upload_with_agent
 from helpers.torch_oracle import expected_verdict
 
+# The module's agent runs compile cold where CI's Inductor cache is empty: minutes on two
+# loaded cores, all counted to the first test.
+pytestmark = pytest.mark.timeout(2400)
+
 HERE = Path(__file__).resolve().parent
 CRAFTED = "compiled_workload:crafted"
 WORKLOADS = ("mlp", CRAFTED)
