@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from numparity_agent import (
+    _compile,
     _config,
     _devices,
     _flush,
@@ -141,8 +142,14 @@ def _parser() -> argparse.ArgumentParser:
                      f"(NUMPARITY_SUITE, config suite; default {_workloads.SUITE})")
     run.add_argument("--variants", nargs="+", metavar="V",
                      help=f"variants (NUMPARITY_VARIANTS, config variants; default all: "
-                     f"{', '.join(_variants.names())}; {_workloads.LARGE} leaves out "
-                     "fp64-reference unless named)")
+                     f"{', '.join(v for v in _variants.names() if v not in _variants.OPT_IN)};"
+                     f" {', '.join(sorted(_variants.OPT_IN))} (torch.compile) only when "
+                     f"named; {_workloads.LARGE} leaves out fp64-reference unless named)")
+    run.add_argument("--compile-cache", metavar="DIR",
+                     help="Inductor's cache folder for the compiled variant, kept between "
+                     "runs (NUMPARITY_COMPILE_CACHE, config compile_cache; default the "
+                     "node's TORCHINDUCTOR_CACHE_DIR, else $XDG_STATE_HOME or "
+                     "~/.local/state, then numparity/inductor)")
     run.add_argument("--workloads", nargs="+", metavar="W",
                      help=f"workloads of the suite: {', '.join(_workloads.builtin_names())} "
                      "or module:factory (NUMPARITY_WORKLOADS, config workloads; default all "
@@ -270,6 +277,22 @@ def _parser() -> argparse.ArgumentParser:
                        default="list", help="list (default), resend or drop")
     spool.add_argument("names", nargs="*", metavar="NAME",
                        help="documents by file name or run_id, as the list shows them")
+
+    repro = sub.add_parser(
+        "repro", help="write a script that reproduces a compiled result's difference from "
+        "eager in a fresh process",
+        description="From a run document (run --output FILE) with the compiled variant: a "
+        "standalone Python script that runs the module the run localised (else the whole "
+        "model) in eager and through torch.compile on the run's own inputs and weights, "
+        "and asserts the same bits; it fails where the run found a difference.")
+    repro.add_argument("run_document", metavar="RUN.json", help="the run document")
+    repro.add_argument("--workload", required=True, metavar="W", help="the workload")
+    repro.add_argument("--variant", default=_variants.COMPILED_VARIANT, metavar="V",
+                       help=f"the compiled variant (default {_variants.COMPILED_VARIANT})")
+    repro.add_argument("--device", metavar="SLOT",
+                       help="the result's device (default: the workload's first result)")
+    repro.add_argument("--output", metavar="FILE",
+                       help="where to write the script (default repro_<workload>_<variant>.py)")
 
     sub.add_parser("suites", help="list the suites, their workloads and, for large, each "
                    "workload's FLOPs and A100 time estimate")
@@ -763,6 +786,7 @@ def _run_locked(args: argparse.Namespace, context: _Context, *, suite: str,
             trace_ops=bool(get("trace_ops", False)),
             study_budget_s=get("study_budget"),
             fork_server=server or False,
+            compile_cache=get("compile_cache") or _compile.default_cache_dir(),
         )
     finally:
         end_progress()
@@ -851,6 +875,21 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_repro(args: argparse.Namespace) -> int:
+    """Write the reproducing script of a compiled result (`_repro`)."""
+    from numparity_agent import _repro
+
+    try:
+        path = _repro.write(Path(args.run_document), workload=args.workload,
+                            variant=args.variant, device=args.device,
+                            output=Path(args.output) if args.output else None)
+    except _repro.ReproError as exc:
+        raise _Usage(str(exc)) from None
+    log(f"wrote {path}: python {path} reproduces it (exit 1 where compiled and eager "
+        "differ)")
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()  # `check`'s budget counts from here
     try:
@@ -860,7 +899,8 @@ def main(argv: list[str] | None = None) -> int:
     args.started = started
     handlers = {"run": _cmd_run, "flush": _cmd_flush, "spool": _cmd_spool, "env": _cmd_env,
                 "doctor": _cmd_doctor,
-                "explain": _cmd_explain, "suites": _cmd_suites, "check": _cmd_check}
+                "explain": _cmd_explain, "suites": _cmd_suites, "check": _cmd_check,
+                "repro": _cmd_repro}
     try:
         return handlers[args.command](args)
     except _Usage as exc:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from numparity_agent import _devices, _variants, _workloads
+from numparity_agent import _compile, _devices, _variants, _workloads
 from numparity_agent._document import build_document, utc_now
 from numparity_agent._forkserver import ForkedChild, ForkServer
 from numparity_agent._knobs import numeric_env_vars
@@ -77,8 +77,9 @@ def validate(
 
 def default_variants(suite: str = _workloads.SUITE) -> list[str]:
     """The variants a run of `suite` makes when none are named: all, but those the suite
-    leaves out unless asked for (`_workloads.NOT_BY_DEFAULT`)."""
-    skipped = _workloads.NOT_BY_DEFAULT.get(suite, frozenset())
+    leaves out unless asked for (`_workloads.NOT_BY_DEFAULT`) and the opt-in ones
+    (`_variants.OPT_IN`: `compiled`)."""
+    skipped = _workloads.NOT_BY_DEFAULT.get(suite, frozenset()) | _variants.OPT_IN
     return [v for v in _variants.names() if v not in skipped]
 
 
@@ -123,6 +124,7 @@ def run_variant(
     trace_ops: bool = False,
     study_budget_s: float | None = None,
     suite: str = _workloads.SUITE,
+    compile_cache: Path | None = None,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """(environment or None, results) of one variant's child process; with
     `fault_drill` the child flips one bit in each workload (design §2.6), with
@@ -133,7 +135,8 @@ def run_variant(
                        timeout=timeout, node_env_vars=node_env_vars,
                        fault_drill=fault_drill, on_progress=on_progress,
                        values_dir=values_dir, trace_ops=trace_ops,
-                       study_budget_s=study_budget_s, suite=suite)
+                       study_budget_s=study_budget_s, suite=suite,
+                       compile_cache=compile_cache)
     return run.environment, run.results
 
 
@@ -154,6 +157,7 @@ def run_variants(
     environment: bool = True,
     visible: str | None = None,
     fork_server: ForkServer | None = None,
+    compile_cache: Path | None = None,
 ) -> ChildRun:
     """`variants` (one `_variants.process_groups` group) in one child process, each
     with `timeout` seconds (from when it starts): the variants a crash or a timeout
@@ -175,7 +179,8 @@ def run_variants(
                           values_dir=values_dir, trace_ops=trace_ops,
                           study_budget_s=study_budget_s, suite=suite,
                           environment=environment and run.environment is None,
-                          visible=visible, fork_server=fork_server)
+                          visible=visible, fork_server=fork_server,
+                          compile_cache=compile_cache)
         run.environment = run.environment or part.environment
         run.results.extend(part.results)
         run.timeline.extend(part.timeline)
@@ -205,12 +210,15 @@ def _run_child(
     study_budget_s: float | None = None,
     visible: str | None = None,
     fork_server: ForkServer | None = None,
+    compile_cache: Path | None = None,
 ) -> ChildRun:
     """One child for `variants`: its results for the variants it finished, failed
     results for the one a crash or a timeout hit, nothing for those it left (the
     caller starts another child for them). `visible`: the child sees only this device
     (its CUDA_VISIBLE_DEVICES) and computes on its cuda:0. `fork_server`: the child is
-    forked from it where its environment allows (`_start`), else a fresh interpreter."""
+    forked from it where its environment allows (`_start`), else a fresh interpreter.
+    `compile_cache`: Inductor's cache folder for a compiling variant
+    (`_compile.cache_environ`)."""
     spec = {
         "variants": variants,
         "suite": suite,
@@ -225,7 +233,10 @@ def _run_child(
         "environment": environment,
     }
     # The group's variants have the same child environment (`process_groups`).
-    env = _variants.get(variants[0]).child_env(dict(os.environ))
+    first = _variants.get(variants[0])
+    env = first.child_env(dict(os.environ))
+    if first.compiles:
+        env = _compile.cache_environ(env, compile_cache)
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
         spec["torch_device"] = "cuda:0"
@@ -620,6 +631,7 @@ def run_suite(
     study_budget_s: float | None = None,
     suite: str = _workloads.SUITE,
     fork_server: bool | ForkServer = True,
+    compile_cache: Path | None = None,
 ) -> dict[str, Any]:
     """Run `workloads` of `suite` under `variants` (by default its built-ins under
     `default_variants(suite)`) on each device: the run document. Large tensors' values
@@ -642,6 +654,7 @@ def run_suite(
     With `fork_server` the children are forked from one interpreter that imported torch
     once (`_forkserver`), where their environment allows; else each is a fresh one. A
     ForkServer given is used (and left running); True starts one for the run.
+    `compile_cache`: Inductor's cache folder for the compiled variant (design §2.14).
     """
     check_suite(suite)
     workloads = list(workloads or _workloads.builtin_names(suite))
@@ -764,6 +777,7 @@ def _run_devices(
                 environment=(position == 0 and not own_environment_child
                              and run.environment is None),
                 visible=visible, fork_server=server,
+                compile_cache=compile_cache,
             )
             run.environment = run.environment or child.environment
             run.timeline.extend(child.timeline)

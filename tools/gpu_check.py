@@ -724,6 +724,41 @@ def check_isclose(check: Check) -> Row:
     return Row("CUDA isclose", "ok" if total == 0 else "FAIL", detail, data)
 
 
+def check_compiled(check: Check) -> Row:
+    """The compiled variant on the device (design §2.14): mlp through torch.compile
+    (Inductor, Triton on CUDA) beside eager, twice (the second compile from the cache),
+    and the server's verdict of compiled against eager. On fake CUDA Inductor would
+    compile for the CPU (minutes, cold): not run."""
+    if check.fake:
+        return Row("compiled", "n/a", "fake CUDA: Inductor would compile C++ for the CPU, "
+                   "not Triton for a GPU; the compiled row needs a real one")
+    document, error = check.run_document("compiled", "--workloads", "mlp", "--variants",
+                                         "default", "compiled", "--repeats", "2",
+                                         node="gpu-check-compiled")
+    if document is None:
+        return Row("compiled", "FAIL", error)
+    result = _result(document, "mlp", "compiled")
+    if result is None or result["status"] != "ok":
+        why = (result or {}).get("reason") or (result or {}).get("error") or error
+        return Row("compiled", "FAIL", f"mlp/compiled: {_short(why or 'no result')}")
+    record = result.get("compile") or {}
+    try:
+        verdicts = check.get(f"/runs/{document['run_id']}/compiled")["items"]
+    except Exception as exc:  # noqa: BLE001 - the row says why
+        return Row("compiled", "FAIL", f"GET /runs/…/compiled: {exc}")
+    item = next((v for v in verdicts if v["workload"] == "mlp"), {})
+    located = result.get("localisation") or {}
+    detail = (f"mlp against eager: {item.get('verdict')} (max ULP {item.get('max_ulp')}, "
+              f"first layer {item.get('first_divergent_layer') or '-'}, closer to float64: "
+              f"{(item.get('fp64') or {}).get('closer') or '-'}); compile cold "
+              f"{record.get('cold_s')} s, warm {record.get('warm_s')} s"
+              + (f"; localised at {located['module']} ({', '.join(located['kernels'][:2])})"
+                 if located.get("module") else ""))
+    ok = item.get("verdict") is not None and record.get("warm_s") is not None
+    return Row("compiled", "ok" if ok else "FAIL", detail,
+               {"verdict": item.get("verdict"), "compile": record, "localisation": located})
+
+
 # ---- the table ---------------------------------------------------------------------------
 
 
@@ -732,14 +767,14 @@ def check_isclose(check: Check) -> Row:
 # after it still run; the whole check stops starting steps at --deadline.
 ROWS = ["identity", "variants", "variant overhead", "fork server", "MIG instances",
         "TF32 split", "explain", "SDPA backends", "NCCL collectives", "profiler kernel names",
-        "large-suite upload", "CUDA isclose"]
+        "large-suite upload", "CUDA isclose", "compiled"]
 DEADLINES_S = {"identity": 60, "MIG instances": 30, "variants": 240, "fork server": 120,
-               "TF32 split": 90, "explain": 120,
+               "TF32 split": 90, "explain": 120, "compiled": 420,
                "SDPA backends": 60, "NCCL collectives": 5, "profiler kernel names": 150,
                "large-suite upload": 180, "CUDA isclose": 60}
 # The fake GPU computes on the CPU: slower, on a machine CI shares.
 FAKE_DEADLINE_SCALE = 4.0
-DEADLINE_S = 900.0
+DEADLINE_S = 1320.0
 # How long past its deadline a step that has not answered is waited for (its processes
 # are killed at the deadline; one that hangs in this process is left behind).
 HANG_GRACE_S = 5.0
@@ -765,6 +800,7 @@ def steps() -> list[Step]:
         Step(["profiler kernel names"], lambda c: [check_kernel_names(c)]),
         Step(["large-suite upload"], lambda c: [check_large_upload(c)]),
         Step(["CUDA isclose"], lambda c: [check_isclose(c)], needs_server=False),
+        Step(["compiled"], lambda c: [check_compiled(c)]),
     ]
 
 

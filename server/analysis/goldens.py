@@ -329,6 +329,9 @@ def drift(pins: Sequence[Pin], holdings: Iterable[Holding],
 # its cost is a multiple of the workload's wall time plus a floor (model building).
 CHECK_COST_FACTOR = 2.0
 CHECK_COST_FLOOR_S = 0.5
+# Variants `check` computes only when the agent names them (the agent's
+# `_variants.OPT_IN`): a compiled variant's cold compile takes minutes.
+OPT_IN_VARIANTS = frozenset({"compiled"})
 MAX_CHECK_KEYS = 6
 MAX_CHECK_VARIANTS = 2
 

@@ -128,6 +128,29 @@ def compare_runs(
 Sides = tuple[ResultRow, ResultRow]
 
 
+@dataclass(frozen=True)
+class PairComparison:
+    """Result b against result a, as /compare judges a pair: its summary and its tensor
+    rows (None: pending, the computing time ran out, or a fingerprint is gone)."""
+
+    summary: dict[str, Any] | None
+    rows: list[dict[str, Any]]
+
+
+def compare_pairs(*, session: Session, policy: Policy, pairs: dict[Any, Sides],
+                  budget: Budget | None = None) -> tuple[dict[Any, PairComparison], int]:
+    """Each pair (reference a, candidate b: two results of any runs, each ok with a
+    stored manifest) compared as /compare compares the results of two runs — the same
+    kept comparisons, under the policy's tolerances — with every one of its tensor
+    rows; and how many comparisons were left pending."""
+    work = _Work(session, policy, budget or unbounded())
+    summaries = work.summaries(pairs)
+    total = sum(s["tensors_total"] for s in summaries.values() if s is not None)
+    rows = work.rows_of_page(summaries, limit=total, offset=0) if total else {}
+    return ({key: PairComparison(summaries.get(key), rows.get(key, [])) for key in pairs},
+            work.pending)
+
+
 def _semantics(a: ResultRow, b: ResultRow) -> str:
     """CUDA's isclose arithmetic for two results of one CUDA device, else the CPU's."""
     same = a.device_id is not None and a.device_id == b.device_id

@@ -55,6 +55,10 @@ class _Expected:
 
 
 def _asked(question: CheckQuestion, key: tuple[str, str]) -> bool:
+    """A key the agent named, or may be given: an opt-in variant (`compiled`, whose
+    compile takes minutes, past any check's budget) only when it named that variant."""
+    if key[1] in rules.OPT_IN_VARIANTS and key[1] not in question.variants:
+        return False
     return ((not question.workloads or key[0] in question.workloads)
             and (not question.variants or key[1] in question.variants))
 

@@ -24,7 +24,7 @@ ALONE = ROOT / "tests" / "helpers" / "agent_alone"
 FAKE_CUDA = ROOT / "tests" / "helpers" / "fake_cuda"
 ROWS = ["identity", "variants", "variant overhead", "fork server", "MIG instances",
         "TF32 split", "explain", "SDPA backends", "NCCL collectives", "profiler kernel names",
-        "large-suite upload", "CUDA isclose"]
+        "large-suite upload", "CUDA isclose", "compiled"]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -92,7 +92,8 @@ def test_every_run_of_the_check_reached_the_embedded_server(dry_run):
 
 def test_on_a_fake_gpu_what_only_a_gpu_answers_is_not_applicable_and_says_why(dry_run):
     _done, rows, _work = dry_run
-    for name in ("TF32 split", "NCCL collectives", "profiler kernel names", "SDPA backends"):
+    for name in ("TF32 split", "NCCL collectives", "profiler kernel names", "SDPA backends",
+                 "compiled"):
         assert rows[name]["status"] == "n/a" and "fake CUDA" in rows[name]["detail"], name
     # The checks still ran: two nodes compared, gloo ranks, a traced run.
     assert rows["TF32 split"]["data"]["tf32_off_run"]
