@@ -668,7 +668,8 @@ def run_suite(
             workloads=workloads, variants=variants, device=device, repeats=repeats,
             node=node, labels=labels, timeout=timeout, log_line=log_line, drill=drill,
             drill_device=drill_device, on_progress=on_progress, values_dir=values_dir,
-            trace_ops=trace_ops, study_budget_s=study_budget_s, suite=suite, server=server)
+            trace_ops=trace_ops, study_budget_s=study_budget_s, suite=suite, server=server,
+            compile_cache=compile_cache)
     finally:
         if server is not None:
             if given is None:
@@ -683,6 +684,7 @@ def _run_suite(
     log_line: Callable[[str], None], drill: bool, drill_device: str | None,
     on_progress: Progress | None, values_dir: Path | None, trace_ops: bool,
     study_budget_s: float | None, suite: str, server: ForkServer | None,
+    compile_cache: Path | None,
 ) -> dict[str, Any]:
     devices = (select_devices(device, timeout=timeout, fork_server=server)
                if isinstance(device, str) else device)
@@ -704,7 +706,8 @@ def _run_suite(
         labels=labels, timeout=timeout, log_line=log_line, drill=drill,
         drill_at=drill_at, on_progress=on_progress, values_dir=values_dir,
         trace_ops=trace_ops, study_budget_s=study_budget_s, suite=suite,
-        node_env_vars=node_env_vars, started_at=started_at, server=server)
+        node_env_vars=node_env_vars, started_at=started_at, server=server,
+        compile_cache=compile_cache)
 
 
 def _run_devices(
@@ -713,7 +716,7 @@ def _run_devices(
     timeout: float, log_line: Callable[[str], None], drill: bool, drill_at: str | None,
     on_progress: Progress | None, values_dir: Path | None, trace_ops: bool,
     study_budget_s: float | None, suite: str, node_env_vars: dict[str, str],
-    started_at: str, server: ForkServer | None,
+    started_at: str, server: ForkServer | None, compile_cache: Path | None,
 ) -> dict[str, Any]:
     """run_suite's run of its `plan`, every device at once."""
     several = len(plan) > 1
