@@ -12,7 +12,8 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= auto
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
-.PHONY: demo test test-fast test-durations lint venv clean docs docs-ref gpu-check wheels dist
+.PHONY: demo test test-fast test-durations lint venv clean docs docs-ref gpu-check wheels dist \
+	readme-assets
 
 # The demo's dashboard links each page to the manual (its "?"): built first, again only
 # when its sources changed, and served from site/ (an editable install carries none).
@@ -23,6 +24,13 @@ demo: $(STAMP) $(MANUAL)
 
 $(MANUAL): $(STAMP) mkdocs.yml $(shell find docs -name '*.md')
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --quiet
+
+# The README's and the manual's sample of `make demo` and the fleet page's picture
+# (docs/images/fleet.png), from one real run of it (tools/readme_assets.py: Chromium at
+# /usr/bin/chromium or $$NUMPARITY_CHROMIUM, through Playwright): after a change to what
+# the demo prints or the fleet page shows. tests/docs/test_readme_assets.py checks them.
+readme-assets: $(STAMP) $(MANUAL)
+	$(PY) tools/readme_assets.py
 
 # ruff, mypy and the import contracts (pyproject.toml [tool.importlinter], docs/design.md
 # §7) are part of the tests: CI runs exactly this target. The 30 slowest tests and the

@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 
 import httpx
 
-from numparity_agent import _suite, _variants, _workloads
+from numparity_agent import _compile, _suite, _variants, _workloads
 from numparity_agent._answer import ServerAnswer, answer_of, no_answer, server_message
 from numparity_agent._check_budget import (  # noqa: F401 - the command's surface
     Deadline,
@@ -199,7 +199,8 @@ def check_device(device: Mapping[str, Any], expected: Sequence[Mapping[str, Any]
         _env, results = _suite.run_variant(
             variant, workloads=workloads, device=slot, repeats=1, timeout=left,
             node_env_vars=node_env_vars, suite=suite,
-            fault_drill=drill if variant == _variants.FAULT_DRILL_VARIANT else False)
+            fault_drill=drill if variant == _variants.FAULT_DRILL_VARIANT else False,
+            compile_cache=_compile.default_cache_dir())
         by_workload = {r["workload"]: r for r in results}
         verdicts.extend(compare(answer, by_workload.get(answer["workload"]), key)
                         for answer, key in zip(answers, keys, strict=True))

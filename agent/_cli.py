@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from numparity_agent import (
+    _compile,
     _config,
     _devices,
     _flush,
@@ -34,6 +35,7 @@ from numparity_agent import (
 )
 from numparity_agent._answer import server_message, tls_verify
 from numparity_agent._drill_spec import DrillSpecError, parse_drill
+from numparity_agent._forkserver import ForkServer
 from numparity_agent._lock import LockBusy, spool_lock
 from numparity_agent._log import end_progress, hide, interactive, log, progress
 
@@ -65,16 +67,18 @@ exit codes:
      about every process or the format never fail it)
   2  misconfigured: a bad option, config key or value, unknown workload,
      variant or device (the message lists the visible ones); a server URL
-     that is not numparity's API (no scheme, a 404, another web server) or a
-     token without the agent role. Found before the suite runs where it can
-     be; a run made already stays in the spool
+     that is not numparity's API (no scheme, a 404, another web server).
+     Found before the suite runs where it can be; a run made already stays
+     in the spool
   3  spooled: the server was unreachable, busy (5xx, 408, 429) or its TLS
      certificate could not be verified; the next run or flush sends it
   4  a variant failed (crash, timeout, exception) on a device; the rest is
      still uploaded. Also: the devices could not be listed (nothing ran)
-  5  refused by the server: 401/403 (the token; the document stays spooled) or
-     another 4xx, or a token bound to another node (the document is moved to
-     <spool>/rejected/ with a .reason; `numparity-agent spool` lists it)
+  5  refused by the server: 401/403, the token (unknown, revoked, without the
+     agent role: `run` asks before its suite and runs nothing; a document
+     stays spooled), or another 4xx, or a token bound to another node (the
+     document is moved to <spool>/rejected/ with a .reason; `numparity-agent
+     spool` lists it)
   6  the spool (or --output) could not be written (disk full, read-only, no
      permission); the run is then uploaded directly, lost only if that fails too
   7  another numparity-agent holds the spool's lock: nothing was done
@@ -139,16 +143,22 @@ def _parser() -> argparse.ArgumentParser:
                      f"(NUMPARITY_SUITE, config suite; default {_workloads.SUITE})")
     run.add_argument("--variants", nargs="+", metavar="V",
                      help=f"variants (NUMPARITY_VARIANTS, config variants; default all: "
-                     f"{', '.join(_variants.names())}; {_workloads.LARGE} leaves out "
-                     "fp64-reference unless named)")
+                     f"{', '.join(v for v in _variants.names() if v not in _variants.OPT_IN)};"
+                     f" {', '.join(sorted(_variants.OPT_IN))} (torch.compile) only when "
+                     f"named; {_workloads.LARGE} leaves out fp64-reference unless named)")
+    run.add_argument("--compile-cache", metavar="DIR",
+                     help="Inductor's cache folder for the compiled variant, kept between "
+                     "runs (NUMPARITY_COMPILE_CACHE, config compile_cache; default the "
+                     "node's TORCHINDUCTOR_CACHE_DIR, else $XDG_STATE_HOME or "
+                     "~/.local/state, then numparity/inductor)")
     run.add_argument("--workloads", nargs="+", metavar="W",
                      help=f"workloads of the suite: {', '.join(_workloads.builtin_names())} "
                      "or module:factory (NUMPARITY_WORKLOADS, config workloads; default all "
                      "built-ins of the suite)")
     run.add_argument("--device", metavar="LIST",
                      help="devices, comma-separated: cuda:N, cpu, or all (every visible CUDA "
-                     "device, MIG instances included, else the CPU); they run one after "
-                     "another (NUMPARITY_DEVICE, config device; default all)")
+                     "device, MIG instances included, else the CPU); they run at once "
+                     "(NUMPARITY_DEVICE, config device; default all)")
     run.add_argument("--repeats", metavar="N",
                      help="runs per variant (NUMPARITY_REPEATS, config repeats; default 2)")
     run.add_argument("--node", metavar="NAME",
@@ -173,6 +183,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds a traced nondeterministic result's cost study may time "
                      "rounds for, after its first six: it stops earlier once its intervals "
                      "are narrow (NUMPARITY_STUDY_BUDGET, config study_budget; default 60)")
+    run.add_argument("--fresh-interpreters", action="store_true",
+                     help="start each variant's child process in a fresh interpreter, "
+                     "which imports torch again, instead of forking it from a server "
+                     "that imported torch once (default: forked, where its environment "
+                     "allows)")
     run.add_argument("--fault-drill", nargs="?", const=True, default=False,
                      metavar="op[:SPEC]",
                      help="flip one bit of one activation per workload in the strict variant "
@@ -269,6 +284,22 @@ def _parser() -> argparse.ArgumentParser:
                        default="list", help="list (default), resend or drop")
     spool.add_argument("names", nargs="*", metavar="NAME",
                        help="documents by file name or run_id, as the list shows them")
+
+    repro = sub.add_parser(
+        "repro", help="write a script that reproduces a compiled result's difference from "
+        "eager in a fresh process",
+        description="From a run document (run --output FILE) with the compiled variant: a "
+        "standalone Python script that runs the module the run localised (else the whole "
+        "model) in eager and through torch.compile on the run's own inputs and weights, "
+        "and asserts the same bits; it fails where the run found a difference.")
+    repro.add_argument("run_document", metavar="RUN.json", help="the run document")
+    repro.add_argument("--workload", required=True, metavar="W", help="the workload")
+    repro.add_argument("--variant", default=_variants.COMPILED_VARIANT, metavar="V",
+                       help=f"the compiled variant (default {_variants.COMPILED_VARIANT})")
+    repro.add_argument("--device", metavar="SLOT",
+                       help="the result's device (default: the workload's first result)")
+    repro.add_argument("--output", metavar="FILE",
+                       help="where to write the script (default repro_<workload>_<variant>.py)")
 
     sub.add_parser("suites", help="list the suites, their workloads and, for large, each "
                    "workload's FLOPs and A100 time estimate")
@@ -657,12 +688,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from numparity_agent._suite import (
         DEFAULT_REPEATS,
         DEFAULT_TIMEOUT_S,
-        DeviceListError,
         UsageError,
         check_suite,
         default_variants,
-        drill_slot,
-        select_devices,
         validate,
     )
 
@@ -683,8 +711,31 @@ def _cmd_run(args: argparse.Namespace) -> int:
         validate(workloads, variants, repeats, drill=args.fault_drill, suite=suite)
         if args.drill_device and not args.fault_drill:
             raise UsageError("--drill-device names the device of --fault-drill: add it")
+    except UsageError as exc:
+        raise _Usage(str(exc)) from None
+    # The run's fork server (`_forkserver`) imports torch while the devices are listed,
+    # by a child it forks as soon as it can.
+    with ExitStack() as servers:
+        server = None if args.fresh_interpreters else servers.enter_context(ForkServer())
+        return _run_on_devices(args, context, suite=suite, workloads=workloads,
+                               variants=variants, repeats=repeats, timeout=timeout,
+                               selection=selection, server=server)
+
+
+def _run_on_devices(args: argparse.Namespace, context: _Context, *, suite: str,
+                    workloads: list[str], variants: list[str], repeats: int,
+                    timeout: float, selection: str, server: ForkServer | None) -> int:
+    from numparity_agent._suite import (
+        DeviceListError,
+        UsageError,
+        drill_slot,
+        select_devices,
+    )
+
+    get = context.settings.get
+    try:
         try:
-            devices = select_devices(selection, timeout=timeout)
+            devices = select_devices(selection, timeout=timeout, fork_server=server)
         except UsageError as exc:
             where = context.settings.sources.get("device", "--device")
             raise UsageError(f"{where} {selection}: {exc}") from None
@@ -709,8 +760,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         problem = _preflight.server_problem(context.server, context.token,
                                             verify=context.verify,
                                             timeout=context.upload_timeout)
+        if problem and problem.token_refused:
+            # As `flush` and `check` say of a refused token: 5, not 2.
+            log(f"error: {problem.detail}; nothing was run")
+            return _finish({EXIT_REFUSED})
         if problem:
-            raise _Usage(f"{problem}; nothing was run")
+            raise _Usage(f"{problem.detail}; nothing was run")
     with ExitStack() as stack:
         if context.server:
             stopped = context.lock(stack, "run")
@@ -718,12 +773,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 return stopped
         return _run_locked(args, context, suite=suite, workloads=workloads,
                            variants=variants, devices=devices, repeats=repeats,
-                           timeout=timeout)
+                           timeout=timeout, server=server)
 
 
 def _run_locked(args: argparse.Namespace, context: _Context, *, suite: str,
                 workloads: list[str], variants: list[str], devices: list[dict[str, Any]],
-                repeats: int, timeout: float) -> int:
+                repeats: int, timeout: float, server: ForkServer | None) -> int:
     from numparity_agent._suite import run_suite
 
     codes: set[int] = set()
@@ -743,6 +798,8 @@ def _run_locked(args: argparse.Namespace, context: _Context, *, suite: str,
             values_dir=store.folder if store is not None else None,
             trace_ops=bool(get("trace_ops", False)),
             study_budget_s=get("study_budget"),
+            fork_server=server or False,
+            compile_cache=get("compile_cache") or _compile.default_cache_dir(),
         )
     finally:
         end_progress()
@@ -831,6 +888,21 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_repro(args: argparse.Namespace) -> int:
+    """Write the reproducing script of a compiled result (`_repro`)."""
+    from numparity_agent import _repro
+
+    try:
+        path = _repro.write(Path(args.run_document), workload=args.workload,
+                            variant=args.variant, device=args.device,
+                            output=Path(args.output) if args.output else None)
+    except _repro.ReproError as exc:
+        raise _Usage(str(exc)) from None
+    log(f"wrote {path}: python {path} reproduces it (exit 1 where compiled and eager "
+        "differ)")
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()  # `check`'s budget counts from here
     try:
@@ -840,7 +912,8 @@ def main(argv: list[str] | None = None) -> int:
     args.started = started
     handlers = {"run": _cmd_run, "flush": _cmd_flush, "spool": _cmd_spool, "env": _cmd_env,
                 "doctor": _cmd_doctor,
-                "explain": _cmd_explain, "suites": _cmd_suites, "check": _cmd_check}
+                "explain": _cmd_explain, "suites": _cmd_suites, "check": _cmd_check,
+                "repro": _cmd_repro}
     try:
         return handlers[args.command](args)
     except _Usage as exc:

@@ -45,6 +45,8 @@ KINDS: dict[str, str] = {
     "max_wait": "delay",
     "trace_ops": "flag",
     "study_budget": "seconds",
+    # Inductor's cache folder for the compiled variant (`_compile.default_cache_dir`).
+    "compile_cache": "path",
     # `check` when it cannot tell (server unreachable, unknown environment, out of time):
     # "open" lets the job start (exit 0), "closed" (default) exits with the cause's code.
     "check_fail": "fail",

@@ -17,6 +17,7 @@ on the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -24,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from numparity_agent._environment import without_identity
+from numparity_agent._environment import anonymous_devices, without_identity
 
 ALL = "all"
 CPU = "cpu"
@@ -144,7 +145,7 @@ def visible_devices() -> list[dict[str, Any]]:
             device["pci_bus_id"] = _torch_pci_bus_id(props)
         devices.append(device)
         torch_uuids.append(torch_uuid)
-    _enrich_from_nvml(devices, torch_uuids)
+    devices.extend(_enrich_from_nvml(devices, torch_uuids))
     return without_identity(devices)
 
 
@@ -175,21 +176,26 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _enrich_from_nvml(devices: list[dict[str, Any]], torch_uuids: list[str | None]) -> None:
+def _enrich_from_nvml(devices: list[dict[str, Any]], torch_uuids: list[str | None]
+                      ) -> list[dict[str, Any]]:
     """UUID, MIG flag, serial and PCI bus id from NVML, found by torch's UUID. NVML's own
     index is not torch's (CUDA orders the fastest GPU first unless CUDA_DEVICE_ORDER is
     PCI_BUS_ID, and CUDA_VISIBLE_DEVICES hides and reorders), so a device without a
-    UUID keeps what torch said."""
+    UUID keeps what torch said. Returns the MIG instances CUDA does not show this
+    process (`_mig_instances_cuda_hides`), as devices after torch's."""
     try:
         import pynvml  # type: ignore[import-not-found]
 
         pynvml.nvmlInit()
     except Exception:  # noqa: BLE001 - optional dependency, or no driver: fields stay null
-        return
+        return []
     try:
         for device, torch_uuid in zip(devices, torch_uuids, strict=True):
             if torch_uuid is not None:
                 _from_nvml(pynvml, device, torch_uuid)
+        return _mig_instances_cuda_hides(pynvml, devices, os.environ)
+    except Exception:  # noqa: BLE001 - bindings without MIG: torch's devices only
+        return []
     finally:
         try:
             pynvml.nvmlShutdown()
@@ -233,6 +239,102 @@ def _from_nvml(pynvml: Any, device: dict[str, Any], torch_uuid: str) -> None:
         pass
 
 
+def _mig_instances_cuda_hides(pynvml: Any, devices: list[dict[str, Any]],
+                              environ: Any) -> list[dict[str, Any]]:
+    """The MIG instances this process may use that CUDA does not show it, as devices
+    `cuda:N` after torch's (N counting on from them), in NVML's order. CUDA enumerates a
+    single MIG instance per process (CUDA 11 with R450, CUDA 12 with R525: NVIDIA's MIG
+    user guide), so `all` finds the others in NVML; each runs in children that see it
+    alone (`_suite.isolated_visible`: CUDA_VISIBLE_DEVICES=MIG-…), where it is cuda:0.
+
+    Which instances this process may use: with CUDA_VISIBLE_DEVICES unset, every one of
+    every GPU in MIG mode; set (a scheduler's allocation), the `MIG-` UUIDs it lists, and
+    every instance of a GPU it names by `GPU-` UUID or by an index CUDA resolved to one
+    of that GPU's instances."""
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    items = [item.strip() for item in (listed or "").split(",") if item.strip()]
+    boards: list[Any] = []
+    named: list[Any] = []
+    if listed is None:
+        boards = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    else:
+        for item in items:
+            with contextlib.suppress(Exception):
+                (named if item.startswith("MIG-") else boards).append(
+                    pynvml.nvmlDeviceGetHandleByUUID(item))
+        for device in devices:  # an index CUDA resolved to a MIG-mode GPU's instance
+            if device["mig"] and device["uuid"] and device["uuid"] not in items:
+                with contextlib.suppress(Exception):
+                    boards.append(pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+                        pynvml.nvmlDeviceGetHandleByUUID(device["uuid"])))
+    instances = [handle for board in boards for handle in _mig_handles(pynvml, board)]
+    seen = {d["uuid"] for d in devices if d.get("uuid")}
+    hidden: list[dict[str, Any]] = []
+    for handle in [*instances, *named]:
+        uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+        if uuid in seen:
+            continue
+        seen.add(uuid)
+        device = _entry(f"cuda:{len(devices) + len(hidden)}", "cuda", None)
+        device["uuid"], device["mig"] = uuid, True
+        with contextlib.suppress(Exception):
+            device["name"] = _text(pynvml.nvmlDeviceGetName(handle))
+        board = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+        with contextlib.suppress(Exception):
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(board)
+            device["compute_capability"] = f"{major}.{minor}"
+        with contextlib.suppress(Exception):
+            device["serial"] = _text(pynvml.nvmlDeviceGetSerial(board))
+        with contextlib.suppress(Exception):
+            device["pci_bus_id"] = _text(pynvml.nvmlDeviceGetPciInfo(board).busId)
+        hidden.append(device)
+    return hidden
+
+
+def _mig_handles(pynvml: Any, board: Any) -> list[Any]:
+    """NVML's handles of the MIG instances of `board` ([] when it is not in MIG mode)."""
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(board)
+        count = int(pynvml.nvmlDeviceGetMaxMigDeviceCount(board)) if current else 0
+    except Exception:  # noqa: BLE001 - not MIG-capable (or a MIG handle)
+        return []
+    handles = []
+    for index in range(count):
+        try:  # the indices of a GPU's instances have gaps: NVML says Not Found
+            handles.append(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(board, index))
+        except Exception:  # noqa: BLE001, S112
+            continue
+    return handles
+
+
+def node_gpus() -> list[str] | None:
+    """NVML's UUIDs of every GPU of the node and of every MIG instance of a GPU in MIG
+    mode, whatever CUDA_VISIBLE_DEVICES shows this process: the run document's
+    `node_gpus`, by which the server knows that a GPU a scheduler did not give this run
+    has not left the node. None without NVML, or when the node reports its devices
+    anonymously. Needs no torch."""
+    if anonymous_devices():
+        return None
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - optional dependency, or no driver
+        return None
+    try:
+        uuids = []
+        for index in range(int(pynvml.nvmlDeviceGetCount())):
+            board = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuids.append(_text(pynvml.nvmlDeviceGetUUID(board)))
+            uuids += [_text(pynvml.nvmlDeviceGetUUID(h)) for h in _mig_handles(pynvml, board)]
+        return uuids
+    except Exception:  # noqa: BLE001 - a partial list would detach the rest
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
 def torch_device(slot: str) -> Any:
     """The torch.device a child computes on for `slot` ("cpu", "cuda:1").
 
@@ -245,6 +347,11 @@ def torch_device(slot: str) -> Any:
 
 
 def main() -> int:
+    """Print the visible devices as JSON (`--node-gpus`: `node_gpus()` instead)."""
+    if sys.argv[1:] == ["--node-gpus"]:
+        json.dump(node_gpus(), sys.stdout)
+        sys.stdout.write("\n")
+        return 0
     json.dump(visible_devices(), sys.stdout)
     sys.stdout.write("\n")
     return 0

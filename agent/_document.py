@@ -32,11 +32,13 @@ def build_document(
     run_id: str | None = None,
     results_order: list[str] | None = None,
     timeline: list[dict[str, Any]] | None = None,
+    node_gpus: list[str] | None = None,
 ) -> dict[str, Any]:
     """The document; `drill_device` (the slot a drill corrupted) and `drill_spec` (an
     op drill's, `_drill_spec`) only with `drill`,
     `devices` (the entries of §2.7, with `wall_s` and `status`) and `timeline` (one
-    entry per child process, `_timeline`) when given. `results_order`: the variants in
+    entry per child process, `_timeline`) and `node_gpus` (NVML's UUIDs of the node's
+    GPUs, `_devices.node_gpus`) when given. `results_order`: the variants in
     the order the run asked for them, each device's results sorted so (variants that
     share a child run in its order)."""
     if results_order is not None:
@@ -60,6 +62,8 @@ def build_document(
         document["drill_spec"] = drill_spec
     if devices is not None:
         document["devices"] = devices
+    if node_gpus is not None:
+        document["node_gpus"] = node_gpus
     if timeline:
         document["timeline"] = timeline
     document["environment"] = environment

@@ -153,7 +153,23 @@ def _torch(unknown: dict[str, str]) -> dict[str, Any]:
             doc[key] = bool(getattr(torch.backends, backend).is_available())
         except Exception as exc:  # noqa: BLE001
             unknown[f"torch.{key}"] = f"{type(exc).__name__}: {exc}"
+    triton = _installed_version("triton") or _installed_version("pytorch-triton")
+    if triton is not None:
+        # The compiler of the compiled variant's GPU kernels (design §2.14): a split of
+        # compiled answers between two nodes may be its. Only where it is installed, so
+        # the environment of a node without it (a CPU build) keeps its env_key.
+        doc["triton"] = triton
     return doc
+
+
+def _installed_version(distribution: str) -> str | None:
+    """The installed version of `distribution`, without importing it."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 # The cuBLAS libraries torch's CUDA build links (pip's nvidia-cublas wheels, a CUDA

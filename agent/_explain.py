@@ -34,11 +34,12 @@ from typing import Any
 
 import httpx
 
-from numparity_agent import _variants, _workloads
+from numparity_agent import _compile, _variants, _workloads
 from numparity_agent._answer import ServerAnswer, answer_of, no_answer
 from numparity_agent._log import log
 from numparity_agent._settings import (
     ENV_CHOICES,
+    INDUCTOR_PREFIX,
     KNOB_CHOICES,
     Setting,
     applies,
@@ -211,15 +212,21 @@ def derived(reference_env: dict[str, Any], local_env: dict[str, Any],
     return found
 
 
-def generic(local_env: dict[str, Any], device_type: str) -> list[Setting]:
+def generic(local_env: dict[str, Any], device_type: str, *,
+            compiler: bool = False) -> list[Setting]:
     """Every other setting that applies to the device, one at a time: knobs first (tried
-    in the same child), then environment variables (a child each)."""
+    in the same child), then environment variables (a child each). Inductor's settings
+    only with `compiler` (a compiled target), and then first: they are what a compiled
+    split most likely comes from (design §2.14)."""
     local_vars = local_env.get("env_vars") or {}
     local_knobs = local_env.get("knobs") or {}
     cpus = (local_env.get("cpu") or {}).get("logical_cpus")
     found: list[Setting] = []
-    for name, _devices, values in KNOB_CHOICES:
+    knobs = sorted(KNOB_CHOICES, key=lambda choice: not choice[0].startswith(INDUCTOR_PREFIX))
+    for name, _devices, values in knobs:
         if name in _other_tf32_api(local_env):
+            continue
+        if name.startswith(INDUCTOR_PREFIX) and not compiler:
             continue
         if name == "threads":
             values = tuple(dict.fromkeys(v for v in (1, 2, 4, cpus) if isinstance(v, int)))
@@ -240,11 +247,12 @@ def generic(local_env: dict[str, Any], device_type: str) -> list[Setting]:
 
 
 def candidates(reference_env: dict[str, Any], local_env: dict[str, Any], device_type: str,
-               *, limit: int) -> list[Setting]:
+               *, limit: int, compiler: bool = False) -> list[Setting]:
     """Singles (the differences first, then the rest), then pairs of singles (in the
-    order of their members), at most `limit`, never the node as configured."""
+    order of their members), at most `limit`, never the node as configured; Inductor's
+    settings with `compiler` only (`generic`)."""
     singles = list(dict.fromkeys([*derived(reference_env, local_env, device_type),
-                                  *generic(local_env, device_type)]))
+                                  *generic(local_env, device_type, compiler=compiler)]))
     ranked: list[tuple[int, int, Setting]] = []
     for (i, a), (j, b) in itertools.combinations(enumerate(singles), 2):
         pair = a.combined(b)
@@ -267,7 +275,10 @@ def run_explain_child(env_setting: Setting, variant: str, workloads: list[str],
     "evaluations"}, or {"error": why} when it crashed or timed out."""
     spec = {"variant": variant, "workloads": workloads, "device": device,
             "candidates": [dict(s.knobs) for s in knob_sets], "stop_when": stop_when}
-    environ = env_setting.environ(_variants.get(variant).child_env(dict(os.environ)))
+    chosen = _variants.get(variant)
+    environ = env_setting.environ(chosen.child_env(dict(os.environ)))
+    if chosen.compiles:
+        environ = _compile.cache_environ(environ, _compile.default_cache_dir(environ))
     with tempfile.TemporaryDirectory(prefix="numparity-explain-") as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
         with open(spec_path, "w", encoding="utf-8") as f:
@@ -379,7 +390,9 @@ def explain(
         local_env = local_env or output.get("environment") or {}
         settle(output, variant, [NO_SETTING])
     reference_env = reference.get("environment") or {}
-    pool = candidates(reference_env, local_env, device_type, limit=max_candidates)
+    pool = candidates(reference_env, local_env, device_type, limit=max_candidates,
+                      compiler=any(_variants.get(v).compiles for v in by_variant
+                                   if v in _variants.VARIANTS))
     log_line(f"explain: {len(pool)} candidate setting(s) for "
              f"{sum(1 for f in findings.values() if f.status == 'not_reproduced')} "
              "result(s) that differ")
@@ -399,15 +412,20 @@ def explain(
             if left() <= 0:
                 log_line(f"explain: stopped after {max_seconds:g} s")
                 break
+            # Inductor's settings change only what the compiled variant compiles.
+            tried = [s for s in sets if _variants.get(variant).compiles or
+                     not s.compiler_only]
+            if not tried:
+                continue
             output = run(env_part, variant, [t.workload for t in targets_left],
-                         [Setting(knobs=s.knobs) for s in sets], wanted(variant),
+                         [Setting(knobs=s.knobs) for s in tried], wanted(variant),
                          max(left(), MIN_CHILD_TIMEOUT_S))
             if "error" in output:
                 log_line(f"explain: {env_part.label()} under {variant}: {output['error']}")
                 for target in targets_left:
-                    findings[target.key].tried += len(sets)
+                    findings[target.key].tried += len(tried)
                 continue
-            settle(output, variant, sets)
+            settle(output, variant, tried)
         if not any(f.status == "not_reproduced" for f in findings.values()) or left() <= 0:
             break
     for finding in findings.values():

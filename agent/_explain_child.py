@@ -19,7 +19,7 @@ from typing import Any
 def run_explain_child(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from numparity_agent import _devices, _variants, _workloads
+    from numparity_agent import _compile, _devices, _variants, _workloads
     from numparity_agent._environment import capture_environment
     from numparity_agent._fingerprint import tensor_hashes
     from numparity_agent._runner import _error_text, _sync, built_hashes
@@ -48,6 +48,10 @@ def run_explain_child(spec: dict[str, Any]) -> dict[str, Any]:
                 with knobs_in_force(knobs):
                     built = workload.build(dtype=variant.dtype(), device=device)
                     input_hash, param_hash = built_hashes(built)
+                    if variant.compiles:
+                        # Compiled afresh under this candidate's Inductor settings.
+                        _compile.reset()
+                        _compile.compile_in_place(built.model)
                     recorder = Recorder()
                     with variant.run_context(device):
                         workload.run(built, recorder)

@@ -72,6 +72,13 @@ NUMERIC_ENV_NAMES = (
     "CUBLAS_WORKSPACE_CONFIG",
     "ATEN_CPU_CAPABILITY",
     "NVIDIA_TF32_OVERRIDE",
+    # Inductor's settings that change what the compiled variant computes (design §2.14);
+    # not TORCHINDUCTOR_* as a whole: its cache folders say nothing of the numbers.
+    "TORCHINDUCTOR_EMULATE_PRECISION_CASTS",
+    "TORCHINDUCTOR_EMULATE_PRECISION_CASTS_ON_SAVED_TENSORS",
+    "TORCHINDUCTOR_MAX_AUTOTUNE",
+    "TORCHINDUCTOR_BATCH_INVARIANT",
+    "TORCHINDUCTOR_DETERMINISTIC",
 )
 # Where NCCL writes what it logs: never what it computes.
 _NCCL_LOGGING = frozenset({"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE",

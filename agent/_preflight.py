@@ -5,11 +5,11 @@ after minutes of compute (and never as an outage that keeps runs in the spool fo
   token) must be answered as numparity's API answers an agent. A server that does not
   answer, or is busy (5xx, 408, 429), is no mistake: the run goes on and waits in the
   spool as always. An answer numparity's API cannot have given (a 404: the address has a
-  path, another site) or a refused token (unknown, revoked, or without the agent role)
-  is one.
+  path, another site) is one; so is a refused token (unknown, revoked, or without the
+  agent role), which `run` reports as `flush` and `check` do (exit 5, not 2).
 - User workloads (`module:factory`): imported in a child, as the suite's children will.
 
-Each returns the problem in words, or None. This module does not import torch.
+Each returns the problem, or None. This module does not import torch.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import httpx
@@ -37,8 +38,14 @@ from numparity_agent._upload import MISSING_PATH
 IMPORT_TIMEOUT_S = 120.0
 
 
+@dataclass(frozen=True)
+class ServerProblem:
+    detail: str  # in words, for the operator
+    token_refused: bool  # 401/403: the token, not the address
+
+
 def server_problem(server: str, token: str | None, *, verify: Verify,
-                   timeout: float) -> str | None:
+                   timeout: float) -> ServerProblem | None:
     """Why the server's address or the token cannot work, or None (they do, or the server
     is down or busy: that is for the spool)."""
     url = server.rstrip("/") + MISSING_PATH
@@ -49,7 +56,9 @@ def server_problem(server: str, token: str | None, *, verify: Verify,
                                    headers=headers)
     except httpx.HTTPError as exc:
         answer = no_answer(url, exc)
-        return None if answer.retry or answer.cause == "tls" else answer.detail
+        if answer.retry or answer.cause == "tls":
+            return None
+        return ServerProblem(answer.detail, token_refused=False)
     answered = answer_of(response)
     if (answered.status in (404, 405) and error_code(answered.detail) is not None
             and urlsplit(server).path.strip("/") == ""):
@@ -59,18 +68,21 @@ def server_problem(server: str, token: str | None, *, verify: Verify,
     return _problem(not_numparity(answered, url, expect="missing"), server)
 
 
-def _problem(answer: ServerAnswer, server: str) -> str | None:
+def _problem(answer: ServerAnswer, server: str) -> ServerProblem | None:
     if answer.ok or answer.retry:
         return None
     if answer.misconfigured:
-        return (f"{answer.detail}: --server (NUMPARITY_SERVER, config server) must be the "
-                f"numparity server's address, as its dashboard's, without /api/v1 ("
-                f"{server.rstrip('/').removesuffix('/api/v1').removesuffix('/api')} ?)")
+        return ServerProblem(
+            f"{answer.detail}: --server (NUMPARITY_SERVER, config server) must be the "
+            f"numparity server's address, as its dashboard's, without /api/v1 ("
+            f"{server.rstrip('/').removesuffix('/api/v1').removesuffix('/api')} ?)",
+            token_refused=False)
     if answer.status in (401, 403):
-        return (f"{server} refuses the agent token (HTTP {answer.status}, "
-                f"{server_message(answer.detail)}): give the agent a token of role agent "
-                "(numparity-server token create --role agent) in --token-file, "
-                "NUMPARITY_TOKEN_FILE or token_file")
+        return ServerProblem(
+            f"{server} refuses the agent token (HTTP {answer.status}, "
+            f"{server_message(answer.detail)}): give the agent a token of role agent "
+            "(numparity-server token create --role agent) in --token-file, "
+            "NUMPARITY_TOKEN_FILE or token_file", token_refused=True)
     return None  # another answer to an empty question: the upload will say more
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from numparity_agent import _compile
 from numparity_agent._determinism import (
     HINT,
     MODES,
@@ -144,6 +145,7 @@ def run_workload(
     first_built: list[tuple[str, torch.Tensor]] = []
     first_recorded: list[tuple[str, torch.Tensor]] = []
     differing: set[str] = set()
+    compile_passes: list[dict[str, Any]] = []
     try:
         if drill == TENSOR_DRILL:
             drill_target = _drill_target(workload, variant=variant, dtype=dtype, device=device)
@@ -155,8 +157,15 @@ def run_workload(
                 drill_field = {"kind": "op", "spec": op_spec.text(), "class": op_spec.op_class,
                                "calls": 0}
         for repeat in range(repeats):
+            if variant.compiles:
+                # Each repeat compiles afresh (dynamo's frames forgotten): the first as the
+                # node's caches are (cold on a new node or torch), the later ones warm.
+                compile_passes.append(compile_pass(workload, variant=variant, dtype=dtype,
+                                                   device=device))
             with clock.phase("build"):
                 built = workload.build(dtype=dtype, device=device)
+                if variant.compiles:
+                    _compile.compile_in_place(built.model)
                 _sync(device)
             with clock.phase("fingerprint"):
                 if repeat == 0:
@@ -198,11 +207,15 @@ def run_workload(
                     differing.update(_differing(first_recorded, recorded, "<tensor list>"))
             del built, recorder, recorded
         first_built = first_recorded = []
-        if trace and workload.traceable:
+        if trace and workload.traceable and not variant.compiles:
             job = TraceJob(workload, variant, dtype, device,
                            [(t["name"], t["hash"]) for t in tensors], drill_target, {},
                            injection)
     except Exception as exc:  # noqa: BLE001 - one workload's failure must not stop others
+        if variant.compiles and _compile.is_compiler_error(exc):
+            # A workload torch cannot compile is skipped with torch's reason (§2.3).
+            return {**head, "status": "skipped",
+                    "reason": _compile.skip_reason(exc, head["workload"])}
         # oneDNN without a half-precision kernel here: the variant cannot run it (§2.3).
         reason = unsupported_half_reason(
             exc, workload=head["workload"], variant=variant, device=device
@@ -227,11 +240,18 @@ def run_workload(
     }
     # Workload-specific fields ("train", "probes"); they never replace a contract field.
     result.update({k: v for k, v in fields.items() if k not in result})
+    if variant.compiles:
+        result["compile"] = compile_summary(compile_passes)
+        if trace:
+            result["trace_error"] = ("a compiled run's ops are Inductor's kernels, not the "
+                                     "aten ops a trace records: not traced")
+        result["localisation"] = against_eager(workload, dtype=dtype, device=device,
+                                               tensors=tensors)
     if differing:
         result["repeats_differ"] = sorted(differing)
         # Design §2.13: traced, the ops that differ on the same inputs and what making
         # only them deterministic costs; untraced, the hint to trace it.
-        if trace and workload.traceable:
+        if trace and workload.traceable and not variant.compiles:
             with clock.phase("trace"):
                 result["nondeterminism"] = study_nondeterminism(
                     workload, variant=variant, dtype=dtype, device=device,
@@ -248,6 +268,75 @@ def run_workload(
         else:
             run_traces([job])
     return result
+
+
+def compile_pass(workload: Workload, *, variant: Variant, dtype: torch.dtype,
+                 device: torch.device) -> dict[str, Any]:
+    """One compile of `workload` (design §2.14): dynamo's frames forgotten, the workload
+    built and compiled in place and run once unrecorded (what compiles it: every graph
+    the run meets, the backward's too). `seconds` is that run, the compile and one run;
+    the counts are Inductor's FX graph cache hits and misses and the graphs dynamo made.
+    A throwaway build: a workload that trains changes its model as it runs."""
+    _compile.reset()
+    before = _compile.cache_counters()
+    built = workload.build(dtype=dtype, device=device)
+    _compile.compile_in_place(built.model)
+    start = time.perf_counter()
+    with variant.run_context(device):
+        workload.run(built, Recorder())
+    _sync(device)
+    seconds = time.perf_counter() - start
+    return {"seconds": round(seconds, 6), **_compile.counted(before)}
+
+
+def compile_summary(passes: list[dict[str, Any]]) -> dict[str, Any]:
+    """A compiled result's `compile`: each repeat's compile pass, and the seconds of the
+    first cold one (it missed Inductor's cache) and of the first warm one (every graph
+    from the cache)."""
+    cold = next((p for p in passes if p["cache_misses"]), None)
+    warm = next((p for p in passes if p["cache_hits"] and not p["cache_misses"]), None)
+    return {"backend": "inductor", "mode": "default",
+            "cache_dir": os.environ.get(_compile.CACHE_DIR_VARIABLE),
+            "passes": passes,
+            "cold_s": cold["seconds"] if cold else None,
+            "warm_s": warm["seconds"] if warm else None}
+
+
+def against_eager(workload: Workload, *, dtype: torch.dtype, device: torch.device,
+                  tensors: list[dict[str, Any]]) -> dict[str, Any]:
+    """The compiled result against one eager run of the workload in this child, bit for
+    bit (`eager_identical`, `first_differing`: the first recorded tensor that differs,
+    `differing`: how many); where they differ, `_compile.localise` from there. The
+    verdict under the lab's tolerances is the server's (design §3.3.18). Never raises:
+    the result stands without it (`error`)."""
+    try:
+        built = workload.build(dtype=dtype, device=device)
+        recorder = Recorder()
+        workload.run(built, recorder)
+        _sync(device)
+    except Exception as exc:  # noqa: BLE001
+        return {"error": f"the eager run failed: {_error_text(exc, limit=1000)}"}
+    eager = dict(zip([name for name, _, _ in recorder.tensors],
+                     tensor_hashes([value for _, _, value in recorder.tensors]), strict=True))
+    del built, recorder
+    differing = [t["name"] for t in tensors if eager.get(t["name"]) != t["hash"]]
+    found: dict[str, Any] = {"eager_identical": not differing,
+                             "first_differing": differing[0] if differing else None,
+                             "differing": len(differing)}
+    if differing:
+        layer = next((t["name"] for t in tensors
+                      if t["name"] in differing and t["kind"] == "layer"), None)
+        if layer is None:
+            # Localisation compiles forward leaves on their eager inputs: where every
+            # recorded layer agrees (train's gradients differ, its forward does not), a
+            # leaf that differs alone would be a false lead.
+            found.update({"module": None, "note": (
+                f"every recorded layer gives eager's bits; the first difference is "
+                f"{differing[0]}: not localised (leaf modules are compiled forward only)")})
+        else:
+            found.update(_compile.localise(workload, dtype=dtype, device=device,
+                                           first_differing=layer))
+    return found
 
 
 @dataclass

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from numparity_agent._compile import INDUCTOR_PREFIX, INDUCTOR_SETTINGS
+
 # Environment variables that change numerics and that a process reads when it starts.
 # (variable, devices it applies to, the values worth trying beside unset)
 ENV_CHOICES: tuple[tuple[str, frozenset[str], tuple[str, ...]], ...] = (
@@ -44,6 +46,11 @@ KNOB_CHOICES: tuple[tuple[str, frozenset[str], tuple[Any, ...]], ...] = (
     ("cudnn.conv.fp32_precision", frozenset({"cuda"}), ("ieee", "tf32")),
     ("cudnn.deterministic", frozenset({"cuda"}), (True, False)),
     ("cudnn.benchmark", frozenset({"cuda"}), (False, True)),
+    # Inductor's settings that change a compiled result's numerics (torch._inductor.
+    # config, `_compile.INDUCTOR_SETTINGS`): tried for the compiled variant only, each
+    # compile in the child made afresh under it (design §2.11, §2.14).
+    *((f"inductor.{name}", frozenset({"cpu", "cuda"}), values)
+      for name, values in INDUCTOR_SETTINGS),
 )
 KNOB_NAMES = tuple(name for name, _devices, _values in KNOB_CHOICES)
 # The SDPA backends that exist only on CUDA.
@@ -61,6 +68,11 @@ class Setting:
     def of(cls, env: Mapping[str, str | None] | None = None,
            knobs: Mapping[str, Any] | None = None) -> Setting:
         return cls(tuple(sorted((env or {}).items())), tuple(sorted((knobs or {}).items())))
+
+    @property
+    def compiler_only(self) -> bool:
+        """Whether it sets an Inductor knob: it changes nothing an eager variant runs."""
+        return any(name.startswith(INDUCTOR_PREFIX) for name, _value in self.knobs)
 
     @property
     def size(self) -> int:
@@ -159,6 +171,14 @@ def _knob(name: str, value: Any) -> Iterator[None]:
     level = _torch_level(name)
     if level is not None:
         read, write = level
+    elif name.startswith(INDUCTOR_PREFIX):
+        holder, attribute = _inductor_attribute(name)
+
+        def read() -> Any:
+            return getattr(holder, attribute)
+
+        def write(new: Any) -> None:
+            setattr(holder, attribute, new)
     else:
         holder, attribute = _backend_attribute(name)
 
@@ -182,6 +202,18 @@ def _set_deterministic(torch: Any, enabled: bool) -> None:
         torch.use_deterministic_algorithms(enabled)
     else:
         set_flag(enabled, warn_only=False)
+
+
+def _inductor_attribute(name: str) -> tuple[Any, str]:
+    """torch._inductor.config and the setting `inductor.<setting>` names."""
+    attribute = name.removeprefix(INDUCTOR_PREFIX)
+    try:
+        from torch._inductor import config
+    except ImportError:
+        raise NotApplicable("this torch has no Inductor") from None
+    if not hasattr(config, attribute):
+        raise NotApplicable(f"this torch's Inductor has no setting {attribute}")
+    return config, attribute
 
 
 def _backend_attribute(name: str) -> tuple[Any, str]:

@@ -1,10 +1,12 @@
 """Run the suite: every device at once, one child process per variant (group) after
 another on each, results gathered into a run document.
 
-Each variant runs in its own interpreter (design §2.3): knobs such as
-CUBLAS_WORKSPACE_CONFIG must be set before torch starts, and a crash or a hang in one
+Each variant runs in its own process (design §2.3): knobs such as
+CUBLAS_WORKSPACE_CONFIG must be set before CUDA starts, and a crash or a hang in one
 variant must not lose the others; a GPU that crashes or hangs its children fails its
-own results only. This module does not import torch.
+own results only. The processes are forked from the run's fork server (`_forkserver`:
+torch imported once) where their environment allows, else fresh interpreters. This
+module does not import torch.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from numparity_agent import _devices, _variants, _workloads
+from numparity_agent import _compile, _devices, _variants, _workloads
 from numparity_agent._document import build_document, utc_now
 from numparity_agent._drill_spec import TENSOR_DRILL, DrillSpecError, drill_text, parse_drill
+from numparity_agent._forkserver import ForkedChild, ForkServer
 from numparity_agent._knobs import numeric_env_vars
 from numparity_agent._log import log
 from numparity_agent._telemetry import read_in_child
@@ -80,8 +83,9 @@ def validate(
 
 def default_variants(suite: str = _workloads.SUITE) -> list[str]:
     """The variants a run of `suite` makes when none are named: all, but those the suite
-    leaves out unless asked for (`_workloads.NOT_BY_DEFAULT`)."""
-    skipped = _workloads.NOT_BY_DEFAULT.get(suite, frozenset())
+    leaves out unless asked for (`_workloads.NOT_BY_DEFAULT`) and the opt-in ones
+    (`_variants.OPT_IN`: `compiled`)."""
+    skipped = _workloads.NOT_BY_DEFAULT.get(suite, frozenset()) | _variants.OPT_IN
     return [v for v in _variants.names() if v not in skipped]
 
 
@@ -126,6 +130,7 @@ def run_variant(
     trace_ops: bool = False,
     study_budget_s: float | None = None,
     suite: str = _workloads.SUITE,
+    compile_cache: Path | None = None,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """(environment or None, results) of one variant's child process; with
     `fault_drill` the child flips one bit in each workload (design §2.6; an `op:SPEC`
@@ -137,7 +142,8 @@ def run_variant(
                        timeout=timeout, node_env_vars=node_env_vars,
                        fault_drill=fault_drill, on_progress=on_progress,
                        values_dir=values_dir, trace_ops=trace_ops,
-                       study_budget_s=study_budget_s, suite=suite)
+                       study_budget_s=study_budget_s, suite=suite,
+                       compile_cache=compile_cache)
     return run.environment, run.results
 
 
@@ -157,6 +163,8 @@ def run_variants(
     suite: str = _workloads.SUITE,
     environment: bool = True,
     visible: str | None = None,
+    fork_server: ForkServer | None = None,
+    compile_cache: Path | None = None,
 ) -> ChildRun:
     """`variants` (one `_variants.process_groups` group) in one child process, each
     with `timeout` seconds (from when it starts): the variants a crash or a timeout
@@ -178,7 +186,8 @@ def run_variants(
                           values_dir=values_dir, trace_ops=trace_ops,
                           study_budget_s=study_budget_s, suite=suite,
                           environment=environment and run.environment is None,
-                          visible=visible)
+                          visible=visible, fork_server=fork_server,
+                          compile_cache=compile_cache)
         run.environment = run.environment or part.environment
         run.results.extend(part.results)
         run.timeline.extend(part.timeline)
@@ -207,11 +216,16 @@ def _run_child(
     environment: bool,
     study_budget_s: float | None = None,
     visible: str | None = None,
+    fork_server: ForkServer | None = None,
+    compile_cache: Path | None = None,
 ) -> ChildRun:
     """One child for `variants`: its results for the variants it finished, failed
     results for the one a crash or a timeout hit, nothing for those it left (the
     caller starts another child for them). `visible`: the child sees only this device
-    (its CUDA_VISIBLE_DEVICES) and computes on its cuda:0."""
+    (its CUDA_VISIBLE_DEVICES) and computes on its cuda:0. `fork_server`: the child is
+    forked from it where its environment allows (`_start`), else a fresh interpreter.
+    `compile_cache`: Inductor's cache folder for a compiling variant
+    (`_compile.cache_environ`)."""
     spec = {
         "variants": variants,
         "suite": suite,
@@ -226,7 +240,10 @@ def _run_child(
         "environment": environment,
     }
     # The group's variants have the same child environment (`process_groups`).
-    env = _variants.get(variants[0]).child_env(dict(os.environ))
+    first = _variants.get(variants[0])
+    env = first.child_env(dict(os.environ))
+    if first.compiles:
+        env = _compile.cache_environ(env, compile_cache)
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
         spec["torch_device"] = "cuda:0"
@@ -235,15 +252,15 @@ def _run_child(
         spec_path = os.path.join(tmp, "spec.json")
         out_path = os.path.join(tmp, "out.json")
         spec["progress"] = os.path.join(tmp, "progress")
-        cmd = [sys.executable, "-m", "numparity_agent._child", spec_path, out_path]
         spawned = time.time()
         spec["spawned_at"] = spawned
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(spec, f)
         proc = None
         try:
-            proc = _run_watched(cmd, env, timeout, str(spec["progress"]), on_progress,
-                                per_variant)
+            proc = _run_watched("numparity_agent._child", [spec_path, out_path], env,
+                                timeout, str(spec["progress"]), on_progress, per_variant,
+                                tmp=tmp, fork_server=fork_server)
         except subprocess.TimeoutExpired as exc:
             error = f"variant {{variant}} timed out after {timeout:g} s (child killed)"
             stderr = exc.stderr
@@ -311,35 +328,80 @@ def _read_part(path: str) -> dict[str, Any]:
     return part
 
 
+class _Fresh:
+    """A child in a fresh interpreter (`python -m module`), as ForkedChild's interface."""
+
+    def __init__(self, module: str, argv: list[str], env: dict[str, str], stdout: str,
+                 stderr: str) -> None:
+        with open(stdout, "wb") as out, open(stderr, "wb") as err:
+            self._proc = subprocess.Popen([sys.executable, "-m", module, *argv], env=env,
+                                          stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        try:
+            return self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        self._proc.kill()
+        self._proc.wait()
+
+
+def _start(module: str, argv: list[str], env: dict[str, str], tmp: str,
+           fork_server: ForkServer | None) -> _Fresh | ForkedChild:
+    """`python -m module argv` with `env`, its output to files in `tmp`: forked from
+    `fork_server` where it takes `env` (`ForkServer.refuses`), else a fresh interpreter."""
+    stdout, stderr = os.path.join(tmp, "child.stdout"), os.path.join(tmp, "child.stderr")
+    if fork_server is not None:
+        refusal = fork_server.refuses(env)
+        if refusal is None:
+            try:
+                return fork_server.spawn(module, argv, env=env, stdout=stdout, stderr=stderr)
+            except OSError as exc:
+                refusal = str(exc)
+        fork_server.refused(refusal)
+    return _Fresh(module, argv, env, stdout, stderr)
+
+
+def _output(tmp: str, name: str) -> str:
+    try:
+        with open(os.path.join(tmp, f"child.{name}"), encoding="utf-8",
+                  errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def _run_watched(
-    cmd: list[str], env: dict[str, str], timeout: float, progress_path: str,
-    on_progress: Callable[[int], None], per_variant: int = 0,
+    module: str, argv: list[str], env: dict[str, str], timeout: float, progress_path: str,
+    on_progress: Callable[[int], None], per_variant: int = 0, *, tmp: str,
+    fork_server: ForkServer | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """subprocess.run(cmd, timeout=...) that reports the child's progress file meanwhile;
-    with `per_variant` (workloads per variant) the timeout counts from the start of the
-    variant the child is on."""
+    """`python -m module argv` (see `_start`) with a timeout, reporting the child's
+    progress file meanwhile; with `per_variant` (workloads per variant) the timeout
+    counts from the start of the variant the child is on."""
+    cmd = [sys.executable, "-m", module, *argv]
+    child = _start(module, argv, env, tmp, fork_server)
     started = time.monotonic()
     variant_started, finished_variants = started, 0
-    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as child:
-        while True:
-            deadline = variant_started + timeout
-            try:
-                stdout, stderr = child.communicate(
-                    timeout=max(0.0, min(PROGRESS_POLL_S, deadline - time.monotonic())))
-                break
-            except subprocess.TimeoutExpired:
-                finished = _lines(progress_path)
-                if per_variant and finished // per_variant > finished_variants:
-                    finished_variants = finished // per_variant
-                    variant_started = time.monotonic()
-                    continue
-                if time.monotonic() >= deadline:
-                    child.kill()
-                    _out, err = child.communicate()
-                    raise subprocess.TimeoutExpired(cmd, timeout, stderr=err) from None
-                on_progress(finished)
-    return subprocess.CompletedProcess(cmd, child.returncode, stdout, stderr)
+    while True:
+        deadline = variant_started + timeout
+        code = child.wait(max(0.0, min(PROGRESS_POLL_S, deadline - time.monotonic())))
+        if code is not None:
+            break
+        finished = _lines(progress_path)
+        if per_variant and finished // per_variant > finished_variants:
+            finished_variants = finished // per_variant
+            variant_started = time.monotonic()
+            continue
+        if time.monotonic() >= deadline:
+            child.kill()
+            child.wait()
+            raise subprocess.TimeoutExpired(cmd, timeout, stderr=_output(tmp, "stderr"))
+        on_progress(finished)
+    return subprocess.CompletedProcess(cmd, code, _output(tmp, "stdout"),
+                                       _output(tmp, "stderr"))
 
 
 def _lines(path: str) -> int:
@@ -350,13 +412,42 @@ def _lines(path: str) -> int:
         return 0
 
 
-def _environment_child(timeout: float) -> dict[str, Any]:
-    """The environment from a fresh interpreter, when no variant child delivered one."""
-    cmd = [sys.executable, "-m", "numparity_agent", "env"]
-    proc = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(_child_failure(proc, _describe_exit(proc.returncode)))
-    return json.loads(proc.stdout)
+def _environment_child(timeout: float, fork_server: ForkServer | None = None
+                       ) -> dict[str, Any]:
+    """The environment from a child of its own (`numparity-agent env`: a fresh
+    interpreter, or forked from `fork_server`), when no variant child delivered one."""
+    with tempfile.TemporaryDirectory(prefix="numparity-") as tmp:
+        child = _start("numparity_agent", ["env"], dict(os.environ), tmp, fork_server)
+        code = child.wait(timeout)
+        if code is None:
+            child.kill()
+            child.wait()
+            raise subprocess.TimeoutExpired([sys.executable, "-m", "numparity_agent", "env"],
+                                            timeout, stderr=_output(tmp, "stderr"))
+        if code != 0:
+            raise RuntimeError(_describe_exit(code) + "\n" + _output(tmp, "stderr")[-2000:])
+        environment: dict[str, Any] = json.loads(_output(tmp, "stdout"))
+    return environment
+
+
+def _node_gpus(timeout: float, fork_server: ForkServer | None = None) -> list[str] | None:
+    """NVML's UUIDs of the node's GPUs (`_devices.node_gpus`, in a child: NVML can hang
+    on a wedged GPU); None when NVML cannot say."""
+    with tempfile.TemporaryDirectory(prefix="numparity-") as tmp:
+        child = _start("numparity_agent._devices", ["--node-gpus"], dict(os.environ), tmp,
+                       fork_server)
+        code = child.wait(timeout)
+        if code is None:
+            child.kill()
+            child.wait()
+            return None
+        try:
+            found = json.loads(_output(tmp, "stdout")) if code == 0 else None
+        except ValueError:
+            return None
+    if not isinstance(found, list):
+        return None
+    return [str(uuid) for uuid in found]
 
 
 @dataclass
@@ -374,30 +465,35 @@ class DeviceListError(RuntimeError):
     """The child that lists the node's devices crashed or timed out."""
 
 
-def list_devices(timeout: float) -> list[dict[str, Any]]:
-    """Every visible device (`_devices.visible_devices`), from a fresh interpreter: CUDA
-    and NVML can hang on a wedged GPU, and the agent's own process stays without torch."""
-    cmd = [sys.executable, "-m", "numparity_agent._devices"]
-    try:
-        proc = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True,
-                              check=False)
-    except subprocess.TimeoutExpired:
-        raise DeviceListError(f"listing the devices timed out after {timeout:g} s") from None
-    if proc.returncode != 0:
-        raise DeviceListError(_child_failure(proc, _describe_exit(proc.returncode)))
-    devices: list[dict[str, Any]] = json.loads(proc.stdout)
+def list_devices(timeout: float, fork_server: ForkServer | None = None
+                 ) -> list[dict[str, Any]]:
+    """Every visible device (`_devices.visible_devices`), from a child process (a fresh
+    interpreter, or forked from `fork_server`): CUDA and NVML can hang on a wedged GPU,
+    and the agent's own process stays without torch."""
+    with tempfile.TemporaryDirectory(prefix="numparity-") as tmp:
+        child = _start("numparity_agent._devices", [], dict(os.environ), tmp, fork_server)
+        code = child.wait(timeout)
+        if code is None:
+            child.kill()
+            child.wait()
+            raise DeviceListError(f"listing the devices timed out after {timeout:g} s")
+        if code != 0:
+            stderr = _output(tmp, "stderr")
+            raise DeviceListError(_describe_exit(code) + ("\n" + stderr[-2000:] if stderr
+                                                          else ""))
+        devices: list[dict[str, Any]] = json.loads(_output(tmp, "stdout"))
     return devices
 
 
-def select_devices(selection: str, *, timeout: float = DEFAULT_TIMEOUT_S
-                   ) -> list[dict[str, Any]]:
+def select_devices(selection: str, *, timeout: float = DEFAULT_TIMEOUT_S,
+                   fork_server: ForkServer | None = None) -> list[dict[str, Any]]:
     """The devices `selection` names (`cuda:0,cuda:3`, `cpu`, `all`: every visible CUDA
     device, else the CPU). UsageError when it names one this node does not show (the
     message lists those it does); DeviceListError when they cannot be listed."""
     try:
         items = _devices.parse_selection(selection)
         wanted = _devices.needs_cuda(items) and _devices.gpu_driver_present()
-        visible = list_devices(timeout) if wanted else []
+        visible = list_devices(timeout, fork_server) if wanted else []
         return _devices.select(items, visible)
     except _devices.DeviceError as exc:
         raise UsageError(str(exc)) from None
@@ -549,6 +645,8 @@ def run_suite(
     trace_ops: bool = False,
     study_budget_s: float | None = None,
     suite: str = _workloads.SUITE,
+    fork_server: bool | ForkServer = True,
+    compile_cache: Path | None = None,
 ) -> dict[str, Any]:
     """Run `workloads` of `suite` under `variants` (by default its built-ins under
     `default_variants(suite)`) on each device: the run document. Large tensors' values
@@ -569,12 +667,43 @@ def run_suite(
     `on_progress` follows the run workload by workload (see Progress). With
     `trace_ops` every variant records each workload's ops (design §2.10): the document
     carries the trace bodies in `traces`, each result the hash of its own.
+    With `fork_server` the children are forked from one interpreter that imported torch
+    once (`_forkserver`), where their environment allows; else each is a fresh one. A
+    ForkServer given is used (and left running); True starts one for the run.
+    `compile_cache`: Inductor's cache folder for the compiled variant (design §2.14).
     """
     check_suite(suite)
     workloads = list(workloads or _workloads.builtin_names(suite))
     variants = list(variants or default_variants(suite))
     validate(workloads, variants, repeats, drill=drill, suite=suite)
-    devices = select_devices(device, timeout=timeout) if isinstance(device, str) else device
+    # One per run: torch's import is paid once, by the server, not by every child.
+    given = fork_server if isinstance(fork_server, ForkServer) else None
+    server = given or (ForkServer() if fork_server else None)
+    try:
+        return _run_suite(
+            workloads=workloads, variants=variants, device=device, repeats=repeats,
+            node=node, labels=labels, timeout=timeout, log_line=log_line, drill=drill,
+            drill_device=drill_device, on_progress=on_progress, values_dir=values_dir,
+            trace_ops=trace_ops, study_budget_s=study_budget_s, suite=suite, server=server,
+            compile_cache=compile_cache)
+    finally:
+        if server is not None:
+            if given is None:
+                server.close()
+            for refusal in server.refusals:
+                log_line(f"a child ran in a fresh interpreter: {refusal}")
+
+
+def _run_suite(
+    *, workloads: list[str], variants: list[str], device: str | Sequence[dict[str, Any]],
+    repeats: int, node: str | None, labels: dict[str, str] | None, timeout: float,
+    log_line: Callable[[str], None], drill: bool | str, drill_device: str | None,
+    on_progress: Progress | None, values_dir: Path | None, trace_ops: bool,
+    study_budget_s: float | None, suite: str, server: ForkServer | None,
+    compile_cache: Path | None,
+) -> dict[str, Any]:
+    devices = (select_devices(device, timeout=timeout, fork_server=server)
+               if isinstance(device, str) else device)
     drill_at = drill_slot(devices, drill_device) if drill else None
     plan = device_plan(devices, variants)
     several = len(plan) > 1
@@ -589,10 +718,29 @@ def run_suite(
             f"on {drill_at}; the document is marked as a drill"
         )
     node_env_vars = numeric_env_vars()
+    started_at = utc_now()
+    return _run_devices(
+        plan=plan, workloads=workloads, variants=variants, repeats=repeats, node=node,
+        labels=labels, timeout=timeout, log_line=log_line, drill=drill,
+        drill_at=drill_at, on_progress=on_progress, values_dir=values_dir,
+        trace_ops=trace_ops, study_budget_s=study_budget_s, suite=suite,
+        node_env_vars=node_env_vars, started_at=started_at, server=server,
+        compile_cache=compile_cache)
+
+
+def _run_devices(
+    *, plan: list[tuple[dict[str, Any], list[str]]], workloads: list[str],
+    variants: list[str], repeats: int, node: str | None, labels: dict[str, str] | None,
+    timeout: float, log_line: Callable[[str], None], drill: bool | str, drill_at: str | None,
+    on_progress: Progress | None, values_dir: Path | None, trace_ops: bool,
+    study_budget_s: float | None, suite: str, node_env_vars: dict[str, str],
+    started_at: str, server: ForkServer | None, compile_cache: Path | None,
+) -> dict[str, Any]:
+    """run_suite's run of its `plan`, every device at once."""
+    several = len(plan) > 1
     # The GPUs' own readings at the start and the end (`_telemetry`; none without NVML).
     gpu_uuids = [d["uuid"] for d, _ in plan if d.get("type") == "cuda" and d.get("uuid")]
     telemetry_start = read_in_child(gpu_uuids)
-    started_at = utc_now()
     per_device = device_workloads(plan, workloads)
     total = sum(len(runs) * len(names) for (_, runs), names in zip(plan, per_device,
                                                                     strict=True))
@@ -653,7 +801,8 @@ def run_suite(
                 # The first device's first child captures the environment.
                 environment=(position == 0 and not own_environment_child
                              and run.environment is None),
-                visible=visible,
+                visible=visible, fork_server=server,
+                compile_cache=compile_cache,
             )
             run.environment = run.environment or child.environment
             run.timeline.extend(child.timeline)
@@ -674,13 +823,18 @@ def run_suite(
             + (", every result failed" if failed else ""))
         return run
 
-    with ThreadPoolExecutor(max_workers=len(plan) + 1,
+    with ThreadPoolExecutor(max_workers=len(plan) + 2,
                             thread_name_prefix="numparity-device") as pool:
-        captured = pool.submit(_environment_child, timeout) if own_environment_child else None
+        captured = (pool.submit(_environment_child, timeout, server)
+                    if own_environment_child else None)
+        # Which GPUs the node has, whatever this run was given (the server keeps them).
+        listed = (pool.submit(_node_gpus, timeout, server)
+                  if any(entry["type"] == "cuda" for entry, _runs in plan) else None)
         futures = [pool.submit(run_device, position, entry, runs, on_device)
                    for position, ((entry, runs), on_device)
                    in enumerate(zip(plan, per_device, strict=True))]
         device_runs = [future.result() for future in futures]
+        node_gpus = listed.result() if listed is not None else None
         environment: dict[str, Any] | None = next(
             (r.environment for r in device_runs if r.environment), None)
         if captured is not None:
@@ -700,7 +854,7 @@ def run_suite(
     timeline = [t for r in device_runs for t in r.timeline]
     if environment is None:
         try:
-            environment = _environment_child(timeout)
+            environment = _environment_child(timeout, server)
         except Exception as exc:  # noqa: BLE001
             log_line(f"environment capture failed: {exc}")
             environment = {"env_key": None, "unknown": {"environment": str(exc)}}
@@ -717,4 +871,5 @@ def run_suite(
         devices=entries,
         results_order=variants,
         timeline=timeline,
+        node_gpus=node_gpus,
     )

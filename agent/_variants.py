@@ -38,6 +38,9 @@ class Variant:
     # per device (design §2.3): a child's start, torch's import and CUDA's initialisation
     # are most of a variant's cost on a GPU. True unless a variant says otherwise.
     own_process: bool = True
+    # Compiles each workload's model with torch.compile (`_compile`, design §2.14): the
+    # runner compiles, times the compile and localises where it parts from eager.
+    compiles: bool = False
 
     def child_env(self, environ: dict[str, str]) -> dict[str, str]:
         return dict(environ)
@@ -107,8 +110,9 @@ def _use_deterministic_algorithms(torch: Any) -> None:
     """torch.use_deterministic_algorithms(True), without its 2.5 s import of inductor.
 
     The public function (torch >= 2.6) also imports torch._inductor.config to make
-    compiled kernels deterministic, which pulls in dynamo. The suite never compiles, so
-    the inductor flag is only set when inductor is already loaded.
+    compiled kernels deterministic, which pulls in dynamo. Only the opt-in `compiled`
+    variant compiles (and it never runs with strict in one process), so the inductor
+    flag is only set when inductor is already loaded.
     """
     set_flag = getattr(torch._C, "_set_deterministic_algorithms", None)
     if set_flag is None:
@@ -269,10 +273,37 @@ class FP64Reference(Variant):
     own_process = False
 
 
+class Compiled(Variant):
+    """Each workload's model through torch.compile (Inductor, default mode), everything
+    else as `default`. Opt-in (`OPT_IN`): a cold compile takes minutes on a small CPU.
+    A child of its own: Inductor's cache folder is an environment variable it reads when
+    it loads (`_compile.cache_environ`, set by the parent), and its config is
+    process-wide."""
+
+    name = "compiled"
+    compiles = True
+
+    def skip_reason(self, device: Any) -> str | None:
+        import torch
+
+        from numparity_agent._compile import compile_reason
+
+        return compile_reason(torch)
+
+    def knobs(self, device: Any) -> dict[str, Any]:
+        from numparity_agent._compile import inductor_knobs
+
+        return {"autocast": None, "compile": "inductor", **inductor_knobs()}
+
+
 VARIANTS: dict[str, Variant] = {
     v.name: v
-    for v in (Default(), Strict(), TF32(), FP16Autocast(), BF16Autocast(), FP64Reference())
+    for v in (Default(), Strict(), TF32(), FP16Autocast(), BF16Autocast(), FP64Reference(),
+              Compiled())
 }
+# Variants a run makes only when named (`--variants`, config `variants`, a check plan).
+OPT_IN = frozenset({Compiled.name})
+COMPILED_VARIANT = Compiled.name
 
 
 def process_groups(variants: list[str], environ: dict[str, str]) -> list[list[str]]:

@@ -173,7 +173,9 @@ def scenario(label: str, database_url: str, workers: int, args: argparse.Namespa
                     if node == 0:
                         environments.append(document)
                     response = client.post(f"{server.base_url}/api/v1/runs", json=document)
-                    response.raise_for_status()
+                    if response.status_code not in (200, 201):
+                        raise RuntimeError(f"fleet: run of {name} answered "
+                                           f"{response.status_code} {response.text[:2000]}")
         print(f"{label}: {args.environments * args.nodes} nodes on {args.environments} "
               f"environments loaded in {time.monotonic() - began:.0f} s", flush=True)
         admin = admin_token(database_url)

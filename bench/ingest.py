@@ -15,11 +15,12 @@ two kinds of run:
 
 Documents are the size of the full standard suite (6 workloads x 6 variants, ~400
 tensors), fingerprinted with the agent's own functions, in the exact wire format. New
-environments reuse the fingerprints' arrays under fresh random hashes (the server checks
-the hash only of values, so a tensor that carries them gets its first bytes changed and
-its hash recomputed), so generating them stays cheap. Bodies are prepared before the
-clock starts so the client, which shares the machine's cores with the server, stays
-lean.
+environments reuse the large tensors' fingerprints under fresh random hashes (the server
+can check only what carries its values); a tensor that carries its values (at most 4,096
+elements) gets a few low mantissa bits changed and is fingerprinted again by the agent's
+``fingerprint`` (the server checks the values' hash and their stats), so generating
+them stays cheap. Bodies are prepared before the clock starts so the client, which
+shares the machine's cores with the server, stays lean.
 
     .venv/bin/python bench/ingest.py [--concurrency 8] [--known 300] [--new 60]
         [--backends sqlite postgresql] [--postgres-url postgresql+psycopg://...]
@@ -35,8 +36,8 @@ import argparse
 import base64
 import copy
 import gzip
-import hashlib
 import json
+import math
 import os
 import secrets
 import shutil
@@ -58,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import torch
 
 from numparity_agent._environment import compute_env_key
@@ -161,28 +163,35 @@ def as_new_environment(template: dict[str, Any], node: str, minute: int) -> dict
     # Another environment document (the server derives the key from it, design §3.1).
     document["environment"]["bench_environment"] = secrets.token_hex(16)
     document["environment"]["env_key"] = compute_env_key(document["environment"])
-    renamed: dict[str, tuple[str, dict[str, str] | None]] = {}
+    renamed: dict[str, dict[str, Any]] = {}
     for result in document["results"]:
         for tensor in result["tensors"]:
             if tensor["hash"] not in renamed:
                 renamed[tensor["hash"]] = _new_bytes(tensor)
-            tensor["hash"], values = renamed[tensor["hash"]]
-            if values is not None:
-                tensor["values"] = values
+            tensor.update(renamed[tensor["hash"]])
     return document
 
 
-def _new_bytes(tensor: dict[str, Any]) -> tuple[str, dict[str, str] | None]:
-    """A fresh hash for a tensor; one that carries its values gets new values (its first
-    bytes random) and their real hash, which the server checks."""
+def _new_bytes(tensor: dict[str, Any]) -> dict[str, Any]:
+    """A tensor's fingerprint fields for other bytes. One without values gets a fresh hash
+    (the server cannot check it). One that carries its values (at most VALUES_MAX
+    elements) gets new values: random low mantissa bits in its first elements, so they
+    stay finite and of the same magnitude, fingerprinted again by the agent's own
+    ``fingerprint`` (hash, stats, sketch, sample and values agree, as the server checks)."""
     values = tensor.get("values")
     if values is None:
-        return secrets.token_hex(32), None
+        return {"hash": secrets.token_hex(32)}
+    dtype = getattr(torch, tensor["dtype"])
     raw = bytearray(base64.b64decode(values["data"]))
-    raw[:4] = secrets.token_bytes(min(4, len(raw)))
-    dims = ",".join(str(n) for n in tensor["shape"])
-    digest = hashlib.sha256(f"{tensor['dtype']};{dims};".encode() + raw).hexdigest()
-    return digest, {**values, "data": base64.b64encode(bytes(raw)).decode("ascii")}
+    width = dtype.itemsize
+    bits = np.frombuffer(raw, dtype=np.dtype(f"<u{width}"))  # a view: writes go to raw
+    changed = min(bits.size, 4)
+    mantissa = min(int(-math.log2(torch.finfo(dtype).eps)), 16)
+    noise = np.frombuffer(secrets.token_bytes(changed * width), dtype=bits.dtype).copy()
+    noise[0] |= 1  # never the template's bytes (a bfloat16 scalar has 7 mantissa bits)
+    bits[:changed] ^= noise & bits.dtype.type((1 << mantissa) - 1)
+    elements = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+    return fingerprint(elements.reshape(tensor["shape"]))
 
 
 # -- server ------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from numparity_server import openapi
 from numparity_server.audit.api import router as audit_router
 from numparity_server.catalog.api import router as catalog_router
 from numparity_server.compare.api import router as compare_router
+from numparity_server.compiled.api import router as compiled_router
 from numparity_server.dashboard import api as dashboard
 from numparity_server.dashboard.api_docs import install_api_docs
 from numparity_server.deps import reject_nul
@@ -87,6 +88,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(environments_router)
     app.include_router(divergence_router)
     app.include_router(compare_router)
+    app.include_router(compiled_router)
     app.include_router(audit_router)
     app.include_router(explain_router)
     app.include_router(goldens_router)

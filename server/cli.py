@@ -345,7 +345,8 @@ def _retention(settings: Settings, args: argparse.Namespace) -> int:
           f"{report.cutoff:%Y-%m-%d %H:%M:%SZ}, {report.manifests} manifests, "
           f"{report.traces} op traces and {report.fingerprints} fingerprints no remaining "
           f"result references, {report.comparisons} kept comparisons, "
-          f"{report.environments} environments nothing refers to")
+          f"{report.environments} environments nothing refers to, "
+          f"{report.upload_parts} parts of uploads nobody finished within a day")
     return EXIT_OK
 
 

@@ -133,8 +133,10 @@ def _libpq_url(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def _create_postgresql_database(base: str, prefix: str) -> tuple[str, str]:
-    """A new, empty database on the server of ``base``: its name and its URL."""
+def _create_postgresql_database(base: str, prefix: str,
+                                template: str | None = None) -> tuple[str, str]:
+    """A new database on the server of ``base``, empty or a copy of ``template``: its name
+    and its URL."""
     import psycopg
     from sqlalchemy import make_url
 
@@ -144,34 +146,9 @@ def _create_postgresql_database(base: str, prefix: str) -> tuple[str, str]:
         parsed = parsed.set(drivername="postgresql+psycopg")
     url = parsed.set(database=name).render_as_string(hide_password=False)
     with psycopg.connect(_libpq_url(base), autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"'
+                      + (f' TEMPLATE "{template}"' if template else ""))
     return name, url
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    require_server_packages()
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'numparity.db'}"
-        from numparity_server.kit.db import dispose_engine
-
-        dispose_engine(f"sqlite:///{tmp_path / 'numparity.db'}")
-        return
-
-    base = os.environ.get(TEST_DATABASE_ENV)
-    if not base:
-        pytest.skip(POSTGRESQL_UNSET)
-    psycopg = pytest.importorskip("psycopg", reason="psycopg is not importable: the "
-                                  "PostgreSQL case needs the server's packages")
-    name, url = _create_postgresql_database(base, "numparity_test")
-    try:
-        yield url
-    finally:
-        from numparity_server.kit.db import dispose_engine
-
-        dispose_engine(url)
-        with psycopg.connect(_libpq_url(base), autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 class DatabaseTemplates:
@@ -220,6 +197,38 @@ class DatabaseTemplates:
             drop()
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path,
+                 database_templates: DatabaseTemplates) -> Iterator[str]:
+    """An empty database, SQLite and PostgreSQL; for a test that also asks for
+    ``migrated_database_url``, a PostgreSQL one is made from the migrated template at once
+    (not made empty, dropped and made again)."""
+    require_server_packages()
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'numparity.db'}"
+        from numparity_server.kit.db import dispose_engine
+
+        dispose_engine(f"sqlite:///{tmp_path / 'numparity.db'}")
+        return
+
+    base = os.environ.get(TEST_DATABASE_ENV)
+    if not base:
+        pytest.skip(POSTGRESQL_UNSET)
+    psycopg = pytest.importorskip("psycopg", reason="psycopg is not importable: the "
+                                  "PostgreSQL case needs the server's packages")
+    template = (database_templates.postgresql(base)
+                if "migrated_database_url" in request.fixturenames else None)
+    name, url = _create_postgresql_database(base, "numparity_test", template)
+    try:
+        yield url
+    finally:
+        from numparity_server.kit.db import dispose_engine
+
+        dispose_engine(url)
+        with psycopg.connect(_libpq_url(base), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture(scope="session")
 def database_templates(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DatabaseTemplates]:
     templates = DatabaseTemplates(tmp_path_factory.mktemp("templates"))
@@ -238,14 +247,7 @@ def migrated_database_url(database_url: str, database_templates: DatabaseTemplat
     if parsed.get_backend_name() == "sqlite":
         shutil.copy(database_templates.sqlite(), parsed.database)
         return database_url
-    import psycopg
-
-    base = os.environ[TEST_DATABASE_ENV]
-    template = database_templates.postgresql(base)
-    with psycopg.connect(_libpq_url(base), autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE "{parsed.database}"')
-        admin.execute(f'CREATE DATABASE "{parsed.database}" TEMPLATE "{template}"')
-    return database_url
+    return database_url  # made from the template by database_url
 
 
 @dataclass

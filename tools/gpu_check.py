@@ -91,6 +91,7 @@ class Check:
         self.tokens: dict[str, str] = {}
         self.documents: dict[str, dict[str, Any]] = {}
         self.identity: dict[str, Any] = {}
+        self.all_devices: list[dict[str, Any]] = []
         self.split: dict[str, Any] = {}
         # When the row now running must have answered (time.monotonic()): every process
         # a row starts gets what is left of it as its timeout.
@@ -203,6 +204,7 @@ def check_identity(check: Check) -> Row:
     if done.returncode != 0:
         return Row("identity", "FAIL", f"listing the devices failed: {_last_line(done.stderr)}")
     devices = json.loads(done.stdout)
+    check.all_devices = devices
     mine = next((d for d in devices if d.get("device") == check.device), None)
     if mine is None:
         return Row("identity", "FAIL", f"{check.device} is not among "
@@ -215,6 +217,79 @@ def check_identity(check: Check) -> Row:
     if missing:
         return Row("identity", "FAIL", f"{detail}; missing: {', '.join(missing)}", mine)
     return Row("identity", "ok", detail, mine)
+
+
+# NVML's MIG instances, independently of the agent's enumeration (`_devices`): per GPU in
+# MIG mode, the UUIDs of its instances.
+MIG_SCRIPT = """
+import json
+try:
+    import pynvml
+    pynvml.nvmlInit()
+except Exception as exc:
+    print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+    raise SystemExit(0)
+text = lambda v: v.decode() if isinstance(v, bytes) else str(v)
+found = {}
+every = []
+count = pynvml.nvmlDeviceGetCount()
+for i in range(count):
+    board = pynvml.nvmlDeviceGetHandleByIndex(i)
+    every.append(text(pynvml.nvmlDeviceGetUUID(board)))
+    try:
+        mode = pynvml.nvmlDeviceGetMigMode(board)[0]
+    except Exception:
+        continue
+    if not mode:
+        continue
+    uuids = []
+    for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(board)):
+        try:
+            uuids.append(text(pynvml.nvmlDeviceGetUUID(
+                pynvml.nvmlDeviceGetMigDeviceHandleByIndex(board, j))))
+        except Exception:
+            pass
+    found[text(pynvml.nvmlDeviceGetUUID(board))] = uuids
+    every += uuids
+print(json.dumps({"gpus": count, "mig": found, "every": every}))
+"""
+
+
+def check_mig(check: Check) -> Row:
+    """Every MIG instance NVML shows is a device of `--device all`: CUDA shows a process
+    one MIG instance, the agent finds the others in NVML (issue 42, 11); and the stock
+    run's `node_gpus` is NVML's every GPU and instance of the node."""
+    done = subprocess.run([sys.executable, "-c", MIG_SCRIPT], env=check.agent_env(),
+                          capture_output=True, text=True, timeout=check.remaining(),
+                          check=False)
+    if done.returncode != 0:
+        return Row("MIG instances", "FAIL", f"asking NVML failed: {_last_line(done.stderr)}")
+    nvml = json.loads(done.stdout)
+    if "error" in nvml:
+        return Row("MIG instances", "n/a", f"no NVML here ({nvml['error']})")
+    problems = []
+    stock = check.documents.get("stock")
+    node_gpus = f"node_gpus: {len(nvml['every'])}, NVML's"
+    if stock is not None and sorted(stock.get("node_gpus") or []) != sorted(nvml["every"]):
+        node_gpus = f"node_gpus {stock.get('node_gpus')} is not NVML's {nvml['every']}"
+        problems.append(node_gpus)
+    instances = {u for uuids in nvml["mig"].values() for u in uuids}
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not instances or listed is not None:
+        why = (f"CUDA_VISIBLE_DEVICES={listed}: the devices are that allocation's"
+               if listed is not None else f"no GPU in MIG mode among NVML's {nvml['gpus']}")
+        return Row("MIG instances", "FAIL" if problems else "n/a", f"{why}; {node_gpus}",
+                   nvml)
+    devices = {d.get("uuid"): d.get("device") for d in check.all_devices}
+    missing = sorted(instances - set(devices))
+    slots = [str(devices[u]) for u in sorted(instances) if u in devices]
+    detail = (f"{len(instances)} instance(s) on {len(nvml['mig'])} GPU(s) in MIG mode; "
+              f"devices of all: {', '.join(slots) or 'none'}; {node_gpus}")
+    if missing:
+        problems.append(f"not listed: {', '.join(missing)}")
+    if problems:
+        return Row("MIG instances", "FAIL", f"{detail}; {'; '.join(problems)}", nvml)
+    return Row("MIG instances", "ok", detail, nvml)
 
 
 def check_variants(check: Check) -> list[Row]:
@@ -279,6 +354,93 @@ def _timeline_row(document: dict[str, Any], fake: bool) -> Row:
         return Row("variant overhead", "n/a", detail + " (fake CUDA: the targets are a "
                    "GPU's)", data)
     return Row("variant overhead", status, detail, data)
+
+
+def _hashes(document: dict[str, Any], workload: str, variant: str) -> dict[str, str] | None:
+    result = _result(document, workload, variant)
+    if result is None or result.get("status") != "ok":
+        return None
+    return {t["name"]: t["hash"] for t in result.get("tensors", [])}
+
+
+def _overhead(document: dict[str, Any]) -> float:
+    """Mean overhead per variant over the document's children (wall less runs)."""
+    children = [t for t in document.get("timeline", []) if t.get("phases")]
+    per_variant = [(t["wall_s"] - t["phases"].get("run_s", 0.0)) / max(len(t["variants"]), 1)
+                   for t in children]
+    return sum(per_variant) / max(len(per_variant), 1)
+
+
+def check_fork_server(check: Check) -> Row:
+    """The stock run's children were forked from the agent's fork server (design §2.3):
+    its results are a fresh-interpreter run's bit for bit, and a forked probe child sees
+    its own environment (CUBLAS_WORKSPACE_CONFIG, this device alone) with CUDA not yet
+    initialised."""
+    stock = check.documents.get("stock")
+    if stock is None:
+        return Row("fork server", "FAIL", "no stock run to compare with")
+    log = check.work / "agent-gpu-check-stock.log"
+    refused = [line for line in (log.read_text().splitlines() if log.exists() else [])
+               if "ran in a fresh interpreter" in line]
+    workload = "mlp" if "mlp" in check.workloads else check.workloads[0]
+    variants = [v for v in ("default", "strict") if _hashes(stock, workload, v)]
+    if not variants:
+        return Row("fork server", "FAIL", f"the stock run has no {workload} result to compare")
+    fresh, error = check.run_document("fresh", "--workloads", workload, "--variants",
+                                      *variants, "--fresh-interpreters",
+                                      node="gpu-check-fresh", upload=False)
+    if fresh is None:
+        return Row("fork server", "FAIL", f"the fresh-interpreter run: {error}")
+    differ = [v for v in variants if _hashes(fresh, workload, v) != _hashes(stock, workload, v)]
+    probe = _fork_probe(check)
+    uuid = str(check.identity.get("uuid") or "")
+    problems = [f"{workload}/{v} differs from a fresh interpreter's" for v in differ]
+    problems += [_short(line) for line in refused[:2]]
+    if "error" in probe:
+        problems.append(probe["error"])
+    else:
+        if not probe["torch_imported_before"] or probe["cuda_initialised"]:
+            problems.append("the probe child was not forked before CUDA's initialisation")
+        if probe["getenv"]["CUBLAS_WORKSPACE_CONFIG"] != ":4096:8":
+            problems.append("CUBLAS_WORKSPACE_CONFIG not in the forked child's environment")
+        if uuid and probe["devices"] != [uuid.split("-", 1)[-1]]:
+            problems.append(f"the forked child saw {probe['devices']}, not {uuid} alone")
+    detail = (f"{workload} under {', '.join(variants)}: forked = fresh bit for bit"
+              if not differ else f"{workload}: {len(differ)} variant(s) differ")
+    detail += (f"; overhead per variant forked {_overhead(stock):.2f} s, fresh "
+               f"{_overhead(fresh):.2f} s")
+    if problems:
+        detail += "; " + "; ".join(problems)
+    data = {"differ": differ, "refused": refused, "probe": probe,
+            "overhead_forked_s": _overhead(stock), "overhead_fresh_s": _overhead(fresh)}
+    return Row("fork server", "FAIL" if problems else "ok", detail, data)
+
+
+def _fork_probe(check: Check) -> dict[str, Any]:
+    """What a child forked from a fork server of this machine sees (tests/agent/
+    agent_test_probe_env.py), with this device alone and the strict variant's variable."""
+    from numparity_agent._forkserver import ForkServer
+
+    env = check.agent_env()
+    with ForkServer(env, ready_timeout=check.remaining()) as server:
+        wanted = {**env, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+        if check.identity.get("uuid"):
+            wanted["CUDA_VISIBLE_DEVICES"] = str(check.identity["uuid"])
+        refusal = server.refuses(wanted)
+        if refusal is not None:
+            return {"error": f"the fork server refused: {refusal}"}
+        out, err = check.work / "probe.stdout", check.work / "probe.stderr"
+        child = server.spawn("agent_test_probe_env", [], env=wanted, stdout=str(out),
+                             stderr=str(err))
+        code = child.wait(check.remaining())
+        if code is None:
+            child.kill()
+            return {"error": "the forked probe child did not answer in time"}
+        if code != 0:
+            return {"error": f"the forked probe child exited {code}: "
+                             f"{_last_line(err.read_text())}"}
+        probe: dict[str, Any] = json.loads(out.read_text())
+    return probe
 
 
 def check_tf32_split(check: Check) -> list[Row]:
@@ -562,20 +724,57 @@ def check_isclose(check: Check) -> Row:
     return Row("CUDA isclose", "ok" if total == 0 else "FAIL", detail, data)
 
 
+def check_compiled(check: Check) -> Row:
+    """The compiled variant on the device (design §2.14): mlp through torch.compile
+    (Inductor, Triton on CUDA) beside eager, twice (the second compile from the cache),
+    and the server's verdict of compiled against eager. On fake CUDA Inductor would
+    compile for the CPU (minutes, cold): not run."""
+    if check.fake:
+        return Row("compiled", "n/a", "fake CUDA: Inductor would compile C++ for the CPU, "
+                   "not Triton for a GPU; the compiled row needs a real one")
+    document, error = check.run_document("compiled", "--workloads", "mlp", "--variants",
+                                         "default", "compiled", "--repeats", "2",
+                                         node="gpu-check-compiled")
+    if document is None:
+        return Row("compiled", "FAIL", error)
+    result = _result(document, "mlp", "compiled")
+    if result is None or result["status"] != "ok":
+        why = (result or {}).get("reason") or (result or {}).get("error") or error
+        return Row("compiled", "FAIL", f"mlp/compiled: {_short(why or 'no result')}")
+    record = result.get("compile") or {}
+    try:
+        verdicts = check.get(f"/runs/{document['run_id']}/compiled")["items"]
+    except Exception as exc:  # noqa: BLE001 - the row says why
+        return Row("compiled", "FAIL", f"GET /runs/…/compiled: {exc}")
+    item = next((v for v in verdicts if v["workload"] == "mlp"), {})
+    located = result.get("localisation") or {}
+    detail = (f"mlp against eager: {item.get('verdict')} (max ULP {item.get('max_ulp')}, "
+              f"first layer {item.get('first_divergent_layer') or '-'}, closer to float64: "
+              f"{(item.get('fp64') or {}).get('closer') or '-'}); compile cold "
+              f"{record.get('cold_s')} s, warm {record.get('warm_s')} s"
+              + (f"; localised at {located['module']} ({', '.join(located['kernels'][:2])})"
+                 if located.get("module") else ""))
+    ok = item.get("verdict") is not None and record.get("warm_s") is not None
+    return Row("compiled", "ok" if ok else "FAIL", detail,
+               {"verdict": item.get("verdict"), "compile": record, "localisation": located})
+
+
 # ---- the table ---------------------------------------------------------------------------
 
 
 # Each step of the check: the rows it answers (in the table's order) and its deadline
 # in seconds on one GPU. A step past its deadline is FAIL with that reason, the steps
 # after it still run; the whole check stops starting steps at --deadline.
-ROWS = ["identity", "variants", "variant overhead", "TF32 split", "explain", "SDPA backends",
-        "NCCL collectives", "profiler kernel names", "large-suite upload", "CUDA isclose"]
-DEADLINES_S = {"identity": 60, "variants": 240, "TF32 split": 90, "explain": 120,
+ROWS = ["identity", "variants", "variant overhead", "fork server", "MIG instances",
+        "TF32 split", "explain", "SDPA backends", "NCCL collectives", "profiler kernel names",
+        "large-suite upload", "CUDA isclose", "compiled"]
+DEADLINES_S = {"identity": 60, "MIG instances": 30, "variants": 240, "fork server": 120,
+               "TF32 split": 90, "explain": 120, "compiled": 420,
                "SDPA backends": 60, "NCCL collectives": 5, "profiler kernel names": 150,
                "large-suite upload": 180, "CUDA isclose": 60}
 # The fake GPU computes on the CPU: slower, on a machine CI shares.
 FAKE_DEADLINE_SCALE = 4.0
-DEADLINE_S = 900.0
+DEADLINE_S = 1320.0
 # How long past its deadline a step that has not answered is waited for (its processes
 # are killed at the deadline; one that hangs in this process is left behind).
 HANG_GRACE_S = 5.0
@@ -592,6 +791,8 @@ def steps() -> list[Step]:
     return [
         Step(["identity"], lambda c: [check_identity(c)], needs_server=False),
         Step(["variants", "variant overhead"], check_variants),
+        Step(["fork server"], lambda c: [check_fork_server(c)], needs_server=False),
+        Step(["MIG instances"], lambda c: [check_mig(c)], needs_server=False),
         Step(["TF32 split"], check_tf32_split),
         Step(["explain"], lambda c: [check_explain(c, c.split)]),
         Step(["SDPA backends"], lambda c: [check_sdpa(c)]),
@@ -599,6 +800,7 @@ def steps() -> list[Step]:
         Step(["profiler kernel names"], lambda c: [check_kernel_names(c)]),
         Step(["large-suite upload"], lambda c: [check_large_upload(c)]),
         Step(["CUDA isclose"], lambda c: [check_isclose(c)], needs_server=False),
+        Step(["compiled"], lambda c: [check_compiled(c)]),
     ]
 
 

@@ -23,6 +23,9 @@ from torch import nn
 from numparity_agent import _rng
 from numparity_agent._workloads import SUITE
 
+# The variant that compiles the model (`_variants.COMPILED_VARIANT`).
+COMPILED = "compiled"
+
 SEED = 0
 
 
@@ -160,9 +163,17 @@ class Workload:
     # The most repeats it needs (None: as many as the run asks): a workload that repeats
     # its own measurement (the data pipeline's two runs) runs once.
     max_repeats: int | None = None
+    # Whether what it records comes from its model's forward, which the compiled variant
+    # compiles (design §2.14); a workload that calls ops itself (the probes) has nothing
+    # for torch.compile to compile, and is skipped there saying so.
+    compilable: bool = True
 
     def skip_reason(self, variant: str) -> str | None:
         """Why this workload does not run under `variant` (None: it does)."""
+        if variant == COMPILED and not self.compilable:
+            return (f"{self.name} calls its ops itself, outside a model's forward: the "
+                    "compiled variant compiles a workload's model, and this one has none "
+                    "to compile")
         if self.variants is None or variant in self.variants:
             return None
         return (f"{self.name} runs under {', '.join(sorted(self.variants))} only: no "

@@ -332,8 +332,9 @@ class PipelineWorkload(Workload):
     """A workload that measures DataLoader configurations (`configurations`), records the
     reproducible ones' batches and reports the checks of all (design §2.2)."""
 
-    # Its work happens in worker processes: no op trace.
+    # Its work happens in worker processes: no op trace, no model to compile.
     traceable = False
+    compilable = False
     # The loader draws no arithmetic a variant changes (dtype, autocast, TF32): measured
     # once, under the node's defaults.
     variants = frozenset({"default"})

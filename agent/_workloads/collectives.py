@@ -161,6 +161,7 @@ class Collectives(Workload):
     version = 1
     timeout_s = TIMEOUT_S
     traceable = False  # its work runs in the ranks' processes
+    compilable = False  # no model: collectives in the ranks
 
     def build(self, *, dtype: torch.dtype, device: torch.device) -> Built:
         inputs = {f"rank{r}": self._rank_input(r, dtype, device) for r in range(INPUT_RANKS)}

@@ -49,6 +49,7 @@ def _matmul(x: dict[str, torch.Tensor], k: int) -> Callable[[int], torch.Tensor]
 class Invariance(Workload):
     name = "invariance"
     version = 1
+    compilable = False  # each op is called directly, row alone and in batches
 
     def build(self, *, dtype: torch.dtype, device: torch.device) -> Built:
         heads, seq, head_dim = ATTENTION

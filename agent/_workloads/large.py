@@ -69,6 +69,7 @@ class GEMM(Workload):
     suite = SUITE
     name = "gemm"
     version = 1
+    compilable = False  # its products are called directly, outside a model
 
     def __init__(self, size: GEMMSize = LARGE_GEMM) -> None:
         self.size = size
@@ -151,6 +152,7 @@ class Attention(Workload):
     suite = SUITE
     name = "attention"
     version = 1
+    compilable = False  # SDPA and its backends are called directly, outside a model
 
     def __init__(self, size: AttentionSize = LARGE_ATTENTION) -> None:
         self.size = size

@@ -52,6 +52,7 @@ LAYER_NORM_EPS = 1e-8
 class Probes(Workload):
     name = "probes"
     version = 1
+    compilable = False  # each probe calls its op directly
 
     def build(self, *, dtype: torch.dtype, device: torch.device) -> Built:
         m, k, n = MATMUL

@@ -14,7 +14,9 @@
 # the exit is 1, so Slurm requeues the job (a batch job is then also held, unless
 # SchedulerParameters has nohold_on_prolog_fail: deploy/slurm/slurm.conf.numparity).
 # As the HealthCheckProgram (no SLURM_JOB_ID): every GPU is checked; a no-go drains the
-# node. slurmd ignores a health check's exit code, so it always exits 0.
+# node. slurmd ignores a health check's exit code, so it always exits 0. slurmd kills a
+# health check that runs past 60 s (a fixed limit, not PrologEpilogTimeout): its budget
+# is NUMPARITY_HEALTH_CHECK_SECONDS, at most 50, so the drain is made before that.
 #
 # When the check cannot tell (the server is unreachable or refuses the token, the
 # environment is unknown, the budget ran out, the agent is missing or stops on a usage
@@ -28,10 +30,13 @@
 #   NUMPARITY_AGENT          the agent in the node's ML environment (/opt/ml/bin/numparity-agent)
 #   NUMPARITY_CONFIG         the agent's config: server, token_file (/etc/numparity/agent.toml)
 #   NUMPARITY_NUMERIC_ENV    the node's numeric settings (/etc/numparity/numeric.env)
-#   NUMPARITY_CHECK_SECONDS  the check's budget, below PrologEpilogTimeout (60)
+#   NUMPARITY_CHECK_SECONDS  the prolog's budget, below PrologEpilogTimeout (60)
+#   NUMPARITY_HEALTH_CHECK_SECONDS  the health check's budget, at most 50 (45)
 #   NUMPARITY_CHECK_FAIL     open | closed (open)
 #   NUMPARITY_SCONTROL       scontrol (scontrol on the PATH; an absolute path where Slurm
 #                            is installed outside the standard directories)
+#   SLURM_CONF               where slurm.conf is not at Slurm's default path: slurmd gives
+#                            the health check no SLURM_CONF, and scontrol could not drain
 set -u
 
 # slurmd runs the prolog with no PATH at all (bash then uses a built-in one of its own,
@@ -53,6 +58,7 @@ AGENT=${NUMPARITY_AGENT:-/opt/ml/bin/numparity-agent}
 CONFIG=${NUMPARITY_CONFIG:-/etc/numparity/agent.toml}
 NUMERIC_ENV=${NUMPARITY_NUMERIC_ENV:-/etc/numparity/numeric.env}
 SECONDS_BUDGET=${NUMPARITY_CHECK_SECONDS:-60}
+HEALTH_SECONDS=${NUMPARITY_HEALTH_CHECK_SECONDS:-45}
 FAIL=${NUMPARITY_CHECK_FAIL:-open}
 SCONTROL=${NUMPARITY_SCONTROL:-scontrol}
 NODE=${SLURMD_NODENAME:-$(hostname -s)}
@@ -72,12 +78,21 @@ if [ -r "$NUMERIC_ENV" ]; then
     set -a; . "$NUMERIC_ENV"; set +a
 fi
 
+if [ -z "${SLURM_JOB_ID:-}" ]; then
+    # The health check: slurmd kills it at 60 s, before it could drain.
+    if ! [[ $HEALTH_SECONDS =~ ^[0-9]+$ ]] || [ "$HEALTH_SECONDS" -gt 50 ]; then
+        say "NUMPARITY_HEALTH_CHECK_SECONDS=$HEALTH_SECONDS: slurmd kills a health check at 60 s; using 50"
+        HEALTH_SECONDS=50
+    fi
+    SECONDS_BUDGET=$HEALTH_SECONDS
+fi
+
+# Slurm and nvidia-smi number a node's GPUs in PCI bus order: CUDA numbers them alike,
+# so cuda:N in a drain reason is the node's GPU N where CUDA shows every GPU.
+export CUDA_DEVICE_ORDER=PCI_BUS_ID
 devices=()
 declare -A slurm_index=()  # the slot the agent names -> the GPU's index in Slurm
 if [ -n "${SLURM_JOB_ID:-}" ] && [ -n "${SLURM_JOB_GPUS:-}" ]; then
-    # SLURM_JOB_GPUS holds the GPUs' indices as the node numbers them (PCI bus order):
-    # CUDA numbers its devices alike.
-    export CUDA_DEVICE_ORDER=PCI_BUS_ID
     IFS=, read -ra job_gpus <<< "$SLURM_JOB_GPUS"
     visible=()
     if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
@@ -136,8 +151,12 @@ case $code in
         fi
         ;;
 esac
-"$SCONTROL" update NodeName="$NODE" State=DRAIN Reason="numparity: ${reason:-exit $code}" \
-    || say "could not drain $NODE"
+if ! failed=$("$SCONTROL" update NodeName="$NODE" State=DRAIN \
+        Reason="numparity: ${reason:-exit $code}" 2>&1); then
+    # slurmd gives a health check no SLURM_CONF: scontrol finds only the default path.
+    say "could not drain $NODE: $(tail -n1 <<< "$failed" | cut -c1-160)" \
+        "(slurm.conf elsewhere than Slurm's default path: SLURM_CONF in /etc/numparity/check.env)"
+fi
 if [ -n "${SLURM_JOB_ID:-}" ]; then
     exit 1
 fi

@@ -329,6 +329,9 @@ def drift(pins: Sequence[Pin], holdings: Iterable[Holding],
 # its cost is a multiple of the workload's wall time plus a floor (model building).
 CHECK_COST_FACTOR = 2.0
 CHECK_COST_FLOOR_S = 0.5
+# Variants `check` computes only when the agent names them (the agent's
+# `_variants.OPT_IN`): a compiled variant's cold compile takes minutes.
+OPT_IN_VARIANTS = frozenset({"compiled"})
 MAX_CHECK_KEYS = 6
 MAX_CHECK_VARIANTS = 2
 
@@ -348,6 +351,12 @@ class CheckCandidate:
         return CHECK_COST_FLOOR_S + CHECK_COST_FACTOR * (self.wall_s or 0.0)
 
 
+def check_rank(c: CheckCandidate) -> tuple[bool, bool, bool, bool, float, str, str]:
+    """``choose_checks``'s order: strict, pinned, split, layered, cheapest, by name."""
+    return (c.variant != "strict", c.source != "pin", not c.split, not c.layered, c.cost(),
+            c.workload, c.variant)
+
+
 def choose_checks(candidates: Sequence[CheckCandidate], *, budget_s: float,
                   child_s: float, max_keys: int = MAX_CHECK_KEYS,
                   max_variants: int = MAX_CHECK_VARIANTS) -> list[CheckCandidate]:
@@ -357,9 +366,7 @@ def choose_checks(candidates: Sequence[CheckCandidate], *, budget_s: float,
     that split the fleet, results that record layers (where a corrupting device's flipped
     bit shows), and the cheapest. The first is always chosen: one answer compared beats
     none, and the agent's own deadline bounds the rest."""
-    ranked = sorted(candidates, key=lambda c: (c.variant != "strict", c.source != "pin",
-                                               not c.split, not c.layered, c.cost(),
-                                               c.workload, c.variant))
+    ranked = sorted(candidates, key=check_rank)
     chosen: list[CheckCandidate] = []
     variants: list[str] = []
     spent = 0.0

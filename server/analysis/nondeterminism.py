@@ -12,6 +12,12 @@ host data, a generator, a DataLoader batch, with the recipe that applies); and t
 results that were not traced (the hint to trace them). A study that says why
 (``cause``: OMP_DYNAMIC on a CPU) is said once for the row.
 
+A study is a node's claim, not the server's finding: each op, source and cause carries
+``claimed_by`` (the nodes whose studies say it, first ``NAMED_CLAIMANTS`` by name), the
+summary says who claims it, and the free text a study carries (cause, notes, advice,
+what an op read, why it has no recipe) is shown marked when it reads like a command
+(``marked``): the server never checked it, and nobody should paste it into a shell.
+
 A cost (``combined_cost``): each study gives a mode's ratio to default (the median of
 its paired rounds) and that median's 95 % interval; the nodes' studies of one op in one
 (environment, device model) are combined weighted by their precision (the inverse of
@@ -26,6 +32,7 @@ measurable" with the nodes' load. A study from an agent before paired rounds (no
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -42,6 +49,30 @@ OMP_DYNAMIC_CAUSE = (
     "into another number of parts and rounds differently; unset it or set "
     "OMP_DYNAMIC=false")
 MAX_UNTRACED = 20
+NAMED_CLAIMANTS = 5  # the nodes named as claiming an op, a source or a cause
+# What makes a study's free text read like a command to run: shell syntax (substitution,
+# pipes, redirection, chains), a download or privilege tool, Python that runs programs.
+# The agent's own words (code in backticks, `torch.manual_seed(s)`, `export
+# PYTHONHASHSEED=0`) are none of these.
+COMMAND_LIKE = re.compile(
+    r"\$\(|\$\{|\|\s*\w|&&|>\s*/|\b(?:curl|wget|sudo|bash|zsh|sh\s+-c|rm\s+-|chmod|"
+    r"chown|nc|ncat|eval|exec|os\.system|subprocess|popen|__import__|pip\s+install)\b",
+    re.IGNORECASE)
+UNVERIFIED = ("[unverified text of {who}'s study that reads like a command: numparity "
+              "neither checked nor ran it; do not run it]")
+
+
+def marked(text: str, nodes: Iterable[str]) -> str:
+    """``text`` of a node's study as the audit shows it: marked, naming the nodes, when it
+    reads like a command (``COMMAND_LIKE``); else as sent."""
+    if not COMMAND_LIKE.search(text) or UNVERIFIED.split("{")[0] in text:
+        return text
+    who = ", ".join(sorted(set(nodes))[:NAMED_CLAIMANTS]) or "a node"
+    return f"{UNVERIFIED.format(who=who)} {text}"
+
+
+def _claimants(entries: Iterable[tuple[Study, Any]]) -> list[str]:
+    return sorted({study.node for study, _ in entries})[:NAMED_CLAIMANTS]
 # The agent's rule (numparity_agent._cost): within this of no cost, an interval wider
 # than its effect still says "no cost above ± h %".
 NEGLIGIBLE = 0.05
@@ -109,6 +140,7 @@ class DifferenceSource:
     results: int
     workloads: list[str]
     variants: list[str]
+    claimed_by: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -128,6 +160,7 @@ class NondeterministicOp:
     selective: Cost | None
     strict: Cost | None
     cost: str  # in words: "deterministic for +x % ± e instead of +y % ± e", or why not
+    claimed_by: list[str] = field(default_factory=list)  # the nodes whose studies name it
 
 
 @dataclass
@@ -143,6 +176,8 @@ class Determinism:
     cause: str | None = None
     summary: str = ""
     sources: list[DifferenceSource] = field(default_factory=list)
+    # The nodes whose studies say ``cause`` (empty: the environment's own settings say it).
+    cause_claimed_by: list[str] = field(default_factory=list)
 
 
 def environment_cause(flattened: dict[str, str], model: str) -> str | None:
@@ -290,6 +325,9 @@ def determinism(repeated: Iterable[Repeated], studies: Iterable[Study],
         body = study.study or {}
         if body.get("cause") and row.cause is None:
             row.cause = str(body["cause"])
+        if body.get("cause") and str(body["cause"]) == row.cause and \
+                study.node not in row.cause_claimed_by:
+            row.cause_claimed_by.append(study.node)
         ops = body.get("ops") or []
         for source in body.get("sources") or []:
             entered[(study.environment, study.model)][
@@ -301,7 +339,8 @@ def determinism(repeated: Iterable[Repeated], studies: Iterable[Study],
             why = body.get("note") or body.get("error") or body.get("hint") or (
                 "the repeats disagree: run it with --trace-ops and --repeats 2 or more to "
                 "name the op")
-            text = f"{study.workload}/{study.variant} on {study.node}: {why}"
+            text = f"{study.workload}/{study.variant} on {study.node}: " + marked(
+                str(why), [study.node])
             if len(row.untraced) < MAX_UNTRACED and text not in row.untraced:
                 row.untraced.append(text)
             continue
@@ -322,6 +361,9 @@ def determinism(repeated: Iterable[Repeated], studies: Iterable[Study],
     for row in rows.values():
         if not row.deterministic and row.cause is None:
             row.cause = (causes or {}).get((row.environment, row.model))
+        row.cause_claimed_by = sorted(row.cause_claimed_by)[:NAMED_CLAIMANTS]
+        if row.cause is not None and row.cause_claimed_by:
+            row.cause = marked(row.cause, row.cause_claimed_by)
         row.summary = _summary(row)
     return sorted(rows.values(), key=lambda r: (r.deterministic, r.environment, r.model))
 
@@ -333,27 +375,38 @@ def _op(entries: list[tuple[Study, dict[str, Any]]]) -> NondeterministicOp:
         costs[mode] = combined_cost([found for s, _ in entries
                                      if (found := _study_cost(s.study or {}, mode))])
     selective, strict = costs["selective"], costs["strict"]
+    claimed_by = _claimants(entries)
+    no_recipe = op.get("no_recipe")
+    no_recipe = marked(str(no_recipe), claimed_by) if no_recipe else no_recipe
     return NondeterministicOp(
         op=op["op"], module=op.get("module", ""), phase=op.get("phase", "forward"),
         results=len(entries),
         workloads=sorted({s.workload for s, _ in entries}),
         variants=sorted({s.variant for s, _ in entries}),
         shapes=op.get("shapes", []), dtypes=op.get("dtypes", []), kernel=op.get("kernel"),
-        recipe=op.get("recipe"), no_recipe=op.get("no_recipe"),
+        recipe=op.get("recipe"), no_recipe=no_recipe,
         first=any(entry is ((s.study or {}).get("ops") or [None])[0] for s, entry in entries),
         selective=selective, strict=strict,
-        cost=cost_in_words(op.get("recipe"), op.get("no_recipe"), selective, strict))
+        cost=cost_in_words(op.get("recipe"), no_recipe, selective, strict),
+        claimed_by=claimed_by)
 
 
 def _source(entries: list[tuple[Study, dict[str, Any]]]) -> DifferenceSource:
     _study, source = entries[0]
+    claimed_by = _claimants(entries)
+    at = source.get("at")
     return DifferenceSource(
         op=source["op"], module=source.get("module", ""),
         phase=source.get("phase", "forward"), source=source.get("source", ""),
-        what=source.get("what", ""), recipe=source.get("recipe", ""),
-        advice=source.get("advice", ""), at=source.get("at"), results=len(entries),
+        what=marked(source.get("what", ""), claimed_by), recipe=source.get("recipe", ""),
+        advice=marked(source.get("advice", ""), claimed_by),
+        at=marked(at, claimed_by) if at else at, results=len(entries),
         workloads=sorted({s.workload for s, _ in entries}),
-        variants=sorted({s.variant for s, _ in entries}))
+        variants=sorted({s.variant for s, _ in entries}), claimed_by=claimed_by)
+
+
+def _claimed(nodes: list[str]) -> str:
+    return f" (claimed by {', '.join(nodes)})" if nodes else ""
 
 
 def _summary(row: Determinism) -> str:
@@ -363,15 +416,16 @@ def _summary(row: Determinism) -> str:
     if row.ops:
         first = row.ops[0]
         where = f" in {first.module}" if first.module else ""
-        return (f"nondeterministic: {first.op}{where} ({first.phase}) gives other bits on "
-                f"the same inputs; {first.cost}")
+        return marked(f"nondeterministic: {first.op}{where} ({first.phase}) gives other bits "
+                      f"on the same inputs; {first.cost}", first.claimed_by) \
+            + _claimed(first.claimed_by)
     if row.sources:
         entry = row.sources[0]
         where = f" in {entry.module}" if entry.module else ""
         at = f", called at {entry.at}" if entry.at else ""
-        return (f"nondeterministic: the difference enters from outside torch's ops at "
-                f"{entry.op}{where} ({entry.phase}{at}), which reads {entry.what}; "
-                f"{entry.advice}")
+        return marked(f"nondeterministic: the difference enters from outside torch's ops at "
+                      f"{entry.op}{where} ({entry.phase}{at}), which reads {entry.what}; "
+                      f"{entry.advice}", entry.claimed_by) + _claimed(entry.claimed_by)
     cause = f"; {row.cause}" if row.cause else ""
     return (f"nondeterministic: {row.disagreeing or 'some'} results' repeats disagree, no op "
             f"named (run with --trace-ops and --repeats 2 or more){cause}")

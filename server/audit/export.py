@@ -41,7 +41,7 @@ CSV_TABLES: dict[str, tuple[str, ...]] = {
                              "selective_low", "selective_high", "selective_verdict",
                              "selective_words", "strict_ratio", "strict_low", "strict_high",
                              "strict_verdict", "strict_words", "cost", "source", "at",
-                             "advice", "summary"),
+                             "advice", "claimed_by", "summary"),
     "numerics": ("env_key", "device_model", "suite", "variant", "devices", "batch_invariant",
                  "batch_invariant_op", "decode_equals_prefill", "decode_equals_prefill_op",
                  "attention_backends_agree", "attention_backends_agree_op"),
@@ -135,6 +135,7 @@ def nondeterministic_op_rows(report: AuditOut) -> list[dict[str, Any]]:
         for op in row.ops:
             rows.append({**head, "op": op.op, "module": op.module, "phase": op.phase,
                          "results": op.results, "recipe": op.recipe, "cost": op.cost,
+                         "claimed_by": " ".join(op.claimed_by),
                          **{f"{mode}_{part}": getattr(getattr(op, mode), part, None)
                             for mode in ("selective", "strict")
                             for part in ("ratio", "low", "high", "verdict", "words")}})
@@ -142,7 +143,8 @@ def nondeterministic_op_rows(report: AuditOut) -> list[dict[str, Any]]:
             rows.append({**head, "op": source.op, "module": source.module,
                          "phase": source.phase, "results": source.results,
                          "recipe": source.recipe, "source": source.source,
-                         "at": source.at, "advice": source.advice})
+                         "at": source.at, "advice": source.advice,
+                         "claimed_by": " ".join(source.claimed_by)})
     return rows
 
 

@@ -325,6 +325,12 @@ class OpCostRow(_Row):
     studies: int = Field(description="the studies (nodes' results) combined")
 
 
+# A study is what a node's agent reported: the audit names who, and marks its free text
+# that reads like a command (analysis.nondeterminism.marked).
+CLAIMED_BY = ("The nodes whose studies say this (first 5 by name): a node's claim, not "
+              "the server's finding")
+
+
 class DifferenceSourceRow(_Row):
     """Where a nondeterministic result's difference enters from outside the traced ops
     (design §2.13): host data, a Python choice of tensors, a DataLoader's draw, a
@@ -343,6 +349,7 @@ class DifferenceSourceRow(_Row):
     results: int
     workloads: list[str]
     variants: list[str]
+    claimed_by: list[str] = Field(default_factory=list, description=CLAIMED_BY)
 
 
 class NondeterministicOpRow(_Row):
@@ -367,6 +374,7 @@ class NondeterministicOpRow(_Row):
     strict: OpCostRow | None
     cost: str = Field(description="In words: 'selective: +x % [lo, hi]; strict: +y % "
                                   "[lo, hi]', 'not measurable …', or why not")
+    claimed_by: list[str] = Field(default_factory=list, description=CLAIMED_BY)
 
 
 class DeterminismRow(_Row):
@@ -380,6 +388,9 @@ class DeterminismRow(_Row):
     disagreeing: int
     summary: str
     cause: str | None = Field(description="Why, where the agent knows (OMP_DYNAMIC)")
+    cause_claimed_by: list[str] = Field(default_factory=list, description=(
+        "The nodes whose studies say the cause (empty: the environment's own settings "
+        "say it)"))
     untraced: list[str] = Field(description="Nondeterministic results without named ops, "
                                             "and how to name them")
     ops_total: int

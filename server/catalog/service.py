@@ -18,7 +18,7 @@ from numparity_server.reads.results import manifest_entries
 # The display order of variants (design §2.3 lists them; the agent runs fp64-reference
 # last, it is shown third, beside strict); others follow alphabetically.
 VARIANT_ORDER = ("default", "strict", "fp64-reference", "tf32", "fp16-autocast",
-                 "bf16-autocast")
+                 "bf16-autocast", "compiled")
 
 
 def variant_sort_key(variant: str) -> tuple[int, str]:

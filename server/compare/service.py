@@ -23,6 +23,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from numparity_server import analysis
+from numparity_server.analysis.nondeterminism import marked
 from numparity_server.analysis.policy import Policy
 from numparity_server.compare import repository
 from numparity_server.compare.repository import ResultKey, ResultRow, RunRow
@@ -103,7 +104,7 @@ def compare_runs(
             pair.pending = True
             pair.notes.append(PENDING)
         _nondeterminism(pair, results_a[key], results_b[key],
-                        same_environment=a.env_key == b.env_key)
+                        same_environment=a.env_key == b.env_key, nodes=(a.node, b.node))
         pairs.append(pair)
     # What explain found between the two nodes, beside each result's split (one query).
     found = explanations_among(session=session, nodes={a.node, b.node},
@@ -125,6 +126,29 @@ def compare_runs(
 
 
 Sides = tuple[ResultRow, ResultRow]
+
+
+@dataclass(frozen=True)
+class PairComparison:
+    """Result b against result a, as /compare judges a pair: its summary and its tensor
+    rows (None: pending, the computing time ran out, or a fingerprint is gone)."""
+
+    summary: dict[str, Any] | None
+    rows: list[dict[str, Any]]
+
+
+def compare_pairs(*, session: Session, policy: Policy, pairs: dict[Any, Sides],
+                  budget: Budget | None = None) -> tuple[dict[Any, PairComparison], int]:
+    """Each pair (reference a, candidate b: two results of any runs, each ok with a
+    stored manifest) compared as /compare compares the results of two runs — the same
+    kept comparisons, under the policy's tolerances — with every one of its tensor
+    rows; and how many comparisons were left pending."""
+    work = _Work(session, policy, budget or unbounded())
+    summaries = work.summaries(pairs)
+    total = sum(s["tensors_total"] for s in summaries.values() if s is not None)
+    rows = work.rows_of_page(summaries, limit=total, offset=0) if total else {}
+    return ({key: PairComparison(summaries.get(key), rows.get(key, [])) for key in pairs},
+            work.pending)
 
 
 def _semantics(a: ResultRow, b: ResultRow) -> str:
@@ -489,7 +513,7 @@ def _pair(a: ResultRow, b: ResultRow, ok: bool, stored: bool,
 
 
 def _nondeterminism(pair: ResultPair, a: ResultRow, b: ResultRow, *,
-                    same_environment: bool) -> None:
+                    same_environment: bool, nodes: tuple[str, str]) -> None:
     """Mark a pair whose difference is nondeterminism (design §3.3.16): a side's repeats
     disagree, or one environment gave two answers (two runs of a node that did not
     change); name the ops the agents' studies found, else the origin op, which on one
@@ -500,12 +524,14 @@ def _nondeterminism(pair: ResultPair, a: ResultRow, b: ResultRow, *,
     if not disagree and not (same_environment and differ):
         return
     named: dict[tuple[str, str, str], NondeterministicOpOut] = {}
-    for row in (a, b):
+    for row, node in ((a, nodes[0]), (b, nodes[1])):
         for op in (row.nondeterminism or {}).get("ops") or []:
             key = (op["op"], op.get("module", ""), op.get("phase", "forward"))
+            no_recipe = op.get("no_recipe")
+            # The node's words: marked when they read like a command (as the audit does).
             named.setdefault(key, NondeterministicOpOut(
                 op=key[0], module=key[1], phase=key[2], recipe=op.get("recipe"),
-                no_recipe=op.get("no_recipe")))
+                no_recipe=marked(no_recipe, [node]) if no_recipe else no_recipe))
     if not named and same_environment and pair.origin is not None:
         for op in pair.origin.ops[:5]:
             named.setdefault((op.op, op.module, op.phase), NondeterministicOpOut(

@@ -27,6 +27,7 @@ from numparity_server.audit import export as audit_export
 from numparity_server.audit import service as audit_service
 from numparity_server.auth.service import authenticate
 from numparity_server.catalog import service as catalog
+from numparity_server.compiled.service import compiled_against_eager
 from numparity_server.dashboard import manual, service
 from numparity_server.dashboard.origin import same_origin, serialise
 from numparity_server.deps import (
@@ -200,7 +201,7 @@ async def workload_page(request: Request, workload: str, session: DbSession, pol
 
 @router.get("/nodes/{name}", response_class=HTMLResponse)
 async def node_page(request: Request, name: str, session: DbSession, settings: SettingsDep,
-                    policy: PolicyDep, _reader: PageReader,
+                    policy: PolicyDep, _reader: PageReader, budget: ReadBudget,
                     limit: Annotated[int, Query(ge=1)] = 100,
                     offset: Offset = 0) -> HTMLResponse:
     limit = min(limit, settings.page_max)
@@ -209,7 +210,12 @@ async def node_page(request: Request, name: str, session: DbSession, settings: S
     findings = await run_in_threadpool(service.device_findings, session=session,
                                        policy=policy, node=name)
     runs = timeline.runs.items
+    # The newest run's compiled results against its eager ones (design §3.3.18).
+    compiled = await run_in_threadpool(
+        compiled_against_eager, session=session, policy=policy, run_id=runs[0].run_id,
+        budget=budget) if runs and offset == 0 else None
     return render(request, "node.html", node=timeline, runs=runs, findings=findings,
+                  compiled=compiled,
                   chart=service.timeline_points(runs), title=f"Node {name}",
                   newer=offset > 0, older=offset + limit < timeline.runs.total,
                   limit=limit, offset=offset)

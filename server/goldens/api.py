@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Path, Query, Request, Response, status
 from pydantic import StringConstraints
@@ -13,8 +14,14 @@ from numparity_server.goldens import check as plans
 from numparity_server.goldens import service
 from numparity_server.goldens.repository import check_version
 from numparity_server.goldens.schemas import CheckPlan, GoldenOut, GoldenPage, PinIn, UnpinIn
+from numparity_server.kit.budget import MIN_REQUEST_COST
+from numparity_server.kit.limits import charge_computation
 
 router = APIRouter(prefix="/api/v1", tags=["goldens"])
+T = TypeVar("T")
+# What a `check` plan the server computes for a token costs it (kit.budget's unit, bytes):
+# a request's least cost, so a token's burst pays a few hundred plans, then its rate.
+PLAN_COST = MIN_REQUEST_COST
 
 Filter = Annotated[str | None, Query(min_length=1, max_length=320)]
 Attribute = Annotated[str | None, Query(max_length=255, description=(
@@ -97,16 +104,37 @@ def check(
     question = plans.CheckQuestion(
         suite=suite, env_key=env_key, models=tuple(dict.fromkeys(model)),
         promoted=tuple(sorted(promoted.items())),
-        workloads=tuple(sorted(set(workload or ()))), variants=tuple(sorted(set(variant or ()))),
-        # Bucketed, so that the agents of one cluster, each a moment apart, ask one question.
-        budget_s=float(int(budget_s // 5) * 5), child_s=float(-int(-child_s // 1)))
+        workloads=tuple(sorted(set(workload or ()))), variants=tuple(sorted(set(variant or ()))))
     pins, runs = check_version(session)
     # The connection goes back to the pool before the cache is read (or waited on): a
     # thousand checks at once then hold a connection for two short statements each.
     session.rollback()
-    cached = request.app.state.check_cache.get(
-        (question, pins), (runs,), lambda: plans.check_plan(
-            session=session, question=question).model_dump_json().encode())
+    cache = request.app.state.check_cache
+
+    paid = False
+
+    def computed(compute: Callable[[], T]) -> Callable[[], T]:
+        """What the asker computes, paid first from its token's byte budget (kit.limits:
+        PLAN_COST a request that computes): a token asking new questions is held to its
+        budget, one asking what is kept pays nothing."""
+        def pay_then_compute() -> T:
+            nonlocal paid
+            if not paid:
+                charge_computation(request.scope, PLAN_COST)
+                paid = True
+            return compute()
+        return pay_then_compute
+
+    # The ranking is kept per question and pin version, whatever the budget; the plan
+    # sent per ranking and choice (the budget picks among the ranked answers, so its
+    # values are as many plans as they make choices, each reading its own manifests).
+    ranked = cache.get((question, pins), (runs,), computed(lambda: plans.check_ranking(
+        session=session, question=question)))
+    ranking: plans.Ranking = ranked.value
+    chosen = ranking.chosen(budget_s=float(budget_s), child_s=float(child_s))
+    cached = cache.get(("plan", question, pins, chosen), (runs,), computed(
+        lambda: plans.check_plan(session=session, ranking=ranking, chosen=chosen)
+        .model_dump_json().encode()))
     # Kept as the JSON it goes out as: a kept answer costs no serialisation either.
     return Response(cached.value, media_type="application/json",
-                    headers={"Age": str(int(cached.age_s))})
+                    headers={"Age": str(int(max(cached.age_s, ranked.age_s)))})

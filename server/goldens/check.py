@@ -9,7 +9,13 @@ from sqlalchemy.orm import Session
 
 from numparity_server.analysis import goldens as rules
 from numparity_server.goldens import repository
-from numparity_server.goldens.schemas import CheckAnswer, CheckDevice, CheckPlan, Undecided
+from numparity_server.goldens.schemas import (
+    CheckAnswer,
+    CheckDevice,
+    CheckPlan,
+    PinRef,
+    Undecided,
+)
 from numparity_server.goldens.service import pin_ref, pins_in_force
 from numparity_server.reads.results import manifest_entries
 
@@ -20,7 +26,9 @@ CHECK_HASH_CHARS = 16
 
 @dataclass(frozen=True)
 class CheckQuestion:
-    """What an agent asks before `check` (the cache's key: every field)."""
+    """What an agent asks before `check`, less its budget (the cache's key: every field).
+    The budget only chooses among the ranked answers (``check_plan``), so no value of it
+    makes the server rank again."""
 
     suite: str
     env_key: str
@@ -28,8 +36,6 @@ class CheckQuestion:
     promoted: tuple[tuple[str, str | None], ...]  # used only for an unknown environment
     workloads: tuple[str, ...]
     variants: tuple[str, ...]
-    budget_s: float
-    child_s: float
 
 
 # The undecided keys a plan names per device model (strict first): enough to say why a
@@ -49,6 +55,10 @@ class _Expected:
 
 
 def _asked(question: CheckQuestion, key: tuple[str, str]) -> bool:
+    """A key the agent named, or may be given: an opt-in variant (`compiled`, whose
+    compile takes minutes, past any check's budget) only when it named that variant."""
+    if key[1] in rules.OPT_IN_VARIANTS and key[1] not in question.variants:
+        return False
     return ((not question.workloads or key[0] in question.workloads)
             and (not question.variants or key[1] in question.variants))
 
@@ -78,18 +88,50 @@ def _expected(session: Session, question: CheckQuestion, force: rules.Pin | None
              for key in undecided[:MAX_UNDECIDED]])
 
 
-def check_plan(*, session: Session, question: CheckQuestion) -> CheckPlan:
-    """The answers `check` compares on the devices of each model: the pin in force's, else
-    the fleet's majority on this environment, of the workloads the agent named or, when
-    it named none, those the server chooses (``analysis.goldens.choose_checks``) among
-    the variants it named (all when none)."""
+@dataclass(frozen=True)
+class RankedDevice:
+    """A device model's part of a ranking: what it is compared with and its candidate
+    answers, best first (``analysis.goldens.rank_checks``)."""
+
+    model: str
+    source: str  # "pin" | "fleet" | "none" (no candidate)
+    pin: PinRef | None
+    note: str | None
+    candidates: tuple[tuple[rules.CheckCandidate, _Expected], ...]
+    undecided: tuple[Undecided, ...]
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """The answers `check` may compare on each device model of a question, ranked: what
+    is kept per question (and pin version). Reads no manifest's entries: whether a
+    result records layers is one indexed statement for all of them."""
+
+    question: CheckQuestion
+    environment_known: bool
+    devices: tuple[RankedDevice, ...]
+
+    def chosen(self, *, budget_s: float, child_s: float
+               ) -> tuple[tuple[tuple[str, str], ...], ...]:
+        """Per device model the keys ``check_plan`` sends within the budget."""
+        named = bool(self.question.workloads)
+        return tuple(tuple((c.workload, c.variant) for c in (
+            [c for c, _ in device.candidates] if named else rules.choose_checks(
+                [c for c, _ in device.candidates], budget_s=budget_s, child_s=child_s)))
+            for device in self.devices)
+
+
+def check_ranking(*, session: Session, question: CheckQuestion) -> Ranking:
+    """The answers `check` may compare on the devices of each model: the pin in force's,
+    else the fleet's majority on this environment; of the workloads the agent named (in
+    their order) or, when it named none, all the decided ones among the variants it named
+    (all when none), ranked as ``analysis.goldens.choose_checks`` takes them."""
     environment = repository.environment_by_key(session, question.env_key)
     promoted = (repository.promoted(environment) if environment is not None
                 else dict(question.promoted))
     pins = [p for p in pins_in_force(session) if p.suite == question.suite]
     # Named workloads are run as named; named variants only narrow the server's choice.
     named = bool(question.workloads)
-    split = repository.split_keys(session, question.suite) if not named else set()
     devices = []
     for model in question.models:
         force = rules.pin_in_force(pins, suite=question.suite, model=model,
@@ -100,38 +142,54 @@ def check_plan(*, session: Session, question: CheckQuestion) -> CheckPlan:
         expected, undecided = _expected(session, question, force, fleet)
         walls = {key: majority.wall_s for key, majority in fleet.items()
                  if majority.wall_s is not None}
-        entries = manifest_entries(session, {e.answer.manifest_hash
-                                             for e in expected.values()})
-        candidates = [rules.CheckCandidate(
+        split = repository.split_keys(session, question.suite, expected) if not named else set()
+        layered = repository.layered_manifests(
+            session, {e.answer.manifest_hash for e in expected.values()}) if not named else set()
+        candidates = [(rules.CheckCandidate(
             key[0], key[1], found.source, walls.get(key), key in split,
-            any(e["kind"] == "layer" for e in entries.get(found.answer.manifest_hash, [])))
-            for key, found in expected.items()]
-        picked = (sorted(candidates, key=lambda c: (c.workload, c.variant)) if named
-                  else rules.choose_checks(candidates, budget_s=question.budget_s,
-                                           child_s=question.child_s))
-        checks = []
-        for candidate in picked:
-            found = expected[(candidate.workload, candidate.variant)]
-            answer = found.answer
-            checks.append(CheckAnswer(
-                workload=answer.workload, workload_version=answer.workload_version,
-                variant=answer.variant, source=found.source,  # type: ignore[arg-type]
-                manifest_hash=answer.manifest_hash, input_hash=answer.input_hash,
-                param_hash=answer.param_hash,
-                tensors=[(e["name"], e["hash"][:CHECK_HASH_CHARS])
-                         for e in entries.get(answer.manifest_hash, [])],
-                holders=found.holders, devices=found.devices, held_by=list(found.held_by)))
+            found.answer.manifest_hash in layered), found) for key, found in expected.items()]
+        ranked = sorted(candidates, key=lambda pair: (
+            (pair[0].workload, pair[0].variant) if named else rules.check_rank(pair[0])))
         source, note = ("pin" if force is not None else "fleet"), None
-        if not checks:
+        if not ranked:
             source = "none"
             note = (f"no answer to compare with: the server knows no run on environment "
                     f"{question.env_key[:12]}" if environment is None else
                     f"no answer of {model} devices on environment {question.env_key[:12]} "
                     f"that {rules.MIN_HOLDER_NODES} or more nodes decide") \
                 + (" and no pin holds it" if force is None else "")
-        devices.append(CheckDevice(model=model, source=source,  # type: ignore[arg-type]
-                                   pin=pin_ref(session, force.id) if force else None,
-                                   note=note, checks=checks, undecided=undecided))
+        devices.append(RankedDevice(model, source, pin_ref(session, force.id) if force else None,
+                                    note, tuple(ranked), tuple(undecided)))
+    return Ranking(question, environment is not None, tuple(devices))
+
+
+def check_plan(*, session: Session, ranking: Ranking,
+               chosen: tuple[tuple[tuple[str, str], ...], ...]) -> CheckPlan:
+    """The plan of a ranking's ``chosen`` keys (``Ranking.chosen``): the manifests of
+    those answers alone are read, for their tensors."""
+    picked = [[found for candidate, found in device.candidates
+               if (candidate.workload, candidate.variant) in set(keys)]
+              for device, keys in zip(ranking.devices, chosen, strict=True)]
+    order = [{key: n for n, key in enumerate(keys)} for keys in chosen]
+    entries = manifest_entries(session, {found.answer.manifest_hash
+                                         for device in picked for found in device})
+    devices = []
+    for device, found_list, rank in zip(ranking.devices, picked, order, strict=True):
+        checks = [CheckAnswer(
+            workload=found.answer.workload, workload_version=found.answer.workload_version,
+            variant=found.answer.variant, source=found.source,  # type: ignore[arg-type]
+            manifest_hash=found.answer.manifest_hash, input_hash=found.answer.input_hash,
+            param_hash=found.answer.param_hash,
+            tensors=[(e["name"], e["hash"][:CHECK_HASH_CHARS])
+                     for e in entries.get(found.answer.manifest_hash, [])],
+            holders=found.holders, devices=found.devices, held_by=list(found.held_by))
+            for found in sorted(found_list, key=lambda f: rank[(f.answer.workload,
+                                                                  f.answer.variant)])]
+        devices.append(CheckDevice(model=device.model,
+                                   source=device.source,  # type: ignore[arg-type]
+                                   pin=device.pin, note=device.note, checks=checks,
+                                   undecided=list(device.undecided)))
+    question = ranking.question
     return CheckPlan(suite=question.suite, env_key=question.env_key,
-                     environment_known=environment is not None,
-                     chosen_by="agent" if named else "server", devices=devices)
+                     environment_known=ranking.environment_known,
+                     chosen_by="agent" if question.workloads else "server", devices=devices)

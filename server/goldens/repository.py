@@ -5,10 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Select, case, distinct, func, select
+from sqlalchemy import Select, Text, case, cast, distinct, func, select
 from sqlalchemy.orm import Session
 
-from numparity_server.analysis.goldens import STACK_ATTRIBUTES, Holding, NodeAnswer
+from numparity_server.analysis.goldens import (
+    MIN_HOLDER_NODES,
+    STACK_ATTRIBUTES,
+    Holding,
+    NodeAnswer,
+)
 from numparity_server.kit.db import chunked
 from numparity_server.models import (
     Device,
@@ -17,6 +22,7 @@ from numparity_server.models import (
     GoldenAnswer,
     Latest,
     LatestCount,
+    Manifest,
     Node,
     Outcome,
     Result,
@@ -195,16 +201,46 @@ def node_answers(session: Session, *, suite: str, model: str,
     return found
 
 
-def split_keys(session: Session, suite: str) -> set[tuple[str, str]]:
-    """The (workload, variant) keys with more than one ok answer among the fleet's latest
-    results of the suite, any environment and device model: what has split anything in
-    this fleet."""
+def split_keys(session: Session, suite: str, keys: Iterable[tuple[str, str]]
+               ) -> set[tuple[str, str]]:
+    """Of ``keys``, the (workload, variant) keys on which the fleet splits: two or more
+    ok answers among the latest results of the suite (any environment and device model)
+    each given by at least ``MIN_HOLDER_NODES`` nodes. Nodes are counted, not devices or
+    manifests: an answer one node alone gives (invented, or its own fault) splits
+    nothing, so it cannot reorder what other nodes' checks compare first."""
+    wanted = set(keys)
+    if not wanted:
+        return set()
+    holders = (select(Latest.workload, Latest.variant, Outcome.manifest_hash)
+               .join(Outcome, Outcome.id == Latest.outcome_id)
+               .where(Latest.suite == suite, Outcome.status == "ok",
+                      Outcome.manifest_hash.is_not(None),
+                      Latest.workload.in_(sorted({w for w, _ in wanted})),
+                      Latest.variant.in_(sorted({v for _, v in wanted})))
+               .group_by(Latest.workload, Latest.variant, Outcome.manifest_hash)
+               .having(func.count(distinct(Latest.node_id)) >= MIN_HOLDER_NODES)
+               .subquery())
     return {(workload, variant) for workload, variant in session.execute(
-        select(LatestCount.workload, LatestCount.variant)
-        .join(Outcome, Outcome.id == LatestCount.outcome_id)
-        .where(LatestCount.suite == suite, LatestCount.devices > 0, Outcome.status == "ok")
-        .group_by(LatestCount.workload, LatestCount.variant)
-        .having(func.count(distinct(Outcome.manifest_hash)) > 1))}
+        select(holders.c.workload, holders.c.variant)
+        .group_by(holders.c.workload, holders.c.variant)
+        .having(func.count() > 1))
+        if (workload, variant) in wanted}
+
+
+# How a manifest's JSON (both databases store the text json.dumps wrote) says that an
+# entry is a layer's output: a name holding these characters is written with escapes.
+_LAYER_ENTRY = '%"kind": "layer"%'
+
+
+def layered_manifests(session: Session, hashes: Iterable[str]) -> set[str]:
+    """Those of the manifests that record a layer: the database answers, so a ranking
+    reads no manifest's entries (up to MiBs each) to learn one bit of each."""
+    found: set[str] = set()
+    for part in chunked(sorted(set(hashes))):
+        found.update(session.scalars(
+            select(Manifest.hash).where(Manifest.hash.in_(part),
+                                        cast(Manifest.entries, Text).like(_LAYER_ENTRY))))
+    return found
 
 
 def run_results(session: Session, run_id: str) -> tuple[Any, list[Any]] | None:

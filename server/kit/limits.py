@@ -169,6 +169,16 @@ def charge_decoded(scope: Scope, decoded: int) -> None:
         charge.pay(owed, least=0, what="sent (decompressed)")
 
 
+def charge_computation(scope: Scope, cost: int) -> None:
+    """Charge a request's token ``cost`` bytes for a computation the server does for it
+    (a `check` plan nothing kept): a GET pays nothing for its body, so what it makes the
+    server compute is what it spends (TooManyRequests, with the wait, when the budget
+    cannot pay). Nothing without a budget."""
+    charge = scope.get("state", {}).get(_CHARGE)
+    if charge is not None:
+        charge.pay(cost, least=0, what="asked the server to compute")
+
+
 def _header(scope: Scope, wanted: bytes) -> bytes | None:
     for name, value in scope.get("headers", ()):
         if name == wanted:

@@ -39,7 +39,7 @@ class Settings(BaseSettings):
         default=1024 * MIB, gt=0,
         description="The largest values of one tensor that the agent may send in parts. A "
         "token holds at most twice this much of unfinished parts; parts untouched for a "
-        "day are dropped.")
+        "day are dropped (when an upload begins, and by retention).")
     body_timeout_s: float = Field(
         default=30.0, gt=0,
         description="A request body must have arrived whole this many seconds after the "
@@ -49,7 +49,8 @@ class Settings(BaseSettings):
         description="What one token may send, in bytes a second, once it has sent "
         "NUMPARITY_MAX_DOCUMENT_BYTES (or NUMPARITY_MAX_BODY_BYTES, if larger) at once, "
         "so a new node's whole first upload goes at once (a request costs at least 64 KiB "
-        "and at most that; a gzip body pays what it decodes to); beyond it 429 "
+        "and at most that; a gzip body pays what it decodes to; a check plan the server "
+        "computes for it, 64 KiB); beyond it 429 "
         "with Retry-After, and the agent retries. Per token and per server process; 0 "
         "turns the budget off. Tokens shared by a whole fleet share one budget (per-node "
         "tokens are the recommended setup).")
@@ -121,9 +122,9 @@ class Settings(BaseSettings):
     check_cache_seconds: float = Field(
         default=30.0, ge=0,
         description="What `numparity-agent check` is answered (GET /api/v1/agent/check) is "
-        "kept per question and pin version: served up to this many seconds after a newer "
-        "upload (a cluster starting its jobs at once asks one computation), never after a "
-        "new pin.")
+        "kept per question (whatever its budget) and pin version: served up to this many "
+        "seconds after a newer upload (a cluster starting its jobs at once asks one "
+        "computation), never after a new pin.")
     public_url: str | None = Field(
         default=None,
         description="The URL browsers use to reach the server (e.g. "

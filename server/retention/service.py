@@ -1,5 +1,6 @@
 """Retention (design §3.7): drop runs older than N days, then content nothing references,
-then the kept comparisons of content that is gone.
+then the kept comparisons of content that is gone, and the parts of uploads nobody
+finished within a day.
 
 A run that holds a node's latest result of some key is kept however old it is: the
 fleet's current picture (divergence, audit) is made of those. Runs go in batches, each
@@ -25,6 +26,8 @@ from sqlalchemy.orm import Session
 from numparity_server.kit.db import writing
 from numparity_server.models import utcnow
 from numparity_server.retention import repository
+from numparity_server.uploads import repository as uploads
+from numparity_server.uploads.service import STALE_AFTER
 
 # Manifests committed while the fingerprint scan runs may carry an ingest time a little
 # before the scan started; they are re-read with this margin before each delete.
@@ -42,6 +45,7 @@ class RetentionReport:
     traces: int = 0
     comparisons: int = 0  # kept /divergence comparisons
     environments: int = 0  # environments no run, node or latest result refers to
+    upload_parts: int = 0  # parts of uploads nobody finished within STALE_AFTER
 
 
 def apply_retention(*, sessions: Callable[[], Session], days: int, batch_size: int = 500,
@@ -51,7 +55,7 @@ def apply_retention(*, sessions: Callable[[], Session], days: int, batch_size: i
         raise ValueError("days and batch_size must be at least 1")
     cutoff = (now or utcnow()) - timedelta(days=days)
     if dry_run:
-        return _dry_run(sessions, cutoff)
+        return _dry_run(sessions, cutoff, now or utcnow())
 
     runs = results = 0
     previous: list[int] = []
@@ -112,9 +116,20 @@ def apply_retention(*, sessions: Callable[[], Session], days: int, batch_size: i
             if not keys:
                 break
             comparisons += repository.delete_comparisons(session, keys)
+    # Parts of uploads nobody finished (an agent gone, a run abandoned): a day after
+    # their last part, whatever the runs' window.
+    upload_parts = 0
+    stale = (now or utcnow()) - STALE_AFTER
+    while True:
+        with sessions() as session, writing(session, changes_answers=False):
+            ids = uploads.stale_part_ids(session, before=stale, limit=batch_size)
+            if not ids:
+                break
+            upload_parts += uploads.delete_parts(session, ids)
     return RetentionReport(cutoff=cutoff, dry_run=False, runs=runs, results=results,
                            manifests=manifests, fingerprints=fingerprints, traces=traces,
-                           comparisons=comparisons, environments=environments)
+                           comparisons=comparisons, environments=environments,
+                           upload_parts=upload_parts)
 
 
 def _drop_orphan_environments(sessions: Callable[[], Session], batch_size: int) -> int:
@@ -163,7 +178,8 @@ def _drop_orphan_fingerprints(sessions: Callable[[], Session], batch_size: int) 
     return dropped
 
 
-def _dry_run(sessions: Callable[[], Session], cutoff: datetime) -> RetentionReport:
+def _dry_run(sessions: Callable[[], Session], cutoff: datetime, now: datetime
+             ) -> RetentionReport:
     with sessions() as session:
         runs, results = repository.count_expired(session, cutoff)
         doomed = repository.manifests_dropped_with(session, cutoff)
@@ -177,6 +193,8 @@ def _dry_run(sessions: Callable[[], Session], cutoff: datetime) -> RetentionRepo
         # Those unreferenced now; those of the runs above go once they do.
         environments = repository.count_orphan_environments(session,
                                                             utcnow() - _INGEST_MARGIN)
+        upload_parts = len(uploads.stale_part_ids(session, before=now - STALE_AFTER))
     return RetentionReport(cutoff=cutoff, dry_run=True, runs=runs, results=results,
                            manifests=len(doomed), fingerprints=fingerprints, traces=traces,
-                           comparisons=comparisons, environments=environments)
+                           comparisons=comparisons, environments=environments,
+                           upload_parts=upload_parts)

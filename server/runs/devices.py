@@ -71,11 +71,16 @@ def serials_unique(devices: dict[str, SeenDevice]) -> dict[str, bool]:
 
 
 def visible_uuids(run: RunDocument) -> set[str] | None:
-    """The UUIDs of every GPU the node saw in this run (its environment's ``gpus``), or
-    None when the environment does not list them all (nothing can be concluded then)."""
+    """The UUIDs of every GPU the node saw in this run: NVML's list of the node's GPUs
+    (``node_gpus``, whatever the run was given), its environment's ``gpus`` and its
+    devices; None when neither lists them all (nothing can be concluded then). An agent
+    under a scheduler's ``CUDA_VISIBLE_DEVICES=1`` sees one GPU through CUDA: without
+    ``node_gpus`` (older agents, no NVML) the node's others would seem gone."""
     gpus = _environment_gpus(run.environment.model_dump(mode="json"))
     uuids = {normal_uuid(str(gpu["uuid"])) for gpu in gpus if gpu.get("uuid")}
     uuids.update(normal_uuid(device.uuid) for device in run.devices or () if device.uuid)
+    if run.node_gpus:
+        return uuids | {normal_uuid(uuid) for uuid in run.node_gpus}
     if any(not gpu.get("uuid") for gpu in gpus):
         return None
     return uuids

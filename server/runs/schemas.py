@@ -565,6 +565,8 @@ def check_free_form(section: dict[str, Any], *, max_values: int) -> None:
 
 
 MAX_DEVICES_PER_RUN = 64
+# GPUs and MIG instances a node may list in `node_gpus` (8 GPUs of 7 instances fit).
+MAX_NODE_GPUS = 1024
 
 # Op traces (design §2.7, `run --trace-ops`). The standard suite's largest trace, train's
 # three steps, holds a few thousand ops; the limits leave room for user workloads and
@@ -680,6 +682,10 @@ class RunDocument(_Wire):
     environment: EnvironmentDoc
     results: list[ResultDoc] = Field(default_factory=list, max_length=MAX_RESULTS_PER_RUN)
     devices: list[DeviceDoc] | None = Field(default=None, max_length=MAX_DEVICES_PER_RUN)
+    # NVML's UUIDs of every GPU and MIG instance of the node, whatever the run was given
+    # (a scheduler's CUDA_VISIBLE_DEVICES): a GPU listed here has not left the node.
+    node_gpus: list[Annotated[str, StringConstraints(min_length=1, max_length=128)]] | None \
+        = Field(default=None, max_length=MAX_NODE_GPUS)
     # The bodies of the results' op traces the server may lack; left out of the document
     # hash (a replay with or without them is the same run).
     traces: list[TraceBody] | None = Field(default=None, max_length=MAX_TRACES_PER_RUN)

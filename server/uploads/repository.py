@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from numparity_server.models import STAT_FIELDS, Fingerprint, UploadPart
+from numparity_server.models import STAT_FIELDS, Fingerprint, Token, UploadPart
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,26 @@ def delete_stale(session: Session, *, before: datetime) -> None:
     session.execute(delete(UploadPart).where(UploadPart.received_at < before))
 
 
+def stale_part_ids(session: Session, *, before: datetime, limit: int | None = None
+                   ) -> list[int]:
+    """Parts received before ``before`` (oldest first; at most ``limit``)."""
+    query = (select(UploadPart.id).where(UploadPart.received_at < before)
+             .order_by(UploadPart.id))
+    return list(session.scalars(query if limit is None else query.limit(limit)))
+
+
+def delete_parts(session: Session, ids: Sequence[int]) -> int:
+    deleted = session.execute(delete(UploadPart).where(UploadPart.id.in_(ids)))
+    return int(getattr(deleted, "rowcount", 0) or 0)
+
+
+def lock_token(session: Session, token_id: int) -> None:
+    """Hold the token's row to the end of the transaction: its uploads' writes take
+    turns, so the bound on what it holds is read and kept by one at a time (PostgreSQL,
+    READ COMMITTED; SQLite's writers take turns already)."""
+    session.execute(select(Token.id).where(Token.id == token_id).with_for_update())
+
+
 @dataclass(frozen=True)
 class ValuesTarget:
     """A stored fingerprint whose values may be sent: its dtype and shape, and whether
@@ -90,7 +110,7 @@ def values_target(session: Session, digest: str) -> ValuesTarget | None:
     return None if row is None else ValuesTarget(row[0], list(row[1]), bool(row[2]))
 
 
-def fill_values(session: Session, *, digest: str, values: bytes, dtype: str,
+def fill_values(session: Session, *, digest: str, values: bytes | bytearray, dtype: str,
                 codec: str | None, stats: Mapping[str, Any]) -> None:
     """Set the values of a fingerprint that has none (the first complete upload wins),
     and the statistics computed from them."""

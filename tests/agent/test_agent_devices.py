@@ -219,3 +219,98 @@ def test_a_mig_instances_environment_has_its_boards_ecc_and_serial(node):
     assert gpu["ecc"] is True and gpu["serial"] == A100["serial"]
     assert gpu["driver"] == fake_pynvml.DRIVER
     assert not [key for key in unknown if key.startswith("gpus.0")], unknown
+
+
+# An A100 in MIG mode carved into three instances, and a V100 that is not.
+MIG_BOARD = fake_gpu(0, mig_mode=True)
+INSTANCES = [{"uuid": f"MIG-5c1d2e3f-0000-4000-8000-0000000000b{n}",
+              "parent": MIG_BOARD["uuid"], "name": "NVIDIA A100-SXM4-80GB MIG 2g.20gb",
+              "cc": "8.0", "threads": 1 if n == 2 else 2} for n in range(3)]
+MIG_NODE = [MIG_BOARD, *INSTANCES, V100]
+
+
+def mig_entry(slot, instance, *, index=None):
+    return {**gpu_entry(slot, instance, mig=True, serial=MIG_BOARD["serial"],
+                        pci_bus_id=MIG_BOARD["pci_bus_id"]), "index": index}
+
+
+def test_all_is_every_mig_instance_nvml_knows_though_cuda_shows_one(node):
+    """CUDA enumerates one MIG instance per process: the others come from NVML, as
+    devices after torch's (issue 42, 11)."""
+    node(MIG_NODE)
+    first, b, c = INSTANCES
+    assert visible_devices() == [
+        mig_entry("cuda:0", first, index=0), gpu_entry("cuda:1", V100),
+        mig_entry("cuda:2", b), mig_entry("cuda:3", c)]
+    # A GPU named by index shows CUDA its first instance: all of its instances are ours.
+    node(MIG_NODE, visible="0")
+    assert [d["uuid"] for d in visible_devices()] == [i["uuid"] for i in INSTANCES]
+
+
+def test_a_schedulers_mig_allocation_is_what_all_runs(node):
+    """A scheduler that gave this job two of the three instances: those two, not the
+    third, though NVML sees it."""
+    first, b, c = INSTANCES
+    node(MIG_NODE, visible=f"{b['uuid']},{c['uuid']}")
+    assert visible_devices() == [mig_entry("cuda:0", b, index=0), mig_entry("cuda:1", c)]
+    node(MIG_NODE, visible=f"{V100['uuid']},{first['uuid']}")
+    assert [d["uuid"] for d in visible_devices()] == [V100["uuid"], first["uuid"]]
+    # Without NVML only what CUDA shows.
+    node(MIG_NODE, visible=f"{b['uuid']},{c['uuid']}", nvml=False)
+    assert [d["uuid"] for d in visible_devices()] == [b["uuid"]]
+
+
+def test_a_run_measures_every_mig_instance_each_in_a_child_that_sees_it_alone(tmp_path):
+    """The agent's `run` with no --device on the MIG node: one device per instance (and
+    the V100), each computed by children whose CUDA_VISIBLE_DEVICES shows that instance
+    alone. The fake instances compute with their own thread count: the one-thread
+    instance's bits are a one-thread CPU's, the others' a two-thread CPU's."""
+    from helpers.agent import fake_gpu_env, run_agent
+
+    from numparity_agent.testing import load_workload, run_workload, variant
+
+    workloads = ["mlp", "probes"]
+    out = tmp_path / "doc.json"
+    proc = run_agent("run", "--workloads", *workloads, "--variants", "default",
+                     "--repeats", "1", "--output", str(out), env=fake_gpu_env(MIG_NODE),
+                     timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    document = json.loads(out.read_text())
+    assert [(d["device"], d["uuid"]) for d in document["devices"]] == [
+        ("cuda:0", INSTANCES[0]["uuid"]), ("cuda:1", V100["uuid"]),
+        ("cuda:2", INSTANCES[1]["uuid"]), ("cuda:3", INSTANCES[2]["uuid"])]
+    found: dict[str, dict] = {}
+    for r in document["results"]:
+        found.setdefault(r["device"], {})[r["workload"]] = {
+            t["name"]: t["hash"] for t in r["tensors"]}
+    expected: dict[int, dict] = {}
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            expected[threads] = {w: {t["name"]: t["hash"] for t in run_workload(
+                load_workload(w), variant=variant("default"), device=torch.device("cpu"),
+                repeats=1)["tensors"]} for w in workloads}
+    finally:
+        torch.set_num_threads(before)
+    # NVML's list of the node's GPUs, for the server (every board and instance).
+    assert document["node_gpus"] == [MIG_BOARD["uuid"], *(i["uuid"] for i in INSTANCES),
+                                     V100["uuid"]]
+    assert expected[1] != expected[2], "one thread and two give the same bits here"
+    assert found["cuda:3"] == expected[1]
+    assert found["cuda:0"] == found["cuda:2"] == expected[2]
+
+
+def test_the_nodes_gpus_are_nvmls_whatever_a_scheduler_shows_the_run(node, monkeypatch):
+    """A job given one GPU still says which GPUs the node has, so that the server does
+    not take the others for gone (issue 42); anonymously, or without NVML, it says
+    nothing."""
+    every = [MIG_BOARD["uuid"], *(i["uuid"] for i in INSTANCES), V100["uuid"]]
+    node(MIG_NODE, visible=V100["uuid"])
+    assert [d["uuid"] for d in visible_devices()] == [V100["uuid"]]
+    assert _devices.node_gpus() == every
+    monkeypatch.setenv("NUMPARITY_ANONYMOUS_DEVICES", "1")
+    assert _devices.node_gpus() is None
+    monkeypatch.delenv("NUMPARITY_ANONYMOUS_DEVICES")
+    node(MIG_NODE, visible=V100["uuid"], nvml=False)
+    assert _devices.node_gpus() is None

@@ -1,8 +1,9 @@
-"""`run` finds a mistake of configuration before the suite runs (exit 2, nothing run,
-nothing spooled), and tells it from a server that is down (kept, exit 3): a server
-address without its scheme, one with the API's path, a token without the agent role, a
-user workload that cannot be imported. Through a live server and the real agent in a
-child process."""
+"""`run` finds a mistake of configuration before the suite runs (nothing run, nothing
+spooled), and tells it from a server that is down (kept, exit 3): a server address
+without its scheme, one with the API's path, a user workload that cannot be imported
+(exit 2), a token the server refuses, here one without the agent role (exit 5, as `flush`
+and `check` say of a refused token). Through a live server and the real agent in a child
+process."""
 
 from __future__ import annotations
 
@@ -24,24 +25,24 @@ def _run(tmp_path: Path, server: str, token: str, *args: str) -> Any:
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_a_misconfigured_node_exits_2_before_the_suite(live_server: Any,
-                                                       tmp_path: Path) -> None:
+def test_a_misconfigured_node_stops_before_the_suite(live_server: Any,
+                                                     tmp_path: Path) -> None:
     host = live_server.base_url.removeprefix("http://")
     cases = {
         "no scheme": (host, live_server.agent_token, (),
-                      f"did you mean 'http://{host}'?"),
+                      f"did you mean 'http://{host}'?", 2),
         "the API's path": (f"{live_server.base_url}/api/v1", live_server.agent_token, (),
-                           f"without /api/v1 ({live_server.base_url} ?)"),
+                           f"without /api/v1 ({live_server.base_url} ?)", 2),
         "a reader token": (live_server.base_url, live_server.reader_token, (),
-                           "needs the agent role; the token has the reader role"),
+                           "needs the agent role; the token has the reader role", 5),
         "a workload that is not there": (
             live_server.base_url, live_server.agent_token,
             ("--workloads", "lab_models_typo:make"),
-            "workload lab_models_typo:make cannot be imported: ModuleNotFoundError"),
+            "workload lab_models_typo:make cannot be imported: ModuleNotFoundError", 2),
     }
-    for case, (server, token, extra, says) in cases.items():
+    for case, (server, token, extra, says, code) in cases.items():
         done = _run(tmp_path, server, token, *extra)
-        assert done.returncode == 2, (case, done.stderr)
+        assert done.returncode == code, (case, done.stderr)
         assert says in done.stderr, (case, done.stderr)
         assert STARTED not in done.stderr, case
         spool = tmp_path / "spool"

@@ -10,6 +10,7 @@ from helpers.agent import run_agent
 from torch import nn
 
 from numparity_agent import _variants
+from numparity_agent._suite import default_variants
 from numparity_agent.testing import (
     Built,
     Workload,
@@ -63,7 +64,8 @@ def output_values(result) -> torch.Tensor:
 
 def test_every_variant_reports_every_workload_ok_or_skipped_with_a_reason(suite_document):
     by_key = results(suite_document)
-    assert set(by_key) == {(w, v) for w in builtin_workloads() for v in _variants.names()}
+    # Every variant a run makes by default: compiled is opt-in (test_agent_compiled.py).
+    assert set(by_key) == {(w, v) for w in builtin_workloads() for v in default_variants()}
     for (workload, variant), result in by_key.items():
         key = (workload, variant)
         assert result["status"] in ("ok", "skipped"), (key, result.get("error"))
@@ -154,7 +156,7 @@ def test_bf16_autocast_is_close_to_fp64_within_bf16_tolerance(suite_document):
 
 def test_train_and_probe_fields_under_every_variant(suite_document):
     by_key = results(suite_document)
-    for variant in _variants.names():
+    for variant in default_variants():
         train, probes = by_key[("train", variant)], by_key[("probes", variant)]
         if train["status"] == "ok":
             assert train["train"]["grad_scaler"] is (variant == "fp16-autocast")

@@ -139,6 +139,48 @@ def test_the_agent_runs_on_gpu_nodes_and_check_gates_the_job(tmp_path: Path) -> 
         training["metadata"]["namespace"]
 
 
+def _kinds(path: Path) -> list[str]:
+    return [doc["kind"] for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def test_the_agent_is_a_daemonset_or_a_cronjob_a_file_each() -> None:
+    """Issue 40, finding 10: `kubectl apply -f deploy/kubernetes/` (not recursive) applies
+    the server and PostgreSQL only, and the agent's two alternatives are two files, each
+    complete alone, of which a lab applies one."""
+    top = {path.name: _kinds(path) for path in sorted(KUBERNETES.glob("*.yaml"))}
+    assert set(top) == {"postgres.yaml", "server.yaml"}, top
+    assert not {"DaemonSet", "CronJob"} & {kind for kinds in top.values() for kind in kinds}
+    assert not [path for path in KUBERNETES.rglob("*.yaml")
+                if {"DaemonSet", "CronJob"} <= set(_kinds(path))], "both in one file"
+    (server,) = by_kind("Deployment")
+
+    files = {"DaemonSet": KUBERNETES / "examples" / "agent-daemonset.yaml",
+             "CronJob": KUBERNETES / "examples" / "agent-cronjob.yaml"}
+    agents, configs = {}, {}
+    for kind, path in files.items():
+        docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+        assert [doc["kind"] for doc in docs] == ["ConfigMap", kind], path.name
+        config, workload = docs
+        spec = pod_spec(workload)
+        # Alone, the file is complete: every ConfigMap its pod mounts is in it, in the
+        # server's namespace.
+        mounted = {v["configMap"]["name"] for v in spec["volumes"] if "configMap" in v}
+        assert mounted == {config["metadata"]["name"]}, path.name
+        assert workload["metadata"]["namespace"] == config["metadata"]["namespace"] == \
+            server["metadata"]["namespace"], path.name
+        # The other file is named as the alternative.
+        other = next(p for k, p in files.items() if k != kind)
+        assert f"Apply this file OR {other.name}" in path.read_text(), path.name
+        (agents[kind],) = spec["containers"]
+        configs[kind] = config
+    # The same agent, configured alike, in both: they differ in how they are scheduled.
+    assert configs["DaemonSet"] == configs["CronJob"]
+    for field in ("image", "volumeMounts"):
+        assert agents["DaemonSet"][field] == agents["CronJob"][field], field
+    assert [c[:2] for c in _commands(agents["DaemonSet"])] == \
+        [c[:2] for c in _commands(agents["CronJob"])] == [["numparity-agent", "run"]]
+
+
 def _mounted(spec: dict[str, Any], container: dict[str, Any]) -> list[dict[str, Any]]:
     volumes = {volume["name"]: volume for volume in spec.get("volumes", [])}
     return [volumes[mount["name"]] for mount in container.get("volumeMounts", [])]
@@ -279,6 +321,43 @@ def test_a_no_go_drains_the_node_naming_the_gpu_and_requeues(stand_ins: dict[str
     # As the health check: every GPU, the node drained, exit 0 (slurmd ignores it).
     code, agent, drained = run_script(stand_ins, 13)
     assert code == 0 and "--device" not in agent and "State=DRAIN" in drained
+
+
+def test_the_health_check_ends_before_slurmd_kills_it(stand_ins: dict[str, Any]) -> None:
+    """slurmd kills a HealthCheckProgram at 60 s whatever PrologEpilogTimeout says (slurmd
+    22.05, `run_script(..., 60, ...)`): killed, it drains nothing. As the health check the
+    budget is NUMPARITY_HEALTH_CHECK_SECONDS (45), never over 50, not the prolog's."""
+    code, agent, drained = run_script(stand_ins, 13, NUMPARITY_CHECK_SECONDS="240")
+    assert code == 0 and "State=DRAIN" in drained
+    assert agent.split() == ["PCI_BUS_ID", "check", "--config", "/etc/numparity/agent.toml",
+                             "--max-seconds", "45", "--fail-open"]
+    for asked, used in (("30", "30"), ("55", "50"), ("soon", "50")):
+        code, agent, _drained = run_script(stand_ins, 0,
+                                           NUMPARITY_HEALTH_CHECK_SECONDS=asked)
+        assert code == 0 and agent.split()[agent.split().index("--max-seconds") + 1] == used
+    # The prolog keeps its own budget.
+    code, agent, _drained = run_script(stand_ins, 0, SLURM_JOB_ID="42", SLURM_JOB_GPUS="1",
+                                       NUMPARITY_CHECK_SECONDS="240",
+                                       NUMPARITY_HEALTH_CHECK_SECONDS="30")
+    assert agent.split()[agent.split().index("--max-seconds") + 1] == "240"
+
+
+def test_a_drain_scontrol_refuses_says_why(stand_ins: dict[str, Any],
+                                          tmp_path: Path) -> None:
+    """slurmd gives a health check no SLURM_CONF (measured under slurmd 22.05): where
+    slurm.conf is elsewhere than Slurm's default path, scontrol cannot drain. The log
+    says so and names the setting."""
+    scontrol = tmp_path / "scontrol-without-conf"
+    scontrol.write_text("#!/bin/bash\necho 'scontrol: fatal: Could not establish a "
+                        "configuration source' >&2\nexit 1\n")
+    scontrol.chmod(0o755)
+    done = subprocess.run(["bash", str(SCRIPT)], env={
+        **stand_ins["env"], "FAKE_CODE": "13", "NUMPARITY_SCONTROL": str(scontrol)},
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert ("could not drain gpu-node-17: scontrol: fatal: Could not establish a "
+            "configuration source") in done.stderr
+    assert "SLURM_CONF in /etc/numparity/check.env" in done.stderr
 
 
 def test_the_job_gpus_at_their_slots_among_cuda_visible_devices(

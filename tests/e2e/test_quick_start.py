@@ -457,3 +457,14 @@ def test_the_examples_are_what_the_demo_prints(quick_start: QuickStart) -> None:
         for line in framed:
             assert masked(line) in shown, \
                 f"{path.name} shows {line!r}; the demo prints no such line"
+        # The fleet page's size is the code's, not the CPU's (issue 40, finding 11: the
+        # README showed 12 columns where the demo printed 15).
+        assert fleet_size("\n".join(lines)) == fleet_size(quick_start.output.text()), \
+            path.name
+
+
+def fleet_size(text: str) -> str:
+    match = re.search(r"^== fleet page .*?: (\d+ nodes × \d+ workload variants, \d+ cells)",
+                      text, re.M)
+    assert match, text[:2000]
+    return match.group(1)

@@ -78,3 +78,9 @@ def test_the_judge_calls_boundary_pairs_as_cuda_isclose_does(rows):
     if row.status == "n/a":
         pytest.skip(row.detail)
     assert _ok(rows, "CUDA isclose").data["differing"] == 0
+
+
+def test_the_compiled_variant_runs_on_the_gpu_and_the_server_judges_it(rows):
+    data = _ok(rows, "compiled").data
+    assert data["verdict"] in ("identical", "equivalent", "divergent")
+    assert data["compile"]["warm_s"] is not None

@@ -5,6 +5,7 @@ CLI, waiting until a server is ready, stopping it. Importable from every test fo
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -51,7 +52,7 @@ def run_cli(*args: str, database_url: str, timeout: float = 120) -> subprocess.C
 READY_TIMEOUT = 300
 
 
-def wait_ready(base_url: str, process: subprocess.Popen, log_path: Path, *,
+def wait_ready(base_url: str, process: subprocess.Popen | ForkedServer, log_path: Path, *,
                timeout: float = READY_TIMEOUT, path: str = "/readyz",
                name: str = "numparity-server") -> None:
     """Until ``path`` answers 200; raises with the process's log if it exits or never
@@ -72,7 +73,7 @@ def wait_ready(base_url: str, process: subprocess.Popen, log_path: Path, *,
     raise RuntimeError(f"{name} not ready after {timeout}s ({last}):\n{_log(log_path)}")
 
 
-def stop_process(process: subprocess.Popen, timeout: float = 15) -> None:
+def stop_process(process: subprocess.Popen | ForkedServer, timeout: float = 15) -> None:
     """SIGTERM (a server's graceful shutdown), then SIGKILL if it does not go."""
     process.terminate()
     try:
@@ -86,14 +87,105 @@ def _log(log_path: Path) -> str:
     return log_path.read_text(errors="replace") if log_path.exists() else ""
 
 
+class _Zygote:
+    """This test process's helpers/server_zygote.py: started when first asked for, gone
+    with the process (its stdin closes)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen | None = None
+        self._broken = False
+
+    def _ask(self, request: dict) -> dict:
+        assert self._process is not None and self._process.stdin and self._process.stdout
+        self._process.stdin.write(json.dumps(request) + "\n")
+        self._process.stdin.flush()
+        answer = self._process.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the server zygote exited with {self._process.wait()}")
+        return json.loads(answer)
+
+    def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> ForkedServer | None:
+        """A forked ``numparity-server ARGV``; None where the zygote cannot start here."""
+        with self._lock:
+            if self._broken:
+                return None
+            if self._process is None or self._process.poll() is not None:
+                # Nothing a test set for one server is imported into all of them.
+                own = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+                self._process = subprocess.Popen(
+                    [sys.executable, str(Path(__file__).with_name("server_zygote.py"))],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=own,
+                )  # fmt: skip
+                assert self._process.stdout is not None
+                if not self._process.stdout.readline():  # the server's packages are missing
+                    self._broken = True
+                    return None
+            pid = self._ask({"spawn": {"argv": argv, "env": env, "log": str(log_path)}})["pid"]
+            return ForkedServer(self, pid, argv)
+
+    def returncode(self, pid: int) -> int | None:
+        with self._lock:
+            code: int | None = self._ask({"poll": pid})["returncode"]
+            return code
+
+
+_ZYGOTE = _Zygote()
+
+
+class ForkedServer:
+    """A forked server as ``subprocess.Popen`` shows a process: pid, poll, wait, signals."""
+
+    def __init__(self, zygote: _Zygote, pid: int, argv: list[str]) -> None:
+        self._zygote = zygote
+        self.pid = pid
+        self.args = argv
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._zygote.returncode(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            time.sleep(0.02)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, number: int) -> None:
+        if self.poll() is None:  # reaped means gone: never signal a pid that may be reused
+            os.kill(self.pid, number)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
 def start_server(log_path: Path, env: dict[str, str], *args: str
-                 ) -> tuple[subprocess.Popen, str]:
+                 ) -> tuple[subprocess.Popen | ForkedServer, str]:
     """``numparity-server serve ARGS`` on a free loopback port, its output in
-    ``log_path``; returns the process and its base URL (not yet ready: ``wait_ready``)."""
+    ``log_path``; returns the process and its base URL (not yet ready: ``wait_ready``).
+
+    Forked from this process's server zygote (helpers/server_zygote.py: the server
+    imported once) unless what it runs is read at import: several workers, or
+    prometheus_client's multiprocess folder. ``NUMPARITY_TEST_FORK_SERVERS=0`` starts
+    every one as its own process."""
     port = free_port()
+    argv = ["serve", "--host", "127.0.0.1", "--port", str(port), *args]
+    if (os.environ.get("NUMPARITY_TEST_FORK_SERVERS", "1") != "0"
+            and "--workers" not in args and "PROMETHEUS_MULTIPROC_DIR" not in env):
+        forked = _ZYGOTE.spawn(argv, env, log_path)
+        if forked is not None:
+            return forked, f"http://127.0.0.1:{port}"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [*server_command(), "serve", "--host", "127.0.0.1", "--port", str(port), *args],
+            [*server_command(), *argv],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )
     return process, f"http://127.0.0.1:{port}"

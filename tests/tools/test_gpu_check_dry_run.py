@@ -22,8 +22,9 @@ pytestmark = pytest.mark.timeout(2400)
 ROOT = Path(__file__).resolve().parents[2]
 ALONE = ROOT / "tests" / "helpers" / "agent_alone"
 FAKE_CUDA = ROOT / "tests" / "helpers" / "fake_cuda"
-ROWS = ["identity", "variants", "variant overhead", "TF32 split", "explain", "SDPA backends",
-        "NCCL collectives", "profiler kernel names", "large-suite upload", "CUDA isclose"]
+ROWS = ["identity", "variants", "variant overhead", "fork server", "MIG instances",
+        "TF32 split", "explain", "SDPA backends", "NCCL collectives", "profiler kernel names",
+        "large-suite upload", "CUDA isclose", "compiled"]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -91,7 +92,8 @@ def test_every_run_of_the_check_reached_the_embedded_server(dry_run):
 
 def test_on_a_fake_gpu_what_only_a_gpu_answers_is_not_applicable_and_says_why(dry_run):
     _done, rows, _work = dry_run
-    for name in ("TF32 split", "NCCL collectives", "profiler kernel names", "SDPA backends"):
+    for name in ("TF32 split", "NCCL collectives", "profiler kernel names", "SDPA backends",
+                 "compiled"):
         assert rows[name]["status"] == "n/a" and "fake CUDA" in rows[name]["detail"], name
     # The checks still ran: two nodes compared, gloo ranks, a traced run.
     assert rows["TF32 split"]["data"]["tf32_off_run"]
@@ -123,7 +125,23 @@ def test_each_row_is_printed_as_it_finishes(dry_run):
     done, _rows, _work = dry_run
     running = {line.split("  ")[0].strip(): alive for line, alive in done.lines}
     assert running["identity"] and running["variants"], done.lines
-    assert done.lines[-1][0].startswith("10 rows, 0 FAIL, in ")
+    assert done.lines[-1][0].startswith(f"{len(ROWS)} rows, 0 FAIL, in ")
+
+
+def test_the_fork_servers_children_measure_what_fresh_interpreters_do(dry_run):
+    """The stock run's children were forked (issue 42, 7): its mlp results equal a
+    fresh-interpreter run's bit for bit, and a forked probe child saw the fake GPU alone
+    and the strict variant's CUBLAS_WORKSPACE_CONFIG before CUDA started."""
+    _done, rows, _work = dry_run
+    row = rows["fork server"]
+    assert row["status"] == "ok", row["detail"]
+    assert row["data"]["differ"] == [] and row["data"]["refused"] == []
+    probe = row["data"]["probe"]
+    assert probe["torch_imported_before"] and not probe["cuda_initialised"]
+    assert probe["devices"] == ["00000000-0000-4000-8000-000000000028"]
+    mig = rows["MIG instances"]
+    assert mig["status"] == "n/a", mig["detail"]
+    assert mig["detail"].endswith("node_gpus: 1, NVML's")
 
 
 def test_the_judge_agrees_with_isclose_on_the_device_it_ran_on(dry_run):

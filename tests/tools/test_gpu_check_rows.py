@@ -101,3 +101,34 @@ def test_the_kernel_name_row_never_traces_a_workload_with_atomics():
     assert "probes" not in chosen and "collectives" not in chosen
     assert chosen == ["mlp", "cnn", "transformer"]
     assert gpu_check.TRACE_VARIANT == "strict"
+
+
+def test_the_mig_row_names_an_instance_nvml_shows_that_all_does_not(quick, monkeypatch):
+    """NVML (the fake's, in the row's own child) shows two instances of a GPU in MIG
+    mode: a listing that has both is ok, one that has the first only (what CUDA alone
+    shows a process) fails naming the other (issue 42, 11)."""
+    from helpers.agent import fake_gpu, fake_gpu_env
+
+    board = fake_gpu(0, mig_mode=True)
+    instances = [{"uuid": f"MIG-00000000-0000-4000-8000-00000000000{n}",
+                  "parent": board["uuid"], "name": "NVIDIA H200 MIG 3g.71gb", "cc": "9.0"}
+                 for n in range(2)]
+    env = fake_gpu_env([board, *instances])
+    monkeypatch.setattr(gpu_check.Check, "agent_env", lambda self, **extra: env)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    quick.all_devices = [{"device": f"cuda:{n}", "uuid": i["uuid"], "mig": True}
+                         for n, i in enumerate(instances)]
+    row = gpu_check.check_mig(quick)
+    assert row.status == "ok", row.detail
+    assert row.detail.startswith("2 instance(s) on 1 GPU(s) in MIG mode")
+    quick.all_devices = quick.all_devices[:1]
+    row = gpu_check.check_mig(quick)
+    assert row.status == "FAIL" and row.detail.endswith(f"not listed: {instances[1]['uuid']}")
+    monkeypatch.setattr(gpu_check.Check, "agent_env",
+                        lambda self, **extra: fake_gpu_env([fake_gpu(0)]))
+    row = gpu_check.check_mig(quick)
+    assert row.status == "n/a" and "no GPU in MIG mode among NVML's 1" in row.detail
+    # The stock run's node_gpus must be NVML's whole list.
+    quick.documents["stock"] = {"node_gpus": []}
+    row = gpu_check.check_mig(quick)
+    assert row.status == "FAIL" and "node_gpus [] is not NVML's" in row.detail

@@ -8,9 +8,11 @@ The GPUs are described by NUMPARITY_TEST_FAKE_GPUS, a JSON list in NVML's order,
       "cc": "8.0"},
      {"uuid": "GPU-1b2c…", "serial": "…", "name": "Fake V100", "cc": "7.0", "crash": true}]
 
-A MIG instance names its GPU in "parent". What torch sees follows CUDA_VISIBLE_DEVICES
-as CUDA does: unset, every GPU (no MIG instance); set, its items in order, each an
-index among the GPUs or a GPU-/MIG- UUID, up to the first that matches nothing.
+A MIG instance names its GPU in "parent"; a GPU with "mig_mode": true is in MIG mode.
+What torch sees follows CUDA_VISIBLE_DEVICES as CUDA does: unset, every GPU (a GPU in
+MIG mode: its instances instead); set, its items in order, each an index among the GPUs
+or a GPU-/MIG- UUID, up to the first that matches nothing; and of all the MIG instances
+that gives, only the first (CUDA enumerates one MIG instance per process).
 
 In an agent process (sitecustomize.py, with this folder on PYTHONPATH) `install` patches
 torch.cuda once torch is imported (is_available, device_count, get_device_properties:
@@ -48,20 +50,30 @@ def visible() -> list[dict[str, Any]]:
     """The fake devices torch sees, in torch's order (CUDA_VISIBLE_DEVICES applied)."""
     every = gpus()
     boards = [g for g in every if "parent" not in g]
+
+    def shown_by(gpu: dict[str, Any]) -> list[dict[str, Any]]:
+        # A GPU in MIG mode shows CUDA its instances, not itself.
+        if gpu.get("mig_mode"):
+            return [g for g in every if g.get("parent") == gpu["uuid"]]
+        return [gpu]
+
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    shown: list[dict[str, Any]] = []
     if listed is None:
-        return boards
-    shown = []
-    for item in listed.split(","):
-        item = item.strip()
-        if item.isdigit() and int(item) < len(boards):
-            shown.append(boards[int(item)])
-            continue
-        found = [g for g in every if g["uuid"] == item]
-        if not found:
-            break  # CUDA ignores the rest of the list from the first bad item
-        shown.append(found[0])
-    return shown
+        shown = [d for board in boards for d in shown_by(board)]
+    else:
+        for item in listed.split(","):
+            item = item.strip()
+            if item.isdigit() and int(item) < len(boards):
+                shown.extend(shown_by(boards[int(item)]))
+                continue
+            found = [g for g in every if g["uuid"] == item]
+            if not found:
+                break  # CUDA ignores the rest of the list from the first bad item
+            shown.extend(shown_by(found[0]))
+    # CUDA enumerates a single MIG instance per process (CUDA 11/R450, 12/R525).
+    first_mig = next((g for g in shown if "parent" in g), None)
+    return [g for g in shown if "parent" not in g or g is first_mig]
 
 
 def _board(gpu: dict[str, Any]) -> dict[str, Any]:

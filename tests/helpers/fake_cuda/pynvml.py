@@ -1,8 +1,10 @@
 """NVML (nvidia-ml-py's `pynvml`) for the fake GPUs of fake_gpus.py.
 
 NVML sees every GPU and MIG instance, whatever CUDA_VISIBLE_DEVICES says; a handle is
-the device's UUID. Serial numbers come back as bytes, as older bindings return them; a
-MIG instance has no serial of its own (NVML: Not Supported).
+the device's UUID; NVML's index counts the GPUs (not their instances) in the list's order,
+and a GPU's instances are its MIG devices 0, 1, … in the list's order. Serial numbers
+come back as bytes, as older bindings return them; a MIG instance has no serial of its
+own (NVML: Not Supported).
 """
 
 from types import SimpleNamespace
@@ -76,6 +78,50 @@ def nvmlDeviceGetPciInfo(handle):
 def nvmlDeviceGetEccMode(handle):
     _gpu(handle)
     return (1, 1)
+
+
+def _boards():
+    return [g for g in fake_gpus.gpus() if "parent" not in g]
+
+
+def nvmlDeviceGetCount():
+    return len(_boards())
+
+
+def nvmlDeviceGetHandleByIndex(index):
+    boards = _boards()
+    if not 0 <= index < len(boards):
+        raise NVMLError("Invalid Argument")
+    return boards[index]["uuid"]
+
+
+def nvmlDeviceGetName(handle):
+    return _gpu(handle)["name"]
+
+
+def nvmlDeviceGetCudaComputeCapability(handle):
+    major, minor = _gpu(handle)["cc"].split(".")
+    return int(major), int(minor)
+
+
+def nvmlDeviceGetMigMode(handle):
+    gpu = _gpu(handle)
+    if "parent" in gpu:
+        raise NVMLError("Not Supported")
+    mode = int(bool(gpu.get("mig_mode")))
+    return [mode, mode]
+
+
+def nvmlDeviceGetMaxMigDeviceCount(handle):
+    _gpu(handle)
+    return 7
+
+
+def nvmlDeviceGetMigDeviceHandleByIndex(handle, index):
+    instances = [g for g in fake_gpus.gpus() if g.get("parent") == handle]
+    if not 0 <= index < len(instances):
+        raise NVMLError("Not Found")
+    return instances[index]["uuid"]
 
 
 # The readings of `_telemetry` (issue 44): a GPU's "telemetry" dict, keyed as the agent

@@ -115,7 +115,9 @@ def test_a_host_data_source_is_the_row_s_summary() -> None:
     assert row.summary.startswith("nondeterministic: the difference enters from outside "
                                   "torch's ops at aten.sort.default in scatter (forward, "
                                   "called at lab/model.py:24 in forward)")
-    assert row.summary.endswith("seed the generator that made it")
+    # A node's study: the summary says whose claim it is.
+    assert row.summary.endswith("seed the generator that made it (claimed by n)")
+    assert found.claimed_by == ["n"]
 
 
 def test_a_recipe_that_does_not_make_it_repeatable_says_so() -> None:

@@ -141,3 +141,24 @@ def test_a_gpu_whose_uuid_changed_on_its_node_is_the_same_device_by_its_serial(a
     upload(api, intruder)
     (entry,) = audit(api)["suspects"]
     assert (entry["node"], entry["device_uuid"]) == ("vm-1", renumbered)
+
+
+def node_devices(api, node):
+    response = api.client.get(f"/api/v1/nodes/{node}", headers=api.reader)
+    assert response.status_code == 200, response.text
+    return {d["uuid"] for d in response.json()["devices"]}
+
+
+def test_a_run_given_one_gpu_by_a_scheduler_leaves_the_nodes_other_gpus_where_they_are(api):
+    """A Slurm job's agent sees one GPU (CUDA_VISIBLE_DEVICES=1): its environment and
+    devices list that GPU only, and NVML's list of the node's GPUs (`node_gpus`) says
+    the others are still in it — none leaves the node. An agent that sends no such list
+    (older) is judged as before: what the run did not see has left (issue 42)."""
+    upload(api, gpu_document("gpu-e", 3, GPUS[:4]))
+    assert node_devices(api, "gpu-e") == set(GPUS[:4])
+    allocated = gpu_document("gpu-e", 2, [GPUS[1]])
+    allocated["node_gpus"] = GPUS[:4]
+    upload(api, allocated)
+    assert node_devices(api, "gpu-e") == set(GPUS[:4])
+    upload(api, gpu_document("gpu-e", 1, [GPUS[1]]))
+    assert node_devices(api, "gpu-e") == {GPUS[1]}

@@ -255,3 +255,27 @@ def test_check_answers_are_kept_per_environment(stock: Any) -> None:
     pin(stock, source="majority", node="node-1")
     after = stock.client.get("/api/v1/agent/check", params=ask, headers=stock.agent).json()
     assert after["devices"][0]["source"] == "pin"
+
+
+def test_check_computes_the_compiled_variant_only_when_the_agent_names_it(api: Any) -> None:
+    # Three nodes whose compiled answers are the fleet's and the cheapest of all: the
+    # server still never gives them unasked (a cold compile takes minutes).
+    documents = [audit_document(f"node-{i}", 3) for i in (1, 2, 3)]
+    for document in documents:
+        default = next(r for r in document["results"] if r.get("variant") == "default")
+        document["results"].append({**default, "variant": "compiled", "wall_s": 0.01})
+    upload(api, documents)
+    ask = {"env_key": env_key(api, "node-1"), "model": "cpu"}
+    chosen = api.client.get("/api/v1/agent/check", params=ask, headers=api.agent).json()
+    assert chosen["devices"][0]["checks"]
+    assert "compiled" not in {c["variant"] for c in chosen["devices"][0]["checks"]}
+    named = api.client.get("/api/v1/agent/check", params={**ask, "variant": "compiled"},
+                           headers=api.agent).json()
+    assert {c["variant"] for c in named["devices"][0]["checks"]} == {"compiled"}
+
+
+def test_the_servers_opt_in_variants_are_the_agents() -> None:
+    from numparity_agent._variants import OPT_IN
+    from numparity_server.analysis.goldens import OPT_IN_VARIANTS
+
+    assert OPT_IN_VARIANTS == OPT_IN

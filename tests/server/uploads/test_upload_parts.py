@@ -10,17 +10,25 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import threading
+import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from helpers.agent_upload import agent_document
+from helpers.agent_upload import agent_document, fingerprint
 from helpers.documents import run_document
+from sqlalchemy import update
 
 from numparity_server.kit.db import get_engine, session_factory
 from numparity_server.kit.errors import BODY_LIMIT_HEADER
+from numparity_server.models import utcnow
 from numparity_server.reads.fingerprints import load_fingerprints
+from numparity_server.retention.service import apply_retention
+from numparity_server.uploads import service as upload_service
 
 UPLOADS = "/api/v1/uploads"
 VALUES = "/api/v1/values"
@@ -235,3 +243,109 @@ def test_the_agent_sends_no_part_past_what_the_server_holds(make_api):
     held = {f"{base}{UPLOADS}/{other_digest}": len(other)}
     answer = send_document_in_parts(api.client, base, other, api.agent, BodyLimit(), held)
     assert answer.status == 201, answer.detail
+
+
+def _staged_bytes(api: Any) -> int:
+    from sqlalchemy import func, select
+
+    from numparity_server.models import UploadPart
+    with session_factory(get_engine(api.settings))() as session:
+        return int(session.scalar(select(func.coalesce(func.sum(UploadPart.size), 0))) or 0)
+
+
+def test_a_tokens_unfinished_bytes_stay_bounded_when_its_parts_arrive_at_once(make_api):
+    # One token, many uploads begun at the same moment (a node flushing its spool, or a
+    # token shared by many): on PostgreSQL each request read the token's holding before
+    # the others wrote theirs, and all were stored (96-152 MiB against 64 MiB).
+    api = make_api(max_values_bytes=50_000, max_document_bytes=50_000, token_bytes_per_s=0)
+    limit, senders = 100_000, 8
+    for round_ in range(3):
+        start = threading.Barrier(senders, timeout=60)
+
+        def send(n: int, round_: int = round_, start: threading.Barrier = start) -> int:
+            digest = hashlib.sha256(f"{round_}-{n}".encode()).hexdigest()
+            start.wait()
+            return int(_put(api, digest, b"x" * 40_000, 0, 50_000).status_code)
+
+        with ThreadPoolExecutor(senders) as pool:
+            statuses = list(pool.map(send, range(senders)))
+        assert set(statuses) <= {200, 507}, statuses
+        assert _staged_bytes(api) <= limit, (round_, statuses)
+
+
+def test_retention_drops_parts_nobody_finished(make_api):
+    api = make_api(token_bytes_per_s=0)
+    stale, fresh = (hashlib.sha256(name).hexdigest() for name in (b"stale", b"fresh"))
+    # An agent that stopped mid-upload, and no upload begun since (a new one drops
+    # stale parts too): only retention can drop them.
+    for digest, data in ((stale, b"x"), (fresh, b"y")):
+        assert _put(api, digest, data * 1000, 0, 5000).status_code == 200
+    from numparity_server.models import UploadPart
+    with session_factory(get_engine(api.settings))() as session:
+        session.execute(update(UploadPart).where(UploadPart.digest == stale)
+                        .values(received_at=utcnow() - timedelta(days=2)))  # > STALE_AFTER
+        session.commit()
+    sessions = session_factory(get_engine(api.settings))
+    assert apply_retention(sessions=sessions, days=30, dry_run=True).upload_parts == 1
+    report = apply_retention(sessions=sessions, days=30)
+    assert report.upload_parts == 1
+    # The stale upload starts again from 0; the fresh one keeps its bytes.
+    assert _put(api, stale, b"x" * 10, 1000, 5000).headers["Upload-Offset"] == "0"
+    assert _put(api, fresh, b"y" * 10, 1000, 5000).json()["received"] == 1010
+
+
+def test_values_are_completed_in_bounded_memory_while_other_uploads_go_on(make_api,
+                                                                          monkeypatch):
+    # A float16 tensor of 8 MiB, sent in 1 MiB parts: finishing it held the whole raw
+    # values, their float64 copies (~19 times the size) and SQLite's write lock, for
+    # which every other upload waited.
+    api = make_api(max_body_bytes=1 << 20, token_bytes_per_s=0)
+    document = agent_document("values-big")
+    big = torch.randn((2048, 2048), generator=torch.Generator().manual_seed(3)).half()
+    for result in document["results"]:
+        result["tensors"] = [{"name": "big", "kind": "output", "order": 0,
+                              **fingerprint(big)}]
+    assert make_api().post_run(document).status_code == 201
+    digest = document["results"][0]["tensors"][0]["hash"]
+    raw = big.numpy().astype("<f2").tobytes()
+    step = 1 << 20
+    for offset in range(0, len(raw) - step, step):
+        part = api.client.put(f"{VALUES}/{digest}", params={"offset": offset},
+                              content=raw[offset:offset + step], headers=api.agent)
+        assert part.status_code == 200, part.text
+    last = raw[len(raw) - step:]
+    del big
+
+    # While the server reads the parts back, another node uploads a run.
+    others: list[int] = []
+    read_parts = upload_service.repository.part_bytes
+
+    def reading(session: Any, parts: Any) -> Any:
+        if not others:
+            upload = threading.Thread(target=lambda: others.append(make_api().post_run(
+                run_document("other-node")).status_code))
+            upload.start()
+            upload.join(timeout=120)
+            others.append(0)
+        yield from read_parts(session, parts)
+
+    monkeypatch.setattr(upload_service.repository, "part_bytes", reading)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        done = api.client.put(f"{VALUES}/{digest}", params={"offset": len(raw) - step},
+                              content=last, headers=api.agent)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert done.status_code == 200 and done.json()["complete"] is True, done.text
+    assert others[0] == 201, "the other upload waited for the values"
+    assert peak <= 2 * len(raw), f"{peak / 2**20:.1f} MiB for {len(raw) / 2**20:.0f} MiB"
+    # What is stored is the values, element for element, and their statistics.
+    with session_factory(get_engine(api.settings))() as session:
+        (stored,) = load_fingerprints(session, {digest}).values()
+        whole = stored.whole_values()
+    assert whole is not None
+    expected = np.frombuffer(raw, dtype="<f2").astype(np.float64)
+    np.testing.assert_array_equal(whole.ravel().astype(np.float64), expected)
