@@ -174,15 +174,16 @@ class Flags:
 
     def __init__(self, recipes: list[str]) -> None:
         self.recipes = recipes
-        self._saved: list[tuple[bool, bool, bool]] = []
+        self._saved: list[tuple[tuple[bool, bool], bool, bool]] = []
 
     def on(self) -> None:
         import torch
 
-        self._saved.append((torch.are_deterministic_algorithms_enabled(),
+        warn_only = getattr(torch, "is_deterministic_algorithms_warn_only_enabled", bool)()
+        self._saved.append(((torch.are_deterministic_algorithms_enabled(), warn_only),
                             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark))
         if "deterministic_algorithms" in self.recipes:
-            _set_deterministic(True)
+            _set_deterministic(True, warn_only=True)
         if "cudnn_deterministic" in self.recipes:
             torch.backends.cudnn.deterministic = True
             torch.backends.cudnn.benchmark = False
@@ -192,8 +193,8 @@ class Flags:
 
         if not self._saved:
             return
-        algorithms, deterministic, benchmark = self._saved.pop()
-        _set_deterministic(algorithms)
+        (algorithms, warn_only), deterministic, benchmark = self._saved.pop()
+        _set_deterministic(algorithms, warn_only=warn_only)  # as it was, warn-only too
         torch.backends.cudnn.deterministic = deterministic
         torch.backends.cudnn.benchmark = benchmark
 
@@ -206,16 +207,17 @@ class Flags:
             self.off()
 
 
-def _set_deterministic(enabled: bool) -> None:
+def _set_deterministic(enabled: bool, *, warn_only: bool) -> None:
     import torch
 
-    # warn_only: an op without a deterministic implementation warns instead of raising,
-    # so a study never fails a result; the repeatability check tells what it did.
+    # A scope turns it on warn_only: an op without a deterministic implementation warns
+    # instead of raising, so a study never fails a result; the repeatability check tells
+    # what it did. Leaving the scope puts back both flags as they were.
     set_flag = getattr(torch._C, "_set_deterministic_algorithms", None)
     if set_flag is not None:
-        set_flag(enabled, warn_only=True)
+        set_flag(enabled, warn_only=warn_only)
     else:  # pragma: no cover - torch < 1.11
-        torch.use_deterministic_algorithms(enabled, warn_only=True)
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
 @contextlib.contextmanager

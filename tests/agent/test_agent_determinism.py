@@ -332,3 +332,21 @@ def test_a_crafted_document_prints_names_as_data_never_as_code(tmp_path: Path) -
     targets = [node.args[0].value for node in ast.walk(tree) if isinstance(node, ast.Call)
                and ast.unparse(node.func) == "model.get_submodule"]
     assert targets == [escape]  # the module's name, whole, as data
+
+
+@pytest.mark.parametrize("before", [(False, False), (True, False), (True, True)])
+def test_a_deterministic_scope_puts_back_the_process_flags_as_they_were(before):
+    """The study's scopes run in the caller's process (`numparity_agent.testing`, a user's
+    workload): leaving one restores torch's two flags, warn-only included (it was left on,
+    so a later `doctor` in that process warned of start-up code that did not exist)."""
+    saved = (torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        with _determinism.Flags(["deterministic_algorithms"]).scope():
+            assert torch.are_deterministic_algorithms_enabled()
+            assert torch.is_deterministic_algorithms_warn_only_enabled()
+        assert (torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled()) == before
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])

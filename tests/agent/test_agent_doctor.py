@@ -84,6 +84,7 @@ def test_deterministic_algorithms_off_by_default_is_a_fact_of_every_process():
 
 def test_deterministic_algorithms_on_is_ok_and_warn_only_is_not(monkeypatch):
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    monkeypatch.setattr(torch, "is_deterministic_algorithms_warn_only_enabled", lambda: False)
     assert check("deterministic_algorithms").status == "ok"
     monkeypatch.setattr(torch, "is_deterministic_algorithms_warn_only_enabled", lambda: True)
     item = check("deterministic_algorithms")
