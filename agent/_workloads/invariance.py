@@ -5,7 +5,9 @@ Serving stacks batch requests; a kernel that blocks its work by the number of ro
 a request other bits in a batch of 8 than alone, so temperature-0 answers change with
 the traffic. For each operation below, row 0 is computed alone (batch 1) and inside
 batches of `BATCHES`, and each is recorded (`<op>.b1`, `<op>.b8`, `<op>.b64`, kind
-`probe`: `/divergence` judges them like any other tensor). The result's `invariance`
+`probe`: `/divergence` judges them like any other tensor), and so is every row each call
+computed (`<op>.batch8`, `<op>.batch64`, and the batch of 64 again, `<op>.batch64.again`):
+a wrong value in any row shows against the peers, not only in row 0. The result's `invariance`
 field says per op whether it is batch-invariant (every batch gives row 0 the alone
 bits), the largest distance in ULPs and which batch sizes differ, and whether the batch
 of 64 repeats bit for bit when run again (`repeatable`: nondeterminism, told apart from
@@ -48,7 +50,7 @@ def _matmul(x: dict[str, torch.Tensor], k: int) -> Callable[[int], torch.Tensor]
 
 class Invariance(Workload):
     name = "invariance"
-    version = 1
+    version = 2  # 2: every row of each batch recorded
     compilable = False  # each op is called directly, row alone and in batches
 
     def build(self, *, dtype: torch.dtype, device: torch.device) -> Built:
@@ -83,12 +85,19 @@ class Invariance(Workload):
                 alone = op(1)[:1]
                 recorder.record(f"{name}.b1", "probe", alone)
                 sizes: dict[int, dict[str, Any]] = {}
+                batches: dict[int, torch.Tensor] = {}
                 for batch in BATCHES:
-                    row = op(batch)[:1]
+                    batches[batch] = op(batch)
+                    row = batches[batch][:1]
                     recorder.record(f"{name}.b{batch}", "probe", row)
                     sizes[batch] = agreement(row, alone)
-                whole = op(ROWS)
-                again = op(ROWS)
+                # Every row each call computed, not row 0 alone: a wrong value anywhere
+                # in the batches differs from the peers' (issue 44: 82 % of faults
+                # injected here changed nothing recorded when only row 0 was).
+                whole, again = batches[ROWS], op(ROWS)
+                for batch, rows in batches.items():
+                    recorder.record(f"{name}.batch{batch}", "probe", rows)
+                recorder.record(f"{name}.batch{ROWS}.again", "probe", again)
                 ulps = [c["max_ulp"] for c in sizes.values()]
                 found[name] = {
                     "batch_invariant": all(c["equal"] for c in sizes.values()),

@@ -159,6 +159,47 @@ def test_the_invariance_probe_answers_what_each_op_does_here() -> None:
     assert all(v["repeatable"] for v in verdicts.values())  # the CPU is deterministic
 
 
+def test_the_invariance_probe_records_every_row_of_every_batch() -> None:
+    """Each op's batches are recorded whole (and the batch of 64 run again), equal to the
+    op computed here directly: a wrong value in any row, not only row 0, is a recorded
+    bit the peers' answer does not have."""
+    from numparity_agent._workloads._base import Recorder
+
+    workload = load_workload("invariance")
+    built = workload.build(dtype=torch.float32, device=CPU)
+    recorder = Recorder()
+    workload.run(built, recorder)
+    recorded = {name: tensor for name, _, tensor in recorder.tensors}
+    x = built.inputs
+    with torch.no_grad():
+        for n in (8, 64):
+            torch.testing.assert_close(recorded[f"matmul_k1024.batch{n}"],
+                                       x["matmul_k1024.x"][:n] @ x["matmul_k1024.w"],
+                                       rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(recorded[f"sum.batch{n}"],
+                                       x["sum.x"][:n].double().sum(-1).float(),
+                                       rtol=1e-5, atol=1e-3)
+            torch.testing.assert_close(recorded[f"softmax.batch{n}"],
+                                       torch.softmax(x["softmax.x"][:n].double(), -1).float(),
+                                       rtol=1e-5, atol=1e-7)
+            assert recorded[f"layer_norm.batch{n}"].shape == (n, 1024)
+            assert torch.equal(recorded[f"layer_norm.batch{n}"][:1],
+                               recorded[f"layer_norm.b{n}"])
+    assert torch.equal(recorded["sum.batch64.again"], recorded["sum.batch64"])
+
+
+def test_a_fault_in_a_row_other_than_row_0_is_seen_in_the_invariance_probe() -> None:
+    """Issue 44's finding: only row 0 of each batch was recorded, so a fault in row 3 of
+    the batch of 8 changed nothing a peer could compare (`masked`)."""
+    row, column = 3, 5
+    spec = f"op:matmul,call=1,element={row * 256 + column},bit=exponent"
+    result = run_workload(load_workload("invariance"), variant=variant("strict"), device=CPU,
+                          repeats=1, fault_drill=spec)
+    drill = result["drill"]
+    assert (drill["op"], drill["call"]) == ("aten.mm.default", 1)
+    assert drill["outcome"] == "seen" and drill["first_changed"] == "matmul_k64.batch8"
+
+
 def test_on_a_gpu_every_backend_runs_alone_and_a_differing_one_is_named(monkeypatch) -> None:
     """The CUDA path with fakes at the edge (no GPU here): a device where flash agrees
     with math, cuDNN attention differs by one ULP, memory-efficient refuses the shapes,

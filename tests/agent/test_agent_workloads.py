@@ -65,7 +65,7 @@ PINNED = {
 }
 VERSIONS = {
     "mlp": 1, "cnn": 1, "transformer": 1, "lstm": 1, "train": 1, "probes": 1, "collectives": 1,
-    "decoder": 1, "invariance": 1, "data": 1,
+    "decoder": 1, "invariance": 2, "data": 1,
 }
 
 
