@@ -280,11 +280,13 @@ class Campaign:
     seconds: float = 0.0
 
 
-def plan_of(refs: dict[str, Reference]) -> list[str]:
-    """The workloads the server's `choose_checks` gives `check` on this machine."""
+def plan_of(refs: dict[str, Reference], coverage: dict[str, dict[str, float]]) -> list[str]:
+    """The workloads the server's `choose_checks` gives `check` on this machine, ranked
+    by the coverage this campaign measured (what the figures file then ships)."""
     candidates = [CheckCandidate(name, "strict", "fleet", ref.wall_s, False,
                                  ref.clean.layered) for name, ref in refs.items()]
-    chosen = choose_checks(candidates, budget_s=CHECK_BUDGET_S - CHILD_S, child_s=CHILD_S)
+    chosen = choose_checks(candidates, budget_s=CHECK_BUDGET_S - CHILD_S, child_s=CHILD_S,
+                           coverage=coverage)
     return [c.workload for c in chosen]
 
 
@@ -364,7 +366,18 @@ def report(campaign: Campaign) -> dict[str, Any]:
         example = next(o for o in masked if (o.workload, o.op) == (workload, op))
         print(f"  {count:4d}  {workload}: {op} (e.g. bits {list(example.bits)}: "
               f"{example.before:.6g} -> {example.after:.6g}: {why_masked(example)})")
-    plan = plan_of(refs)
+    per_workload = {}
+    for name, ref in refs.items():
+        mine = [o for o in single if o.workload == name]
+        per_workload[name] = {
+            "wall_s": round(ref.wall_s, 3),
+            "single": [len(mine), sum(o.seen for o in mine)],
+            "single_by_class": {c: [len(v), sum(o.seen for o in v)] for c in OP_CLASSES
+                                if (v := [o for o in mine if o.op_class == c])},
+            "output_alone": sum(o.output for o in mine)}
+    plan = plan_of(refs, {name: {c: seen / n for c, (n, seen) in
+                                 entry["single_by_class"].items()}
+                          for name, entry in per_workload.items()})
     suite_order = list(refs)
     faults, suite_seen, suite_ttd = faults_seen(outcomes, suite_order, walls)
     _f, plan_seen, plan_ttd = faults_seen(outcomes, plan, walls)
@@ -387,15 +400,6 @@ def report(campaign: Campaign) -> dict[str, Any]:
     in_plan = [o for o in outcomes if o.workload in plan]
     plan_single = [o for o in in_plan if o.kind == "single"]
     by_class = {c: [o for o in plan_single if o.op_class == c] for c in OP_CLASSES}
-    per_workload = {}
-    for name, ref in refs.items():
-        mine = [o for o in single if o.workload == name]
-        per_workload[name] = {
-            "wall_s": round(ref.wall_s, 3),
-            "single": [len(mine), sum(o.seen for o in mine)],
-            "single_by_class": {c: [len(v), sum(o.seen for o in v)] for c in OP_CLASSES
-                                if (v := [o for o in mine if o.op_class == c])},
-            "output_alone": sum(o.output for o in mine)}
     return {
         "workloads": per_workload,
         "not_reached": NOT_REACHED,

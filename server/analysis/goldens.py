@@ -351,36 +351,101 @@ class CheckCandidate:
         return CHECK_COST_FLOOR_S + CHECK_COST_FACTOR * (self.wall_s or 0.0)
 
 
+# Measured coverage (issue 44, `bench/coverage.py`): per workload, per op class, the share
+# of single-bit faults injected into that class's op outputs that changed a recorded bit.
+Coverage = Mapping[str, Mapping[str, float]]
+
+
 def check_rank(c: CheckCandidate) -> tuple[bool, bool, bool, bool, float, str, str]:
-    """``choose_checks``'s order: strict, pinned, split, layered, cheapest, by name."""
+    """``choose_checks``'s order without coverage figures: strict, pinned, split,
+    layered, cheapest, by name."""
     return (c.variant != "strict", c.source != "pin", not c.split, not c.layered, c.cost(),
             c.workload, c.variant)
 
 
+def plan_coverage(workloads: Sequence[str], coverage: Coverage) -> float:
+    """The share of lasting faults a plan of ``workloads`` is expected to see, from the
+    measured per-class shares: a fault of an op class is missed only when every chosen
+    workload that runs the class misses it (each workload's chance taken as independent),
+    averaged over the classes the suite was measured on, each weighing the same."""
+    classes = sorted({c for shares in coverage.values() for c in shares})
+    if not classes:
+        return 0.0
+    total = 0.0
+    for op_class in classes:
+        missed = 1.0
+        for workload in dict.fromkeys(workloads):
+            missed *= 1.0 - coverage.get(workload, {}).get(op_class, 0.0)
+        total += 1.0 - missed
+    return total / len(classes)
+
+
 def choose_checks(candidates: Sequence[CheckCandidate], *, budget_s: float,
                   child_s: float, max_keys: int = MAX_CHECK_KEYS,
-                  max_variants: int = MAX_CHECK_VARIANTS) -> list[CheckCandidate]:
+                  max_variants: int = MAX_CHECK_VARIANTS,
+                  coverage: Coverage | None = None) -> list[CheckCandidate]:
     """The answers `check` compares on each device, within ``budget_s`` seconds of a
     device (each variant costs a child process, ``child_s``): `strict` first (the
-    deterministic variant, where peers must agree bit for bit), then pinned answers, keys
-    that split the fleet, results that record layers (where a corrupting device's flipped
-    bit shows), and the cheapest. The first is always chosen: one answer compared beats
-    none, and the agent's own deadline bounds the rest."""
-    ranked = sorted(candidates, key=check_rank)
+    deterministic variant, where peers must agree bit for bit), then pinned answers and
+    keys that split the fleet; within each of those tiers, with ``coverage``, the answer
+    that adds the most measured coverage per second (``plan_coverage`` of the answers
+    chosen so far: a workload whose classes are already seen adds none and goes after
+    those that add some), else results that record layers (where a corrupting device's
+    flipped bit shows), and the cheapest. Per second alone can fill a tight budget with
+    cheap answers that see little, so the plan taking the most coverage per answer is
+    built too and kept when it sees more (budgeted maximum coverage: the better of the
+    two greedy plans is within a constant factor of the best). The first is always
+    chosen: one answer compared beats none, and the agent's own deadline bounds the
+    rest."""
+    per_second = _greedy(candidates, budget_s, child_s, max_keys, max_variants, coverage,
+                         per_second=True)
+    if not coverage:
+        return per_second
+    per_answer = _greedy(candidates, budget_s, child_s, max_keys, max_variants, coverage,
+                         per_second=False)
+
+    def worth(plan: list[CheckCandidate]) -> float:
+        return plan_coverage([c.workload for c in plan], coverage or {})
+
+    return per_answer if worth(per_answer) > worth(per_second) + 1e-12 else per_second
+
+
+def _greedy(candidates: Sequence[CheckCandidate], budget_s: float, child_s: float,
+            max_keys: int, max_variants: int, coverage: Coverage | None, *,
+            per_second: bool) -> list[CheckCandidate]:
+    remaining = sorted(candidates, key=check_rank)
     chosen: list[CheckCandidate] = []
     variants: list[str] = []
     spent = 0.0
-    for candidate in ranked:
-        if len(chosen) >= max_keys:
-            break
+
+    def fits(candidate: CheckCandidate) -> bool:
         new_variant = candidate.variant not in variants
         if new_variant and len(variants) >= max_variants:
-            continue
+            return False
         cost = candidate.cost() + (child_s if new_variant else 0.0)
-        if chosen and spent + cost > budget_s:
-            continue
-        chosen.append(candidate)
-        spent += cost
-        if new_variant:
-            variants.append(candidate.variant)
+        return not chosen or spent + cost <= budget_s
+
+    def gain(candidate: CheckCandidate) -> float:
+        workloads = [c.workload for c in chosen]
+        added = (plan_coverage([*workloads, candidate.workload], coverage or {})
+                 - plan_coverage(workloads, coverage or {}))
+        return added / candidate.cost() if per_second else added
+
+    while remaining and len(chosen) < max_keys:
+        fitting = [c for c in remaining if fits(c)]
+        if not fitting:
+            break
+        tier = check_rank(fitting[0])[:3]
+        best = fitting[0]
+        if coverage:
+            same_tier = [c for c in fitting if check_rank(c)[:3] == tier]
+            gains = [gain(c) for c in same_tier]
+            if max(gains) > 1e-12:
+                best = same_tier[gains.index(max(gains))]
+        remaining.remove(best)
+        if best.variant not in variants:
+            variants.append(best.variant)
+            spent += child_s
+        spent += best.cost()
+        chosen.append(best)
     return chosen

@@ -10,14 +10,10 @@ way by both, never invented per node or per request.
 from __future__ import annotations
 
 import functools
-import json
-from importlib import resources
 from typing import Any
 
 from numparity_server.audit.schemas import ProofOut
-
-FIGURES_PACKAGE = "numparity_agent"
-FIGURES_FILE = "proof_of_catch.json"
+from numparity_server.kit.figures import figures
 
 
 def _pct(value: Any) -> str:
@@ -28,12 +24,8 @@ def _pct(value: Any) -> str:
 def proof_of_catch() -> ProofOut | None:
     """The figures, or None when the file is missing or unreadable (an install without
     the agent package)."""
-    try:
-        text = resources.files(FIGURES_PACKAGE).joinpath(FIGURES_FILE).read_text("utf-8")
-        found = json.loads(text)
-    except (OSError, ValueError, ModuleNotFoundError):
-        return None
-    if not isinstance(found, dict):
+    found = figures()
+    if found is None:
         return None
     coverage = found.get("coverage") or {}
     alarms = found.get("false_alarms") or {}

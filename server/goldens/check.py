@@ -17,6 +17,7 @@ from numparity_server.goldens.schemas import (
     Undecided,
 )
 from numparity_server.goldens.service import pin_ref, pins_in_force
+from numparity_server.kit.figures import workload_coverage
 from numparity_server.reads.results import manifest_entries
 
 # The tensors' hashes `check` is given: 16 hex digits (64 bits) name a tensor's bytes
@@ -117,7 +118,8 @@ class Ranking:
         named = bool(self.question.workloads)
         return tuple(tuple((c.workload, c.variant) for c in (
             [c for c, _ in device.candidates] if named else rules.choose_checks(
-                [c for c, _ in device.candidates], budget_s=budget_s, child_s=child_s)))
+                [c for c, _ in device.candidates], budget_s=budget_s, child_s=child_s,
+                coverage=workload_coverage())))
             for device in self.devices)
 
 

@@ -274,6 +274,31 @@ def test_check_computes_the_compiled_variant_only_when_the_agent_names_it(api: A
     assert {c["variant"] for c in named["devices"][0]["checks"]} == {"compiled"}
 
 
+def test_check_ranks_by_the_coverage_the_benchmark_measured(api: Any, monkeypatch) -> None:
+    # Two strict answers of the fleet: `quick` costs a tenth of `slow`. Measured, `slow`
+    # sees every fault of two op classes and `quick` none: with one answer's budget the
+    # server gives `slow`, though it costs more.
+    from numparity_server.goldens import check
+
+    documents = [audit_document(f"node-{i}", 3) for i in (1, 2, 3)]
+    for document in documents:
+        strict = next(r for r in document["results"] if r.get("variant") == "strict")
+        document["results"] = [{**strict, "workload": "slow", "wall_s": 1.0},
+                               {**strict, "workload": "quick", "wall_s": 0.1}]
+    upload(api, documents)
+    ask = {"env_key": env_key(api, "node-1"), "model": "cpu", "budget_s": "3",
+           "child_s": "0"}
+    monkeypatch.setattr(check, "workload_coverage", lambda: {
+        "slow": {"matmul": 1.0, "reduction": 1.0}, "quick": {"matmul": 0.0}})
+    chosen = api.client.get("/api/v1/agent/check", params=ask, headers=api.agent).json()
+    assert [c["workload"] for c in chosen["devices"][0]["checks"]] == ["slow"]
+    # Unmeasured (another question: the answer is kept per question), the cheapest first.
+    monkeypatch.setattr(check, "workload_coverage", lambda: {})
+    plain = api.client.get("/api/v1/agent/check", params={**ask, "budget_s": "2.9"},
+                           headers=api.agent).json()
+    assert [c["workload"] for c in plain["devices"][0]["checks"]] == ["quick"]
+
+
 def test_the_servers_opt_in_variants_are_the_agents() -> None:
     from numparity_agent._variants import OPT_IN
     from numparity_server.analysis.goldens import OPT_IN_VARIANTS
