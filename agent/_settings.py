@@ -196,12 +196,16 @@ def _knob(name: str, value: Any) -> Iterator[None]:
 
 
 def _set_deterministic(torch: Any, enabled: bool) -> None:
+    """The deterministic-algorithms flag alone: torch's warn-only flag stays as the
+    process has it, so the knob's block gives both back as they were."""
+    warn_only = bool(getattr(torch, "is_deterministic_algorithms_warn_only_enabled",
+                             lambda: False)())
     # As the strict variant does: the public function imports inductor (2.5 s).
     set_flag = getattr(torch._C, "_set_deterministic_algorithms", None)
     if set_flag is None:
-        torch.use_deterministic_algorithms(enabled)
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
     else:
-        set_flag(enabled, warn_only=False)
+        set_flag(enabled, warn_only=warn_only)
 
 
 def _inductor_attribute(name: str) -> tuple[Any, str]:

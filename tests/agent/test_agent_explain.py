@@ -235,6 +235,28 @@ def test_a_knob_set_is_in_force_for_its_block_and_taken_back() -> None:
         pass
 
 
+def test_the_deterministic_knob_leaves_torchs_warn_only_flag_as_it_was() -> None:
+    """A process whose own code runs deterministic algorithms warn-only (off, or on) gets
+    both flags back after the knob's block, and the block changes the one it names."""
+    import torch
+
+    from numparity_agent._settings import knobs_in_force
+
+    def flags() -> tuple[bool, bool]:
+        return (torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled())
+
+    before = flags()
+    try:
+        for start in ((False, True), (True, True)):
+            torch.use_deterministic_algorithms(start[0], warn_only=start[1])
+            with knobs_in_force({"deterministic_algorithms": not start[0]}):
+                assert flags() == (not start[0], True)
+            assert flags() == start
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 def test_the_cuda_knobs_are_set_and_taken_back_where_torch_has_them() -> None:
     """The GPU's settings (no GPU here: the flags exist in every torch build; what they
     change on a GPU is unverified on this machine)."""
