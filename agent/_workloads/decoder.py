@@ -19,6 +19,8 @@ groups and judges them like any other) and as a verdict in the result's `checks`
   (`batch.alone`, its last position's logits) against inside one right-padded batch
   (`batch.batched`); `op` names the first module (execution order) whose output for the
   request differs — on a CPU whose GEMM blocks by the number of rows, the first linear;
+  every position's logits of both are recorded too (`batch.request<i>`, `batch.padded`:
+  version 2), so a wrong value at an earlier position differs from the peers' answer;
 - `attention_backends_agree`: layer 0's attention inputs through each SDPA backend the
   device has (`sdpa.math`, and `sdpa.flash`, `sdpa.efficient`, `sdpa.cudnn` where they
   run), each against math; `default` names the backend the default path chose
@@ -208,7 +210,7 @@ def _rope_tables(size: DecoderSize) -> tuple[torch.Tensor, torch.Tensor]:
 
 class Decoder(Workload):
     name = "decoder"
-    version = 1
+    version = 2  # 2: every position's logits of the batch check recorded
     size = SIZE
 
     def __init__(self, size: DecoderSize | None = None) -> None:
@@ -305,11 +307,12 @@ def _batched(model: Any, built: Built, recorder: Recorder) -> dict[str, Any]:
                          device=requests[0].device)
     for i, request in enumerate(requests):
         padded[i, :request.shape[1]] = request[0]
-    alone_runs = []
+    alone_runs, alone_logits = [], []
     for request in requests:
         with _captured(model) as seen:
             logits = model(request)
         alone_runs.append((logits[0, -1], seen))
+        alone_logits.append(logits)
     with _captured(model) as batched_seen:
         batched_logits = model(padded)
     alone = torch.stack([last for last, _ in alone_runs])
@@ -317,6 +320,11 @@ def _batched(model: Any, built: Built, recorder: Recorder) -> dict[str, Any]:
                            for i, length in enumerate(lengths)])
     recorder.record("batch.alone", "probe", alone)
     recorder.record("batch.batched", "probe", batched)
+    # Every position's logits of both ways, not the last ones alone: a wrong value at an
+    # earlier position differs from the peers' answer too.
+    for i, every in enumerate(alone_logits):
+        recorder.record(f"batch.request{i}", "probe", every)
+    recorder.record("batch.padded", "probe", batched_logits)
     found = agreement(batched, alone)
     found["requests"] = lengths
     found["op"] = None

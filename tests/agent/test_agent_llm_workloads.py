@@ -55,6 +55,51 @@ def test_agreement_counts_ulps_as_numpy_does() -> None:
     assert _checks.agreement(torch.from_numpy(a), torch.from_numpy(b))["max_ulp"] is None
 
 
+def test_agreement_across_zero_and_in_the_half_precisions() -> None:
+    # Across zero: -1 ULP of 0 to +1 ULP is 2 ULPs (+0 and -0 apart by 0: same value).
+    tiny = np.float32(np.nextafter(np.float32(0), np.float32(1)))
+    a = np.array([-tiny, 1.0, 0.0], dtype=np.float32)
+    b = np.array([tiny, 1.0, -0.0], dtype=np.float32)
+    found = _checks.agreement(torch.from_numpy(a), torch.from_numpy(b))
+    assert not found["equal"] and found["max_ulp"] == int(nulp_diff(a, b).max()) == 2
+    # float16 as numpy counts it; bfloat16 against its float32 widening, by hand: the
+    # values 1 and 1 + 2 ** -7 are one bfloat16 ULP apart, 3 ULPs for 1 + 3 * 2 ** -7.
+    h = np.array([1.0, 2.0, -3.5], dtype=np.float16)
+    g = np.array([np.nextafter(h[0], np.float16(2)), 2.0, -3.5], dtype=np.float16)
+    assert _checks.agreement(torch.from_numpy(h), torch.from_numpy(g))["max_ulp"] == int(
+        nulp_diff(h, g).max())
+    one = torch.tensor([1.0, 1.0], dtype=torch.bfloat16)
+    other = torch.tensor([1.0 + 2 ** -7, 1.0 + 3 * 2 ** -7], dtype=torch.bfloat16)
+    found = _checks.agreement(other, one)
+    assert found["max_ulp"] == 3 and found["max_rel"] == pytest.approx(3 * 2 ** -7)
+
+
+def test_the_comparison_runs_no_op_a_fault_drill_could_corrupt() -> None:
+    """The workloads' own comparisons (`decode_equals_prefill`, batch invariance) are the
+    agent's bookkeeping, on the host: none of their arithmetic is a torch op a drill (or a
+    device's fault) reaches, so a drill's coverage counts only the computation."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from numparity_agent._inject import op_class
+
+    class Classes(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.found: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if op_class(func) is not None:
+                self.found.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    a = torch.linspace(-1, 1, 64)
+    b = a.clone()
+    b[5] = torch.nextafter(b[5], torch.tensor(2.0))
+    with Classes() as seen:
+        found = _checks.agreement(a, b)
+    assert found["max_ulp"] == 1 and seen.found == []
+
+
 @pytest.fixture(scope="module")
 def decoder() -> dict[str, Any]:
     return _run("decoder")
