@@ -32,12 +32,17 @@ import contextlib
 import dataclasses
 import random
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _disable_current_modes,
+    _len_torch_dispatch_stack,
+    _pop_mode,
+)
 
 from numparity_agent._drill_spec import OpDrillSpec
 
@@ -408,3 +413,30 @@ def member_drill(remote: RemoteDrill | None) -> Iterator[MemberDrill]:
         finally:
             _ACTIVE[:] = inherited
 
+
+
+# A member process whose work has no block to wrap (a DataLoader worker: its loop is the
+# DataLoader's): its drill, and where its report goes (`begin_member`).
+_MEMBER: list[tuple[OpDrill, Callable[[RemoteReport], None]]] = []
+
+
+def begin_member(remote: RemoteDrill, deliver: Callable[[RemoteReport], None]) -> None:
+    """In a member process that runs until it exits: the dispatch modes inherited from a
+    forked parent dropped for good (the parent's frames that entered them never resume
+    here) and `remote`'s drill installed for the rest of the process; `member_report`
+    hands its report to `deliver`."""
+    while _len_torch_dispatch_stack() > 0:
+        _pop_mode()
+    drill = OpDrill(remote.spec, remote.injection)
+    drill.__enter__()
+    _ACTIVE[:] = [drill]
+    _MEMBER[:] = [(drill, deliver)]
+
+
+def member_report() -> None:
+    """A member started by `begin_member` has finished a piece of work (a batch): its
+    flips settled and its report so far delivered (nothing elsewhere)."""
+    if _MEMBER:
+        drill, deliver = _MEMBER[0]
+        drill.settle()
+        deliver(RemoteReport(dict(drill.census), drill.flipped, drill.hits))
