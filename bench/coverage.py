@@ -2,7 +2,9 @@
 
 Not run by CI. Seeded op drills (`--fault-drill op:SPEC`, `_inject`) across the standard
 suite's workloads in `strict` — the variant in which identical peers must agree bit for
-bit, and the one `check` runs first — in this process, each against the clean answer:
+bit, and the one `check` runs first — in this process (and in the processes a workload
+starts: `collectives`' ranks, `data`'s loader workers, `_inject.Site`), each against the
+clean answer:
 
 - a **fault** is an op class, a kind (`single`: one bit drawn over the whole word;
   `multi`: 2-3 bits; `stuck`: one bit of the same element of every later op of the
@@ -13,7 +15,8 @@ bit, and the one `check` runs first — in this process, each against the clean 
   output alone** when the output's do (what a test of the final answer sees); **by the
   repeats** when a fault in one repeat only would make them disagree (the same bits
   changed: it needs no peer); **by a self-check** when a workload's own comparison
-  (`decoder`, `invariance`) turns from equal to unequal; **by the fp64 judge** when the
+  (`decoder`, `invariance`; `collectives`' agreement of its ranks and repeats) turns from
+  equal to unequal; **by the fp64 judge** when the
   output's RMSE against the float64 answer exceeds the judge's limit (design §3.3.8);
   **by a NaN/Inf check** when a recorded tensor has more NaN or Inf than the clean one.
   **Masked** when no recorded bit changed: no test of the outputs can see it;
