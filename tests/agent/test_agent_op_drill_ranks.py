@@ -96,8 +96,16 @@ def test_exactly_the_chosen_element_and_bits_of_the_chosen_collective_on_rank_0(
         expected[flip["index"]] ^= np.uint32(1 << 31)
         assert np.array_equal(words(values[name]), expected)
     assert (flip["outcome"], flip["first_changed"], flip["changed"]) == ("seen", name, 1)
-    # The collectives' own checks see the rank disagree with its repeats.
-    assert result["collectives"]["repeats_agree"] is False
+    # The collectives' own checks see rank 0 disagree with its repeats and (rank 0
+    # alone corrupted) with its peers, or its reduce-scatter with its share of the
+    # all-reduce.
+    fields = result["collectives"]
+    assert fields["repeats_agree"] is False
+    if name == "reduce_scatter.w4":
+        assert (fields["ranks_agree"], fields["reduce_scatter_matches_all_reduce"]) == \
+            (True, False)
+    else:
+        assert fields["ranks_agree"] is False
 
 
 def test_a_fault_on_another_rank_leaves_rank_0s_record_and_is_reported_masked(clean):

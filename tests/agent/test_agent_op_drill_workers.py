@@ -31,16 +31,18 @@ BATCHES = 6
 LEAVES = ("crop", "brightness", "noise", "jitter", "image")
 
 
-def epoch(drill: OpDrill) -> tuple[Any, list[dict[str, np.ndarray]]]:
-    """One epoch of the recipe's loader with two workers under `drill`: the epoch and
-    its batches' leaves by name."""
+def epoch(drill: OpDrill, workers: tuple[int, ...] = (2,)
+          ) -> tuple[Any, list[dict[str, np.ndarray]]]:
+    """Epochs of the recipe's loader under `drill`, one per worker count (the recipe's
+    start before each): the last epoch and its batches' leaves by name."""
     workload = load_workload("data")
     built = workload.build(dtype=torch.float32, device=CPU)
     (recipe,) = [c for c in workload.configurations(built) if c.name == "recipe"]
     assert recipe.start is not None
-    recipe.start()
     with injecting(drill):
-        read = read_epoch(recipe.make(), 2, limit=BATCHES, keep=True)
+        for count in workers:
+            recipe.start()
+            read = read_epoch(recipe.make(), count, limit=BATCHES, keep=True)
     batches = [dict(zip(names, (t.numpy() for t in tensors), strict=True))
                for names, tensors in zip(read.names, read.tensors, strict=True)]
     return read, batches
@@ -124,3 +126,21 @@ def test_through_run_workload_a_worker_fault_is_reported_with_its_worker():
     assert result["checks"]["recipe_runs_agree"]["equal"] is False
     assert result["data"]["recorded"] == []
     assert flip["outcome"] == "seen" and flip["first_changed"] == "<tensor list>"
+
+
+def test_a_stuck_lane_of_this_process_stays_out_of_the_workers_it_forks(clean):
+    _read, clean_batches, _census = clean
+    # Stuck from the first op of an epoch read here (no workers): all 240 of this
+    # process's ops hit, none of the forked workers' (they inherit this process's modes,
+    # which they drop).
+    census = OpDrill(OpDrillSpec(op_class="elementwise"))
+    epoch(census, (0, 2))
+    assert sum(c.site is None for c in census.calls) == BATCHES * 8 * OPS_PER_ITEM
+    spec = OpDrillSpec(op_class="elementwise", call=0, element=0, bit=12, stuck=True)
+    drill = OpDrill(spec, resolve(spec, census.calls))
+    _read2, batches = epoch(drill, (0, 2))
+    assert drill.flipped is not None and "worker" not in drill.flipped
+    assert drill.hits == BATCHES * 8 * OPS_PER_ITEM
+    for got, want in zip(batches, clean_batches, strict=True):
+        for leaf in LEAVES:
+            assert np.array_equal(got[leaf].view(np.uint8), want[leaf].view(np.uint8)), leaf
