@@ -12,18 +12,37 @@ changed.
 A planning pass (`census`) runs the workload once, clean, and lists the class's calls
 (op, output size, dtype); `resolve` turns the spec and its seed into a concrete
 `Injection` (call, element, bits), the same in every repeat.
+
+**Other processes.** A dispatch mode sees its own process only, and a forked child
+inherits a copy of it whose counts never come back. A workload whose ops run in
+processes it starts (`collectives`' ranks, `data`'s DataLoader workers) opens a `Site`
+(`remote_site`) per group of processes it starts: each member (rank, worker) gets a
+picklable `RemoteDrill` (the spec, and the injection when the chosen call is that
+member's), installs its own `OpDrill` with `member_drill` (modes inherited from a forked
+parent dropped first) and sends back a `RemoteReport` (its calls by class, what it
+flipped); the site splices the members' calls, in member order, into the parent's list
+at the site's place, so a call number names one call of one process, the same in the
+planning pass and in every repeat. A stuck lane stays in the process of its first call
+(one device's broken unit).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _disable_current_modes,
+    _len_torch_dispatch_stack,
+    _pop_mode,
+)
 
 from numparity_agent._drill_spec import OpDrillSpec
 
@@ -128,17 +147,26 @@ class Call:
     op: str
     numel: int
     dtype: torch.dtype
+    # A call of another process (`Site`): the n-th site of the run, the member (rank,
+    # worker) and the call's index among that member's calls of the class.
+    site: int | None = None
+    member: int | None = None
+    local: int | None = None
 
 
 @dataclass(frozen=True)
 class Injection:
-    """A resolved op drill: which call of the class, which element, which bits."""
+    """A resolved op drill: which call of the class, which element, which bits (and,
+    for a call of another process, its site, member and index there)."""
 
     spec: OpDrillSpec
     call: int
     element: int
     bits: tuple[int, ...]
     calls: int
+    site: int | None = None
+    member: int | None = None
+    local: int | None = None
 
 
 def resolve(spec: OpDrillSpec, calls: list[Call]) -> Injection | None:
@@ -163,7 +191,8 @@ def resolve(spec: OpDrillSpec, calls: list[Call]) -> Injection | None:
             raise ValueError(f"bits={spec.bits}: the {spec.field} field of {target.dtype} "
                              f"has {len(pool)}")
         bits = tuple(sorted(draw.sample(pool, spec.bits)))
-    return Injection(spec, call, element, bits, len(calls))
+    return Injection(spec, call, element, bits, len(calls), target.site, target.member,
+                     target.local)
 
 
 def _signed_mask(bits: tuple[int, ...], word: int) -> int:
@@ -172,8 +201,9 @@ def _signed_mask(bits: tuple[int, ...], word: int) -> int:
 
 
 class OpDrill(TorchDispatchMode):
-    """Counts the ops of `spec.op_class` as they are dispatched; with an `injection`,
-    corrupts its call (and, stuck, every later one), else lists the calls (`census`)."""
+    """Lists the ops of every class as they are dispatched (`census`; `calls`: those of
+    `spec.op_class`); with an `injection`, corrupts its call of `spec.op_class` (and,
+    stuck, every later one of this process)."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -184,28 +214,51 @@ class OpDrill(TorchDispatchMode):
         super().__init__()
         self.spec = spec
         self.injection = injection
-        self.calls: list[Call] = []
+        self.census: dict[str, list[Call]] = defaultdict(list)
         # The result's `drill` field once a bit is flipped.
         self.flipped: dict[str, Any] | None = None
         self.hits = 0
+        self.sites = 0  # the `Site`s opened so far
+        # Collectives' flips still to make (`settle`): (output tensor, op, call).
+        self.pending: list[tuple[torch.Tensor, Any, int]] = []
+
+    @property
+    def calls(self) -> list[Call]:
+        return self.census[self.spec.op_class]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         output = func(*args, **(kwargs or {}))
-        if op_class(func) != self.spec.op_class:
+        cls = op_class(func)
+        if cls is None:
             return output
         tensor = first_float(output)
         if tensor is None:
             return output
-        call = len(self.calls)
-        self.calls.append(Call(str(func), tensor.numel(), tensor.dtype))
+        calls = self.census[cls]
+        call = len(calls)
+        calls.append(Call(str(func), tensor.numel(), tensor.dtype))
         injection = self.injection
-        if injection is None or call < injection.call:
+        if cls != self.spec.op_class or injection is None or injection.site is not None:
+            return output  # another class, a census, or a call of another process
+        if call < injection.call or (call > injection.call and not injection.spec.stuck):
             return output
-        if call > injection.call and not injection.spec.stuck:
+        if cls == "collective":
+            # A collective returns its output with the Work that fills it: gloo's thread
+            # or NCCL's stream is still writing, and gloo's reduce-scatter copies its
+            # share into the output only in the caller's wait(). The flip waits for the
+            # caller to have the collective's answer (`settle`).
+            self.pending.append((tensor, func, call))
             return output
         self._corrupt(tensor, func, call, injection)
         return output
+
+    def settle(self) -> None:
+        """The collectives' flips, now that their answers are in their outputs."""
+        pending, self.pending = self.pending, []
+        for tensor, func, call in pending:
+            assert self.injection is not None
+            self._corrupt(tensor, func, call, self.injection)
 
     def _corrupt(self, tensor: torch.Tensor, func: Any, call: int,
                  injection: Injection) -> None:
@@ -232,12 +285,158 @@ class OpDrill(TorchDispatchMode):
             self.flipped["hits"] = self.hits
 
 
+# The drills active in this process, innermost last (`injecting`): where a `Site` finds
+# the drill its processes take part in.
+_ACTIVE: list[OpDrill] = []
+
+
 @contextlib.contextmanager
 def injecting(drill: OpDrill | None) -> Iterator[None]:
     """`drill` active over the block (nothing when None)."""
     if drill is None:
         yield
         return
-    with drill:
-        yield
+    _ACTIVE.append(drill)
+    try:
+        with drill:
+            yield
+        drill.settle()
+    finally:
+        _ACTIVE.remove(drill)
 
+
+def settle() -> None:
+    """A synchronous collective has returned (its caller waited for it): the active
+    drill's flip of its output, if it is the chosen call, happens now. Code that runs
+    collectives calls it after each (`collectives`); a flip not settled by then is made
+    when the drill ends."""
+    if _ACTIVE:
+        _ACTIVE[-1].settle()
+
+
+# ---- ops in other processes -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RemoteDrill:
+    """What one member process of a `Site` takes of the run's drill (picklable, for a
+    forkserver or spawn start): the spec, and the injection when the chosen call is
+    this member's (`call`: its index among the member's own calls of the class)."""
+
+    spec: OpDrillSpec
+    injection: Injection | None = None
+
+
+@dataclass(frozen=True)
+class RemoteReport:
+    """What a member process sends back: its calls by class, what it flipped."""
+
+    census: dict[str, list[Call]]
+    flipped: dict[str, Any] | None
+    hits: int
+
+
+class Site:
+    """A group of processes a workload starts under the run's drill (its ranks, one
+    epoch's DataLoader workers), `kind` naming a member ("rank", "worker")."""
+
+    def __init__(self, drill: OpDrill, index: int, kind: str) -> None:
+        self.drill, self.index, self.kind = drill, index, kind
+
+    def member(self, number: int) -> RemoteDrill:
+        """What member `number` installs (`member_drill`)."""
+        injection = self.drill.injection
+        if injection is None or (injection.site, injection.member) != (self.index, number):
+            return RemoteDrill(self.drill.spec)
+        assert injection.local is not None
+        local = dataclasses.replace(injection, call=injection.local, site=None, member=None,
+                                    local=None)
+        return RemoteDrill(self.drill.spec, local)
+
+    def absorb(self, reports: list[RemoteReport | None]) -> None:
+        """The members' reports, in member order (None: a member that ran no drill),
+        spliced into the parent's drill: calls numbered after the parent's so far, the
+        flip (with its member and its call's number in the run) as the drill's own."""
+        drill = self.drill
+        for number, report in enumerate(reports):
+            if report is None:
+                continue
+            offset = len(drill.calls)
+            for cls, calls in report.census.items():
+                drill.census[cls].extend(
+                    dataclasses.replace(call, site=self.index, member=number, local=local)
+                    for local, call in enumerate(calls))
+            if report.flipped is not None and drill.flipped is None:
+                drill.flipped = {**report.flipped, "call": offset + report.flipped["call"],
+                                 self.kind: number,
+                                 f"{self.kind}_call": report.flipped["call"]}
+            drill.hits += report.hits
+        if drill.flipped is not None:
+            drill.flipped["hits"] = drill.hits
+
+
+def remote_site(kind: str) -> Site | None:
+    """The next site of the drill active here (None: no drill). Call it once per group
+    of processes started, in the workload's order (the planning pass and every repeat
+    must open the same sites)."""
+    if not _ACTIVE:
+        return None
+    drill = _ACTIVE[-1]
+    drill.sites += 1
+    return Site(drill, drill.sites - 1, kind)
+
+
+class MemberDrill:
+    """A member process's drill (`member_drill`): `report()` once its work is done."""
+
+    def __init__(self, drill: OpDrill | None) -> None:
+        self.drill = drill
+
+    def report(self) -> RemoteReport | None:
+        if self.drill is None:
+            return None
+        return RemoteReport(dict(self.drill.census), self.drill.flipped, self.drill.hits)
+
+
+@contextlib.contextmanager
+def member_drill(remote: RemoteDrill | None) -> Iterator[MemberDrill]:
+    """In a member process: the dispatch modes a forked member inherits from its parent
+    dropped (their counts would never come back, and an inherited injection would fire
+    at the parent's numbering), and `remote`'s drill installed over the block."""
+    with _disable_current_modes():
+        inherited = list(_ACTIVE)
+        _ACTIVE.clear()
+        try:
+            drill = OpDrill(remote.spec, remote.injection) if remote is not None else None
+            with injecting(drill):
+                yield MemberDrill(drill)
+        finally:
+            _ACTIVE[:] = inherited
+
+
+
+# A member process whose work has no block to wrap (a DataLoader worker: its loop is the
+# DataLoader's): its drill, and where its report goes (`begin_member`).
+_MEMBER: list[tuple[OpDrill, Callable[[RemoteReport], None]]] = []
+
+
+def begin_member(remote: RemoteDrill, deliver: Callable[[RemoteReport], None]) -> None:
+    """In a member process that runs until it exits: the dispatch modes inherited from a
+    forked parent dropped for good (the parent's frames that entered them never resume
+    here) and `remote`'s drill installed for the rest of the process; `member_report`
+    hands its report to `deliver`."""
+    while _len_torch_dispatch_stack() > 0:
+        _pop_mode()
+    drill = OpDrill(remote.spec, remote.injection)
+    drill.__enter__()
+    _ACTIVE[:] = [drill]
+    _MEMBER[:] = [(drill, deliver)]
+
+
+def member_report() -> None:
+    """A member started by `begin_member` has finished a piece of work (a batch): its
+    flips settled and its report so far delivered (nothing elsewhere)."""
+    if _MEMBER:
+        drill, deliver = _MEMBER[0]
+        drill.settle()
+        deliver(RemoteReport(dict(drill.census), drill.flipped, drill.hits))

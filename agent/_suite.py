@@ -622,8 +622,11 @@ def drill_summary(flip: dict[str, Any]) -> str:
         if not flip.get("calls") or "op" not in flip:
             return (f"fault drill {flip.get('spec')}: no {flip.get('class')} op of it ran "
                     "here, nothing corrupted")
+        where = "".join(f" in {kind} {flip[kind]}" for kind in ("rank", "worker")
+                        if kind in flip)
         return (f"fault drill {flip['spec']}: bit(s) {flip['bits']} of {flip['op']} call "
-                f"{flip['call']}[{flip['index']}]: {flip['before']!r} -> {flip['after']!r}")
+                f"{flip['call']}[{flip['index']}]{where}: {flip['before']!r} -> "
+                f"{flip['after']!r}")
     return (f"fault drill flipped bit {flip['bit']} of {flip['layer']}"
             f"[{flip['index']}]: {flip['before']!r} -> {flip['after']!r}")
 

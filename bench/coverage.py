@@ -2,7 +2,9 @@
 
 Not run by CI. Seeded op drills (`--fault-drill op:SPEC`, `_inject`) across the standard
 suite's workloads in `strict` — the variant in which identical peers must agree bit for
-bit, and the one `check` runs first — in this process, each against the clean answer:
+bit, and the one `check` runs first — in this process (and in the processes a workload
+starts: `collectives`' ranks, `data`'s loader workers, `_inject.Site`), each against the
+clean answer:
 
 - a **fault** is an op class, a kind (`single`: one bit drawn over the whole word;
   `multi`: 2-3 bits; `stuck`: one bit of the same element of every later op of the
@@ -13,7 +15,8 @@ bit, and the one `check` runs first — in this process, each against the clean 
   output alone** when the output's do (what a test of the final answer sees); **by the
   repeats** when a fault in one repeat only would make them disagree (the same bits
   changed: it needs no peer); **by a self-check** when a workload's own comparison
-  (`decoder`, `invariance`) turns from equal to unequal; **by the fp64 judge** when the
+  (`decoder`, `invariance`; `collectives`' agreement of its ranks and repeats) turns from
+  equal to unequal; **by the fp64 judge** when the
   output's RMSE against the float64 answer exceeds the judge's limit (design §3.3.8);
   **by a NaN/Inf check** when a recorded tensor has more NaN or Inf than the clean one.
   **Masked** when no recorded bit changed: no test of the outputs can see it;
@@ -49,7 +52,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from numparity_agent._drill_spec import OP_CLASSES, OpDrillSpec
 from numparity_agent._fingerprint import tensor_hashes
@@ -59,50 +61,32 @@ from numparity_agent._inject import (
     OpDrill,
     bit_layout,
     field_of,
-    first_float,
     injecting,
-    op_class,
     resolve,
 )
 from numparity_agent._workloads._base import Recorder
+from numparity_agent._workloads.collectives import REPEATS
 from numparity_agent.testing import load_workload, variant
 from numparity_server.analysis.goldens import CheckCandidate, choose_checks
 from numparity_server.analysis.judge import JUDGE_TOL_PER_RTOL, judge
 from numparity_server.analysis.tolerance import default_tolerance
 
 CPU = torch.device("cpu")
-# The standard suite's workloads the drill reaches: `collectives` computes in its rank
-# processes and `data` in its loader's workers, which a dispatch mode of this process
-# does not see (both reported, never counted as masked).
-REACHED = ("mlp", "cnn", "transformer", "lstm", "train", "probes", "decoder", "invariance")
-NOT_REACHED = {"collectives": "its ops run in the rank processes",
-               "data": "its work runs in the DataLoader's worker processes"}
+# The standard suite's workloads the drill reaches: all of them, `collectives` in its rank
+# processes and `data` in its loader's workers too (`_inject.Site`). One it did not
+# reach would be listed here, reported, never counted as masked.
+REACHED = ("mlp", "cnn", "transformer", "lstm", "train", "probes", "decoder", "invariance",
+           "collectives", "data")
+NOT_REACHED: dict[str, str] = {}
+# `collectives`' own comparisons, counted as self-checks: its ranks' answers against each
+# other, each rank's repeats, the all-gather against the inputs.
+COLLECTIVE_CHECKS = ("repeats_agree", "ranks_agree", "all_gather_exact",
+                     "reduce_scatter_matches_all_reduce")
 CHECK_BUDGET_S = 60.0
 # What a variant's child costs `check` before it computes (import, start): the server's
 # `child_s`, measured by `check` as the environment child's time; a loaded 2-core value.
 CHILD_S = 4.0
 KINDS = ("single", "multi", "stuck")
-
-
-class Census(TorchDispatchMode):
-    """Every op of a clean run, by class (the planning pass of all classes at once)."""
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: dict[str, list[Call]] = defaultdict(list)
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
-                           kwargs: Any = None) -> Any:
-        output = func(*args, **(kwargs or {}))
-        cls = op_class(func)
-        tensor = first_float(output) if cls is not None else None
-        if tensor is not None:
-            self.calls[cls].append(Call(str(func), tensor.numel(), tensor.dtype))
-        return output
 
 
 @dataclass
@@ -119,12 +103,16 @@ class Answer:
 
 
 def _checks(fields: Any, path: str = "") -> dict[str, bool]:
-    """A workload's self-checks (`_workloads._checks`): every `equal` in its fields."""
+    """A workload's self-checks (`_workloads._checks`): every `equal` in its fields, and
+    `collectives`' agreements (`COLLECTIVE_CHECKS`)."""
     found: dict[str, bool] = {}
     if isinstance(fields, dict):
         for key, value in fields.items():
             if key == "equal" and isinstance(value, bool):
                 found[path] = value
+            elif path == "/collectives" and key in COLLECTIVE_CHECKS and \
+                    isinstance(value, bool):
+                found[f"{path}/{key}"] = value
             else:
                 found.update(_checks(value, f"{path}/{key}"))
     elif isinstance(fields, list):
@@ -134,7 +122,7 @@ def _checks(fields: Any, path: str = "") -> dict[str, bool]:
 
 
 def run_once(name: str, strict: Any, injection: Injection | None = None,
-             census: Census | None = None, dtype: torch.dtype = torch.float32,
+             census: OpDrill | None = None, dtype: torch.dtype = torch.float32,
              context: Any = None) -> Answer:
     workload = load_workload(name)
     built = workload.build(dtype=dtype, device=CPU)
@@ -165,13 +153,15 @@ class Reference:
 
 
 def reference(name: str, strict: Any, fp64_variant: Any) -> Reference:
-    census = Census()
+    # A drill with no injection lists every op of every class (in the processes the
+    # workload starts too: `_inject.Site`).
+    census = OpDrill(OpDrillSpec())
     clean = run_once(name, strict, census=census)
     walls = [clean.seconds] + [run_once(name, strict).seconds for _ in range(2)]
     fp64 = None
     if clean.output is not None:
         fp64 = run_once(name, strict, dtype=torch.float64, context=fp64_variant).output
-    return Reference(clean, dict(census.calls), fp64, statistics.median(walls))
+    return Reference(clean, dict(census.census), fp64, statistics.median(walls))
 
 
 @dataclass
@@ -192,6 +182,8 @@ class Outcome:
     before: float
     after: float
     mantissa: int = 23
+    rank: int | None = None  # the rank a collective's fault was in (`collectives`)
+    rank_call: int | None = None  # its call among that rank's collectives
 
 
 def _field(bits: tuple[int, ...], dtype: torch.dtype) -> str:
@@ -241,7 +233,8 @@ def inject(name: str, ref: Reference, spec: OpDrillSpec, strict: Any) -> Outcome
                    injection.bits, _field(injection.bits, call.dtype), bool(changed),
                    "output" in changed, self_check, judged, nonfinite > ref.clean.nonfinite,
                    changed[0] if changed else None, float(flip.get("before", math.nan)),
-                   float(flip.get("after", math.nan)), bit_layout(call.dtype)[1])
+                   float(flip.get("after", math.nan)), bit_layout(call.dtype)[1],
+                   flip.get("rank"), flip.get("rank_call"))
 
 
 # ---- the tables ---------------------------------------------------------------------
@@ -341,11 +334,10 @@ def report(campaign: Campaign) -> dict[str, Any]:
     outcomes, refs = campaign.outcomes, campaign.refs
     walls = {name: ref.wall_s for name, ref in refs.items()}
     print(f"\n{len(outcomes)} injections in {campaign.seconds:.0f} s; not reached: "
-          + "; ".join(f"{k} ({v})" for k, v in NOT_REACHED.items()))
+          + ("; ".join(f"{k} ({v})" for k, v in NOT_REACHED.items()) or "none"))
     table("by op class (every kind)", [(c, [o for o in outcomes if o.op_class == c])
                                        for c in OP_CLASSES
-                                       if any(o.op_class == c for o in outcomes)]
-          + [("collective", [])])
+                                       if any(o.op_class == c for o in outcomes)])
     single = [o for o in outcomes if o.kind == "single"]
     table("single-bit faults by op class", [(c, [o for o in single if o.op_class == c])
                                             for c in OP_CLASSES
@@ -421,10 +413,21 @@ def report(campaign: Campaign) -> dict[str, Any]:
 def why_masked(o: Outcome) -> str:
     if math.isnan(o.before):
         return "not corrupted"
+    if o.rank is not None and o.rank_call is not None:
+        # `collectives` records rank 0's first answer of each collective (each runs
+        # REPEATS times in each rank).
+        if o.rank != 0:
+            return f"on rank {o.rank}: only rank 0's answers are recorded"
+        if o.rank_call % REPEATS:
+            return "in a repeat: only each collective's first answer is recorded"
     if o.before < 0 and o.after < 0 and "relu" not in o.op:
         return "negative before and after: a ReLU or a max that never picks it"
     if abs(o.after - o.before) <= 2 ** -20 * max(abs(o.before), 1e-30):
         return "below what the following ops round away"
+    if o.workload == "data":
+        # `_pipeline.record`: run 1 of a reproducible configuration, at 0 and 2 workers.
+        return ("in batches that are not recorded (no_recipe's, the probes', 4 workers'), "
+                "the checks' verdicts unchanged")
     return "not picked downstream (a max, a saturating function, or an unused output)"
 
 

@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import random
+import shutil
+import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +40,14 @@ import torch
 from torch.utils.data import DataLoader, get_worker_info
 
 from numparity_agent._fingerprint import tensor_hashes
+from numparity_agent._inject import (
+    RemoteDrill,
+    RemoteReport,
+    Site,
+    begin_member,
+    member_report,
+    remote_site,
+)
 from numparity_agent._workloads._base import Built, Recorder, Workload
 from numparity_agent._workloads._pipeline_checks import (
     Epoch,
@@ -178,7 +189,42 @@ class Tagged:
 
     def __call__(self, items: list[Any]) -> tuple[int, Any]:
         info = get_worker_info()
-        return (-1 if info is None else info.id), self.collate_fn(items)
+        batch = self.collate_fn(items)
+        member_report()  # an op drill's part in this worker, after each batch
+        return (-1 if info is None else info.id), batch
+
+
+class DrillWorkers:
+    """The workers of one epoch as a site of an op drill (design §2.6, `_inject.Site`):
+    each worker installs its part first (`worker_init_fn`, then the loader's own) and
+    leaves its report, after each batch, in a file of `folder` the parent reads once
+    the workers are shut down. A class, so spawned workers can unpickle it."""
+
+    def __init__(self, drills: list[RemoteDrill], folder: str,
+                 then: Callable[[int], None] | None) -> None:
+        self.drills, self.folder, self.then = drills, folder, then
+
+    def __call__(self, worker_id: int) -> None:
+        path = os.path.join(self.folder, f"worker{worker_id}")
+
+        def deliver(report: RemoteReport) -> None:
+            with open(path + ".part", "wb") as out:
+                pickle.dump(report, out)
+            os.replace(path + ".part", path)  # never half a report
+
+        begin_member(self.drills[worker_id], deliver)
+        if self.then is not None:
+            self.then(worker_id)
+
+    def reports(self) -> list[RemoteReport | None]:
+        found: list[RemoteReport | None] = []
+        for worker in range(len(self.drills)):
+            try:
+                with open(os.path.join(self.folder, f"worker{worker}"), "rb") as report:
+                    found.append(pickle.load(report))
+            except FileNotFoundError:  # a worker that made no batch
+                found.append(None)
+        return found
 
 
 class _Recording:
@@ -210,8 +256,8 @@ class _Repeating:
         return self.times
 
 
-def _loader(spec: LoaderSpec, num_workers: int, batch_sampler: Iterable[list[int]]
-            ) -> DataLoader[Any]:
+def _loader(spec: LoaderSpec, num_workers: int, batch_sampler: Iterable[list[int]],
+            worker_init_fn: Callable[[int], None] | None) -> DataLoader[Any]:
     kwargs: dict[str, Any] = {}
     if num_workers:
         kwargs.update(multiprocessing_context=spec.multiprocessing_context,
@@ -221,7 +267,7 @@ def _loader(spec: LoaderSpec, num_workers: int, batch_sampler: Iterable[list[int
         kwargs["in_order"] = spec.in_order
     return DataLoader(spec.dataset, batch_sampler=batch_sampler,  # type: ignore[arg-type]
                       collate_fn=Tagged(spec.collate_fn), num_workers=num_workers,
-                      worker_init_fn=spec.worker_init_fn, generator=spec.generator,
+                      worker_init_fn=worker_init_fn, generator=spec.generator,
                       **kwargs)
 
 
@@ -250,9 +296,30 @@ def read_epoch(spec: LoaderSpec, num_workers: int, *, limit: int, keep: bool = F
     """Iterate a loader of `spec` with `num_workers` for at most `limit` batches."""
     recording = _Recording(spec.batch_sampler if batch_sampler is None else batch_sampler)
     epoch = Epoch(order=[], workers=[], names=[], hashes=[])
+    # Under an op drill, the workers' ops are drilled too (`DrillWorkers`).
+    site: Site | None = remote_site("worker") if num_workers else None
+    if site is None:
+        _read(spec, num_workers, limit, keep, recording, epoch, spec.worker_init_fn)
+    else:
+        folder = tempfile.mkdtemp(prefix="numparity-drill-")
+        try:
+            workers = DrillWorkers([site.member(w) for w in range(num_workers)], folder,
+                                   spec.worker_init_fn)
+            _read(spec, num_workers, limit, keep, recording, epoch, workers)
+            site.absorb(workers.reports())
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    # The sampler runs ahead of the batches read (prefetching): keep the ones read.
+    epoch.order = recording.handed[:len(epoch.workers)]
+    return epoch
+
+
+def _read(spec: LoaderSpec, num_workers: int, limit: int, keep: bool, recording: _Recording,
+          epoch: Epoch, worker_init_fn: Callable[[int], None] | None) -> None:
+    """The batches of one epoch into `epoch`; every worker shut down before it returns."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_MANY_WORKERS)
-        iterator = iter(_loader(spec, num_workers, recording))
+        iterator = iter(_loader(spec, num_workers, recording, worker_init_fn))
         try:
             for worker, batch in iterator:
                 named = leaves(batch)
@@ -270,9 +337,6 @@ def read_epoch(spec: LoaderSpec, num_workers: int, *, limit: int, keep: bool = F
             if shutdown is not None:  # now, not whenever the iterator is collected
                 shutdown()
             del iterator
-    # The sampler runs ahead of the batches read (prefetching): keep the ones read.
-    epoch.order = recording.handed[:len(epoch.workers)]
-    return epoch
 
 
 # ---- a configuration, measured ------------------------------------------------------------

@@ -31,6 +31,13 @@ type with neither backend, all three are.
 
 A rank that fails, crashes or hangs fails the workload with what each rank said (a
 crash or a missing answer first), within `timeout_s`; no rank outlives the run.
+
+Under an op drill (`--fault-drill op:SPEC`, design §2.6) the ranks are one site of the
+drill (`_inject.remote_site`): each rank installs the drill's dispatch mode around its
+collectives (`c10d.allreduce_`, `c10d._allgather_base_`, `c10d._reduce_scatter_base_`,
+as torch dispatches them; class `collective`) and reports its calls and flip; the
+chosen rank corrupts the chosen element of the chosen collective's output on that rank
+once the collective has returned it (`_inject.settle` after each call).
 """
 
 from __future__ import annotations
@@ -59,6 +66,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from numparity_agent._inject import (
+    RemoteDrill,
+    RemoteReport,
+    member_drill,
+    remote_site,
+    settle,
+)
 from numparity_agent._workloads._base import (
     Built,
     Recorder,
@@ -182,7 +196,12 @@ class Collectives(Workload):
             else self._rank_input(r, first.dtype, first.device)
             for r in range(plan.world)
         ]
-        answers = run_ranks(plan, [x.cpu().numpy() for x in inputs], dtype, self.timeout_s)
+        site = remote_site("rank")
+        drills = [site.member(rank) for rank in range(plan.world)] if site else None
+        answers = run_ranks(plan, [x.cpu().numpy() for x in inputs], dtype, self.timeout_s,
+                            drills)
+        if site is not None:
+            site.absorb([answer.drill for answer in answers])
         record_answers(recorder, plan, inputs, dtype, answers)
 
 
@@ -199,6 +218,7 @@ class RankTask:
     data: np.ndarray  # this rank's input in the variant's dtype (float32 or float64)
     store: str  # the FileStore path the ranks meet at
     timeout_s: float
+    drill: RemoteDrill | None = None  # the op drill's part in this rank (`_inject`)
 
 
 @dataclass
@@ -208,6 +228,7 @@ class RankAnswer:
     bits: dict[str, np.ndarray]
     repeats_differ: list[str]
     skipped: dict[str, str]
+    drill: RemoteReport | None = None  # the op drill's calls and flip in this rank
 
 
 def rank_main(task: RankTask, conn: Connection) -> None:
@@ -226,6 +247,15 @@ def rank_main(task: RankTask, conn: Connection) -> None:
 
 
 def _rank_answer(task: RankTask) -> RankAnswer:
+    # A forked rank inherits the parent's dispatch modes: dropped, and the rank's own
+    # part of an op drill installed instead.
+    with member_drill(task.drill) as drill:
+        answer = _rank_run(task)
+    answer.drill = drill.report()
+    return answer
+
+
+def _rank_run(task: RankTask) -> RankAnswer:
     _die_with_parent()
     os.environ.update(task.plan.env)
     # One thread: a forked rank must not touch the parent's OpenMP pool, and gloo's
@@ -275,19 +305,24 @@ def _collectives(task: RankTask, device: torch.device) -> RankAnswer:
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
+    # `settle`: an op drill's flip of a collective's output waits until the collective
+    # has returned its answer (see `_inject.OpDrill.settle`).
     def all_reduce() -> torch.Tensor:
         out = x.clone()
         dist.all_reduce(out)
+        settle()
         return out
 
     def gather() -> torch.Tensor:
         out = x.new_empty(world * GATHER)
         all_gather(out, x[:GATHER].contiguous())
+        settle()
         return out
 
     def scatter() -> torch.Tensor:
         out = x.new_empty(share)
         reduce_scatter(out, x[: world * share].contiguous())
+        settle()
         return out
 
     ops: dict[str, Callable[[], torch.Tensor]] = {
@@ -322,10 +357,12 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def run_ranks(
-    plan: Plan, inputs: list[np.ndarray], dtype: torch.dtype, timeout_s: float
+    plan: Plan, inputs: list[np.ndarray], dtype: torch.dtype, timeout_s: float,
+    drills: list[RemoteDrill] | None = None,
 ) -> list[RankAnswer]:
     """Every rank's answer, in rank order; CollectiveError when a rank fails, crashes
-    or does not answer within `timeout_s` (the others are then killed)."""
+    or does not answer within `timeout_s` (the others are then killed). `drills`: each
+    rank's part of an op drill."""
     context: Any = multiprocessing.get_context(plan.start_method)  # its Process is untyped
     if plan.start_method == "forkserver":
         # The server imports torch (and this module) once; each rank is a fork of it.
@@ -338,7 +375,8 @@ def run_ranks(
         try:
             for rank in range(plan.world):
                 receive, send = context.Pipe(duplex=False)
-                task = RankTask(rank, plan, dtype_name, inputs[rank], store, timeout_s)
+                task = RankTask(rank, plan, dtype_name, inputs[rank], store, timeout_s,
+                                drills[rank] if drills else None)
                 proc = context.Process(
                     target=rank_main, args=(task, send), name=f"numparity-rank{rank}",
                     daemon=True,

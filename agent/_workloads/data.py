@@ -24,6 +24,9 @@ Two configurations, each measured by `_pipeline`:
   `generator=torch.Generator().manual_seed(0)`.
 
 Workers start by `fork` where the platform has it (`_pipeline.fast_start_method`).
+An op drill (design §2.6) reaches the augmentations in the workers too (each epoch with
+workers is a site of the drill: `_pipeline.DrillWorkers`): their five elementwise ops
+per item (brightness = rand·0.5 + 0.75; image = crop·brightness + noise + jitter).
 """
 
 from __future__ import annotations
