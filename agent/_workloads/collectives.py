@@ -18,7 +18,9 @@ Recorded (kind "output", rank 0's, `.w<world>` naming the world size, since a su
 ranks is not comparable with one over 4): `all_reduce.w4` (the sum of every rank's
 input), `all_gather.w4` (the first GATHER elements of each rank's input, concatenated)
 and `reduce_scatter.w4` (rank 0's share of the sum of the inputs' first
-world·(LENGTH // world) elements). Result field "collectives": the backend, world size
+world·(LENGTH // world) elements); and the same of every other rank r,
+`<collective>.w4.rank<r>` (version 2: a fault on rank r's device differs from rank r of
+the peers). Result field "collectives": the backend, world size
 and dtype; whether REPEATS repeats of each collective in each rank were bitwise equal;
 whether every rank got the same all-reduce and all-gather; whether every rank's
 reduce-scatter equals its slice of the all-reduce; whether the all-gather is exactly
@@ -172,7 +174,7 @@ def _loopback_interface() -> str | None:
 
 class Collectives(Workload):
     name = "collectives"
-    version = 1
+    version = 2  # 2: every rank's answers recorded, not rank 0's alone
     timeout_s = TIMEOUT_S
     traceable = False  # its work runs in the ranks' processes
     compilable = False  # no model: collectives in the ranks
@@ -497,7 +499,8 @@ def record_answers(
     dtype: torch.dtype,
     answers: list[RankAnswer],
 ) -> None:
-    """Record rank 0's results and the field "collectives" (see the module docstring)."""
+    """Record every rank's results (rank 0's first) and the field "collectives" (see the
+    module docstring)."""
     world = plan.world
     skipped = answers[0].skipped
     if any(answer.skipped.keys() != skipped.keys() for answer in answers):
@@ -509,6 +512,12 @@ def record_answers(
     for name in COLLECTIVES:
         if name in results[0]:
             recorder.record(f"{name}.w{world}", "output", results[0][name])
+    # Every other rank's answer too (version 2): a rank whose device computes wrong
+    # differs from the same rank on the peers, not only in the ranks' own agreement.
+    for rank, result in enumerate(results[1:], start=1):
+        for name in COLLECTIVES:
+            if name in result:
+                recorder.record(f"{name}.w{world}.rank{rank}", "output", result[name])
     xs = [x.detach().cpu().to(dtype) for x in inputs]
     fields: dict[str, Any] = {
         "backend": plan.backend,

@@ -2,7 +2,7 @@
 in the rank process that runs it.
 
 `collectives` runs its all-reduce, all-gather and reduce-scatter in four forked gloo
-ranks (each three times: REPEATS) and records rank 0's first answer of each. The drill
+ranks (each three times: REPEATS) and records each rank's first answer of each. The drill
 numbers the ranks' calls rank by rank (rank 0's nine, then rank 1's ...): call 0 is rank
 0's first all-reduce, 3 its first all-gather, 6 its first reduce-scatter, 9·r + k the
 same of rank r. Each drilled run is compared with one clean run bit for bit (int32
@@ -108,16 +108,21 @@ def test_exactly_the_chosen_element_and_bits_of_the_chosen_collective_on_rank_0(
         assert fields["ranks_agree"] is False
 
 
-def test_a_fault_on_another_rank_leaves_rank_0s_record_and_is_reported_masked(clean):
+def test_a_fault_on_another_rank_is_seen_in_that_ranks_record(clean):
     clean_result, clean_values = clean
-    # Rank 2's first all-gather (9·2 + 3): what rank 2 holds, not what rank 0 records.
+    # Rank 2's first all-gather (9·2 + 3): rank 2's answer, recorded as its own (issue 44:
+    # with rank 0's alone recorded, it was masked).
     result, values = run("op:collective,call=21,element=100,bit=sign")
     flip = result["drill"]
     assert (flip["rank"], flip["rank_call"], flip["call"]) == (2, 3, 21)
     assert flip["op"] == "c10d._allgather_base_.default" and flip["before"] == -flip["after"]
-    assert [t["hash"] for t in result["tensors"]] == [t["hash"] for t in clean_result["tensors"]]
-    assert flip["outcome"] == "masked" and "first_changed" not in flip
-    # The ranks' comparison of their answers is where it shows.
+    changed = [name for name in values
+               if not np.array_equal(words(values[name]), words(clean_values[name]))]
+    assert changed == ["all_gather.w4.rank2"]
+    xor = words(clean_values["all_gather.w4.rank2"]) ^ words(values["all_gather.w4.rank2"])
+    assert np.flatnonzero(xor).tolist() == [100] and int(xor[100]) == 1 << 31
+    assert (flip["outcome"], flip["first_changed"]) == ("seen", "all_gather.w4.rank2")
+    # The ranks' comparison of their answers sees it too.
     fields = result["collectives"]
     assert (fields["ranks_agree"], fields["all_gather_exact"]) == (False, False)
     assert clean_result["collectives"]["ranks_agree"] is True

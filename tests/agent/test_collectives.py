@@ -40,6 +40,8 @@ from numparity_agent.testing import (
 
 CPU = torch.device("cpu")
 NAMES = ["all_reduce.w4", "all_gather.w4", "reduce_scatter.w4"]
+# Every rank's answers are recorded (version 2): rank 0's under NAMES, rank r's after.
+RECORDED = NAMES + [f"{name}.rank{rank}" for rank in range(1, 4) for name in NAMES]
 # The name under which torch (2.13 and later, else before) offers the one-tensor all-gather.
 ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
 
@@ -47,7 +49,7 @@ ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all
 def portable_inputs() -> list[np.ndarray]:
     """Each rank's float32 input, from the generator itself (not the workload's build)."""
     return [
-        _rng.bell(0, f"standard/collectives/v1/input.rank{rank}", (LENGTH,))
+        _rng.bell(0, f"standard/collectives/v2/input.rank{rank}", (LENGTH,))
         for rank in range(WORLD_CPU)
     ]
 
@@ -85,7 +87,7 @@ def answers() -> list[RankAnswer]:
 def test_collectives_run_by_default_in_the_standard_suite():
     assert "collectives" in builtin_workloads()
     workload = load_workload("collectives")
-    assert (workload.suite, workload.name, workload.version) == ("standard", "collectives", 1)
+    assert (workload.suite, workload.name, workload.version) == ("standard", "collectives", 2)
 
 
 @pytest.mark.parametrize(
@@ -129,11 +131,27 @@ def test_the_bfloat16_all_reduce_is_within_the_bound_of_its_additions(runs):
 def test_the_fields_say_what_ran_and_what_held(runs):
     recorder = runs["default"]
     assert [(name, kind) for name, kind, _value in recorder.tensors] == [
-        (name, "output") for name in NAMES
+        (name, "output") for name in RECORDED
     ]
     shapes = {name: tuple(value.shape) for name, value in tensors(recorder).items()}
-    assert shapes == {"all_reduce.w4": (LENGTH,), "all_gather.w4": (WORLD_CPU * GATHER,),
-                      "reduce_scatter.w4": (LENGTH // WORLD_CPU,)}
+    assert shapes == {name: {"all_reduce": (LENGTH,), "all_gather": (WORLD_CPU * GATHER,),
+                             "reduce_scatter": (LENGTH // WORLD_CPU,)}[name.split(".")[0]]
+                      for name in RECORDED}
+    # Each rank's reduce-scatter is its own share of the sum of the inputs (float64, then
+    # rounded once: within float32's additions of it), and every rank's all-gather is the
+    # inputs' heads exactly.
+    xs = portable_inputs()
+    exact = np.sum(np.stack(xs).astype(np.float64), axis=0)
+    share = LENGTH // WORLD_CPU
+    heads = np.concatenate([x[:GATHER] for x in xs])
+    for rank in range(WORLD_CPU):
+        suffix = f".rank{rank}" if rank else ""
+        found = tensors(recorder)
+        np.testing.assert_allclose(found[f"reduce_scatter.w4{suffix}"].numpy(),
+                                   exact[rank * share:(rank + 1) * share], rtol=1e-5,
+                                   atol=1e-5)
+        assert np.array_equal(found[f"all_gather.w4{suffix}"].numpy().view(np.uint32),
+                              heads.view(np.uint32))
     fields = recorder.fields["collectives"]
     assert fields["backend"] == "gloo" and fields["world_size"] == WORLD_CPU == 4
     assert fields["repeats"] == 3
@@ -210,7 +228,8 @@ def test_a_collective_the_backend_cannot_run_in_the_dtype_is_skipped_with_the_re
         "all_gather": f"gloo on torch {torch.__version__} cannot all_gather bfloat16: "
                       "Invalid scalar type"
     }
-    assert list(tensors(recorder)) == ["all_reduce.w4", "reduce_scatter.w4"]
+    assert list(tensors(recorder)) == [name for name in RECORDED
+                                       if not name.startswith("all_gather")]
     assert "all_gather_exact" not in fields and fields["reduce_scatter_matches_all_reduce"]
 
 
@@ -408,6 +427,6 @@ def test_through_the_cli_the_collectives_run_in_their_variant_child(tmp_path):
         result = results[name]
         assert result["status"] == "ok" and result["repeats_agree"] is True, result.get("error")
         assert [(t["name"], t["kind"], t["dtype"]) for t in result["tensors"]] == [
-            (tensor, "output", dtype) for tensor in NAMES
+            (tensor, "output", dtype) for tensor in RECORDED
         ]
         assert result["collectives"]["backend"] == "gloo"
