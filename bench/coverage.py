@@ -65,7 +65,6 @@ from numparity_agent._inject import (
     resolve,
 )
 from numparity_agent._workloads._base import Recorder
-from numparity_agent._workloads.collectives import REPEATS
 from numparity_agent.testing import load_workload, variant
 from numparity_server.analysis.goldens import CheckCandidate, choose_checks
 from numparity_server.analysis.judge import JUDGE_TOL_PER_RTOL, judge
@@ -413,13 +412,8 @@ def report(campaign: Campaign) -> dict[str, Any]:
 def why_masked(o: Outcome) -> str:
     if math.isnan(o.before):
         return "not corrupted"
-    if o.rank is not None and o.rank_call is not None:
-        # `collectives` records rank 0's first answer of each collective (each runs
-        # REPEATS times in each rank).
-        if o.rank != 0:
-            return f"on rank {o.rank}: only rank 0's answers are recorded"
-        if o.rank_call % REPEATS:
-            return "in a repeat: only each collective's first answer is recorded"
+    # (`collectives` records every rank's answer of every repeat: what is masked there
+    # is masked as anywhere else.)
     if o.before < 0 and o.after < 0 and "relu" not in o.op:
         return "negative before and after: a ReLU or a max that never picks it"
     if abs(o.after - o.before) <= 2 ** -20 * max(abs(o.before), 1e-30):

@@ -18,9 +18,10 @@ Recorded (kind "output", rank 0's, `.w<world>` naming the world size, since a su
 ranks is not comparable with one over 4): `all_reduce.w4` (the sum of every rank's
 input), `all_gather.w4` (the first GATHER elements of each rank's input, concatenated)
 and `reduce_scatter.w4` (rank 0's share of the sum of the inputs' first
-world·(LENGTH // world) elements); and the same of every other rank r,
-`<collective>.w4.rank<r>` (version 2: a fault on rank r's device differs from rank r of
-the peers). Result field "collectives": the backend, world size
+world·(LENGTH // world) elements); the same of every other rank r,
+`<collective>.w4.rank<r>`, then each collective's later repeats k of every rank,
+`<collective>.w4[.rank<r>].repeat<k>` (version 2: a fault on rank r's device, in any
+repeat, differs from the same rank and repeat of the peers). Result field "collectives": the backend, world size
 and dtype; whether REPEATS repeats of each collective in each rank were bitwise equal;
 whether every rank got the same all-reduce and all-gather; whether every rank's
 reduce-scatter equals its slice of the all-reduce; whether the all-gather is exactly
@@ -231,6 +232,8 @@ class RankAnswer:
     repeats_differ: list[str]
     skipped: dict[str, str]
     drill: RemoteReport | None = None  # the op drill's calls and flip in this rank
+    # Each collective's later repeats (REPEATS - 1 of them), as raw bits.
+    repeat_bits: dict[str, list[np.ndarray]] = field(default_factory=dict)
 
 
 def rank_main(task: RankTask, conn: Connection) -> None:
@@ -350,6 +353,7 @@ def _collectives(task: RankTask, device: torch.device) -> RankAnswer:
         if not all(torch.equal(repeat, bits) for repeat in repeats):
             answer.repeats_differ.append(name)
         answer.bits[name] = bits.cpu().numpy()
+        answer.repeat_bits[name] = [repeat.cpu().numpy() for repeat in repeats]
     return answer
 
 
@@ -509,15 +513,19 @@ def record_answers(
         {name: torch.from_numpy(bits).view(dtype) for name, bits in answer.bits.items()}
         for answer in answers
     ]
-    for name in COLLECTIVES:
-        if name in results[0]:
-            recorder.record(f"{name}.w{world}", "output", results[0][name])
-    # Every other rank's answer too (version 2): a rank whose device computes wrong
-    # differs from the same rank on the peers, not only in the ranks' own agreement.
-    for rank, result in enumerate(results[1:], start=1):
+    # Every rank's answers and every repeat's (version 2), rank 0's first answers first:
+    # a rank whose device computes wrong, once or every time, differs from the same
+    # rank and repeat on the peers, not only in the ranks' own agreement.
+    for rank, result in enumerate(results):
         for name in COLLECTIVES:
             if name in result:
-                recorder.record(f"{name}.w{world}.rank{rank}", "output", result[name])
+                recorder.record(f"{name}.w{world}" + (f".rank{rank}" if rank else ""),
+                                "output", result[name])
+    for rank, answer in enumerate(answers):
+        for name in COLLECTIVES:
+            for k, bits in enumerate(answer.repeat_bits.get(name, []), start=1):
+                recorder.record(f"{name}.w{world}" + (f".rank{rank}" if rank else "")
+                                + f".repeat{k}", "output", torch.from_numpy(bits).view(dtype))
     xs = [x.detach().cpu().to(dtype) for x in inputs]
     fields: dict[str, Any] = {
         "backend": plan.backend,

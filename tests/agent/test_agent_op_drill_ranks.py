@@ -128,6 +128,21 @@ def test_a_fault_on_another_rank_is_seen_in_that_ranks_record(clean):
     assert clean_result["collectives"]["ranks_agree"] is True
 
 
+def test_a_fault_in_a_repeat_is_seen_in_that_repeats_record(clean):
+    clean_result, clean_values = clean
+    # Rank 1's second all-reduce (9·1 + 1): a fault in one repeat only, as an
+    # intermittent device gives.
+    result, values = run("op:collective,call=10,element=4000,bit=22")
+    flip = result["drill"]
+    assert (flip["rank"], flip["rank_call"]) == (1, 1)
+    changed = [name for name in values
+               if not np.array_equal(words(values[name]), words(clean_values[name]))]
+    assert changed == ["all_reduce.w4.rank1.repeat1"]
+    xor = words(clean_values[changed[0]]) ^ words(values[changed[0]])
+    assert np.flatnonzero(xor).tolist() == [4000] and int(xor[4000]) == 1 << 22
+    assert flip["outcome"] == "seen" and result["collectives"]["repeats_agree"] is False
+
+
 def test_a_stuck_lane_stays_in_its_rank_and_hits_each_later_collective(clean):
     clean_result, clean_values = clean
     result, values = run("op:collective,call=1,element=5,bit=22,stuck")

@@ -41,7 +41,9 @@ from numparity_agent.testing import (
 CPU = torch.device("cpu")
 NAMES = ["all_reduce.w4", "all_gather.w4", "reduce_scatter.w4"]
 # Every rank's answers are recorded (version 2): rank 0's under NAMES, rank r's after.
-RECORDED = NAMES + [f"{name}.rank{rank}" for rank in range(1, 4) for name in NAMES]
+RECORDED = NAMES + [f"{name}.rank{rank}" for rank in range(1, 4) for name in NAMES] + [
+    f"{name}{f'.rank{rank}' if rank else ''}.repeat{k}"
+    for rank in range(4) for name in NAMES for k in (1, 2)]
 # The name under which torch (2.13 and later, else before) offers the one-tensor all-gather.
 ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
 
@@ -137,6 +139,11 @@ def test_the_fields_say_what_ran_and_what_held(runs):
     assert shapes == {name: {"all_reduce": (LENGTH,), "all_gather": (WORLD_CPU * GATHER,),
                              "reduce_scatter": (LENGTH // WORLD_CPU,)}[name.split(".")[0]]
                       for name in RECORDED}
+    # Honest repeats are their first answer, bit for bit.
+    for name, value in tensors(recorder).items():
+        if ".repeat" in name:
+            first = tensors(recorder)[name.rsplit(".repeat", 1)[0]]
+            assert torch.equal(value.view(torch.int32), first.view(torch.int32)), name
     # Each rank's reduce-scatter is its own share of the sum of the inputs (float64, then
     # rounded once: within float32's additions of it), and every rank's all-gather is the
     # inputs' heads exactly.
