@@ -19,7 +19,14 @@ from numparity_server.analysis.policy import Policy
 from numparity_server.compare import repository
 from numparity_server.compare.repository import ResultRow
 from numparity_server.compare.service import PairComparison, compare_pairs
-from numparity_server.compiled.schemas import CompiledOut, CompiledVerdict, Fp64Closeness
+from numparity_server.compiled.schemas import (
+    CompiledOut,
+    CompiledVerdict,
+    CompilePass,
+    CompileRecord,
+    Fp64Closeness,
+    Localisation,
+)
 from numparity_server.divergence.service import answer_accuracy
 from numparity_server.kit.compute import Budget
 from numparity_server.kit.db import release
@@ -81,7 +88,7 @@ def _verdict(result: ResultRow, eager: ResultRow | None,
         workload_version=result.workload_version, device=result.device,
         status=result.status, reason=result.reason or result.error,
         eager_variant=EAGER_VARIANT, eager_status=eager.status if eager else None,
-        verdict=None, decided_by=None)
+        verdict=None, decided_by=None, **_record(result.compiled))
     if result.status != "ok":
         return item
     if eager is None or eager.status != "ok":
@@ -112,6 +119,41 @@ def _verdict(result: ResultRow, eager: ResultRow | None,
         item.note = ("other input or parameter bytes than the eager run's: broken inputs, "
                      "not the compiler")
     return item
+
+
+# The agent's note where every leaf gives eager's bits alone (`_compile.localise`).
+_FUSION = "fuses across modules"
+
+
+def _record(compiled: dict[str, Any] | None) -> dict[str, Any]:
+    """The stored compile record and localisation as the response models, read
+    leniently: a stored record is the node's, validated at ingest."""
+    found: dict[str, Any] = {}
+    if not compiled:
+        return found
+    record = compiled.get("compile")
+    if isinstance(record, dict):
+        passes = record.get("passes") or []
+        found["compile"] = CompileRecord(
+            backend=record.get("backend"), mode=record.get("mode"),
+            passes=[CompilePass(**p) for p in passes],
+            pass_count=record.get("pass_count", len(passes)),
+            cold_s=record.get("cold_s"), warm_s=record.get("warm_s"))
+    located = compiled.get("localisation")
+    if isinstance(located, dict):
+        if located.get("eager_identical"):
+            where = "identical"
+        elif located.get("module"):
+            where = "module"
+        elif _FUSION in (located.get("note") or "") and not located.get("error"):
+            where = "fusion across modules"
+        else:
+            where = "not localised"
+        found["localisation"] = Localisation(
+            where=where, **{key: located.get(key) for key in (
+                "module", "first_differing", "differing", "leaves_tried", "seconds",
+                "note", "error")}, kernels=located.get("kernels") or [])
+    return found
 
 
 def _closer(session: Session, policy: Policy, sides: tuple[ResultRow, ResultRow],
