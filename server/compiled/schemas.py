@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from numparity_server.reads.explanations import ExplanationOut
+
 Verdict = Literal["identical", "equivalent", "divergent", "nonfinite"]
 
 
@@ -95,6 +97,10 @@ class CompiledVerdict(BaseModel):
     compile: CompileRecord | None = Field(None, description="The node's compile passes")
     localisation: Localisation | None = Field(
         None, description="Where the node found the compiled result parting from eager")
+    restores_eager: ExplanationOut | None = Field(
+        None, description="The newest `explain --target eager` finding against this run "
+                          "for this result: the Inductor setting under which the node's "
+                          "compiled answer is eager's bits (`label`), or that none is")
     pending: bool = False
     note: str | None = None
 

@@ -31,6 +31,7 @@ from numparity_server.divergence.service import answer_accuracy
 from numparity_server.kit.compute import Budget
 from numparity_server.kit.db import release
 from numparity_server.kit.errors import NotFound
+from numparity_server.reads.explanations import eager_findings
 
 COMPILED_VARIANT = "compiled"
 # The eager answer a compiled result is judged against: the node's framework defaults,
@@ -64,6 +65,7 @@ def compiled_against_eager(*, session: Session, policy: Policy, run_id: str,
     manifests = repository.manifest_entries(
         session, {side.manifest_hash for sides in pairs.values() for side in sides
                   if side.manifest_hash is not None})
+    explained = eager_findings(session=session, run_pk=run.pk) if compiled else {}
     release(session)
     usual: dict[tuple[str, ...], str | None] = {}
     items = []
@@ -71,6 +73,7 @@ def compiled_against_eager(*, session: Session, policy: Policy, run_id: str,
         key = (result.suite, result.workload, result.device, result.variant)
         found = compared.get(key)
         items.append(_verdict(result, eager.get(key[:3]), found))
+        items[-1].restores_eager = explained.get(key[:3])
         if found is not None and found.summary is not None:
             items[-1].fp64 = _closer(session, policy, pairs[key], manifests, usual)
     return CompiledOut(run_id=run.run_id, node=run.node, env_key=run.env_key, items=items,

@@ -28,7 +28,7 @@ Status = Literal["reproduced", "already", "not_reproduced", "failed"]
 # What a finding's reference is: another run's result (the findings beside a split), or
 # the same run's eager answer for a compiled result (design §2.14).
 Target = Literal["run", "eager"]
-TARGET_RUN = "run"
+TARGET_RUN, TARGET_EAGER = "run", "eager"
 KnobValue = bool | int | float | str | None
 
 
@@ -258,4 +258,23 @@ def explanations_among(
                 found.setdefault(key, []).append(out)
     for outs in found.values():
         outs.sort(key=lambda out: out.created_at, reverse=True)
+    return found
+
+
+# The eager-target findings read for one run at most (`explain` run again adds rows).
+MAX_EAGER_FINDINGS = 500
+
+
+def eager_findings(*, session: Session, run_pk: int
+                   ) -> dict[tuple[str, str, str], ExplanationOut]:
+    """Per (suite, workload, device) of run ``run_pk``'s compiled results, the newest
+    finding of ``explain --target eager`` against it: which Inductor setting restores
+    that run's eager answer (design §2.14). One query, of the newest 500 rows."""
+    rows = session.execute(_newest_first(
+        _select().where(Explanation.against_run_pk == run_pk,
+                        Explanation.target == TARGET_EAGER)
+    ).limit(MAX_EAGER_FINDINGS)).all()
+    found: dict[tuple[str, str, str], ExplanationOut] = {}
+    for out in map(_out, rows):
+        found.setdefault((out.suite, out.workload, out.device), out)
     return found

@@ -146,9 +146,15 @@ def test_explain_names_the_inductor_setting_that_restores_eagers_bits(
             assert not restoring, (line, torch_says)
             assert line.startswith(f"{workload}/compiled: no candidate restores {eager} "
                                    "(tried "), line
-            for single in torch_says:
-                if single != "as configured":
-                    assert single in line, (single, line)
+            singles = [parsed(single) for single in torch_says if single != "as configured"]
+            for single in singles[:12]:  # the sentence names the first 12 tried
+                assert label(single) in line, (single, line)
+            # Nor does any pair of them, torch says (compiled from the cache explain's
+            # children filled: the same graphs under the same settings).
+            pairs = [{**a, **b} for i, a in enumerate(singles) for b in singles[i + 1:]
+                     if not set(a) & set(b)]
+            found = oracle(workload, pairs, agent_env, tmp_path / "pairs.json")["found"]
+            assert not any(entry.get("restores") for entry in found), found
             expected_status[workload] = ("not_reproduced", None)
             continue
         setting = claimed.group(1)
@@ -180,3 +186,18 @@ def test_explain_names_the_inductor_setting_that_restores_eagers_bits(
                        params={"node": NODE, "target": "run"},
                        headers=live_server.headers("reader"), timeout=60)
     assert others.json()["items"] == []
+
+    # Beside each compiled verdict, on the API and the node page.
+    view = httpx.get(f"{live_server.base_url}/api/v1/runs/{run_id}/compiled",
+                     headers=live_server.headers("reader"), timeout=300)
+    assert view.status_code == 200, view.text
+    for item in view.json()["items"]:
+        status, setting = expected_status[item["workload"]]
+        assert (item["restores_eager"]["status"], item["restores_eager"]["label"]) == (
+            status, setting)
+    page = httpx.get(f"{live_server.base_url}/nodes/{NODE}",
+                     headers=live_server.headers("reader"), timeout=300)
+    assert page.status_code == 200
+    for status, setting in expected_status.values():
+        assert f'data-restores="{status}">' + (f"<code>{setting}</code>" if setting else "") \
+            in page.text

@@ -398,3 +398,47 @@ def test_an_eager_target_finding_is_listed_as_such_and_never_beside_a_split(api,
     assert refused.status_code == 422
     assert "no ok default result of standard/cnn on device 'cpu'" in refused.text
     assert post(api, {**body, "target": "other"}).status_code == 422
+
+
+def test_the_compiled_view_and_the_node_page_show_what_restores_eagers_bits(api, lab):
+    from helpers.documents import cnn_tensors
+
+    run = run_document("lab-01", run_id="with-compiled", started_at="2026-11-21T11:00:00Z")
+    run["results"].append({**run["results"][0], "variant": "compiled",
+                           "tensors": cnn_tensors(1e-3)})
+    assert api.post_run(run).status_code == 201
+    compiled = _explain.Target(suite="standard", workload="cnn", workload_version=1,
+                               variant="compiled", device="cpu",
+                               tensors=(("output", "e" * 64),), kind="eager")
+
+    def eager_document(finding: _explain.Finding) -> dict[str, Any]:
+        return _explain.explanation_document(
+            _explain.Explained([finding], None), node="lab-01", against="with-compiled",
+            device="cpu", started_at="2026-11-21T12:00:00Z",
+            finished_at="2026-11-21T12:01:00Z", target="eager")
+
+    def shown() -> tuple[Any, str]:
+        answer = api.client.get("/api/v1/runs/with-compiled/compiled", headers=api.reader)
+        assert answer.status_code == 200, answer.text
+        (item,) = answer.json()["items"]
+        page = api.client.get("/nodes/lab-01", headers=api.reader)
+        assert page.status_code == 200
+        return item["restores_eager"], page.text
+
+    none_yet, page = shown()
+    assert none_yet is None and 'data-restores=""' in page
+    nothing = _explain.Finding(target=compiled, tried=15, seconds=61.0)
+    assert post(api, eager_document(nothing)).status_code == 201
+    finding, page = shown()
+    assert (finding["status"], finding["tried"]) == ("not_reproduced", 15)
+    assert 'data-restores="not_reproduced">no setting <small>(tried 15)</small>' in page
+    # The newest finding is the one shown.
+    restored = _explain.Finding(target=compiled, status="reproduced", tried=1, seconds=9.0,
+                                setting=Setting.of(knobs={
+                                    "inductor.emulate_precision_casts": True}))
+    assert post(api, eager_document(restored)).status_code == 201
+    finding, page = shown()
+    assert (finding["target"], finding["label"]) == (
+        "eager", "inductor.emulate_precision_casts=true")
+    assert ('data-restores="reproduced"><code>inductor.emulate_precision_casts=true'
+            '</code>') in page
