@@ -201,16 +201,22 @@ def _parser() -> argparse.ArgumentParser:
                      "corrupted, e.g. cuda:3 (default the first device of the run)")
 
     explain = sub.add_parser(
-        "explain", help="find the setting under which this node gives another run's bits",
+        "explain", help="find the setting under which this node gives another run's bits "
+        "(or, --target eager, under which its compiled results give eager's)",
         epilog=EXIT_CODES_HELP, formatter_class=formatter)
     server_args(explain)
     explain.add_argument("--against", metavar="RUN_ID", required=True,
                          help="the run whose bits to reproduce (a run_id of GET /runs)")
+    explain.add_argument("--target", choices=("run", "eager"), default="run",
+                         help="run: the bits of RUN_ID's results (default); eager: for "
+                         "each compiled result of RUN_ID (a run of this node with the "
+                         "default and compiled variants), the Inductor setting under "
+                         "which torch.compile gives that run's eager (default) bits")
     explain.add_argument("--workloads", nargs="+", metavar="W",
                          help="only these workloads (default every one of the run)")
     explain.add_argument("--variants", nargs="+", metavar="V",
                          help="only these variants (default every one of the run but "
-                         "fp64-reference)")
+                         "fp64-reference; with --target eager, every compiled one)")
     explain.add_argument("--device", metavar="SLOT",
                          help="this node's device to compute on (default cpu, or cuda:0 "
                          "where there is a GPU) and the reference's results to take (its "
@@ -529,6 +535,11 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     if bad:
         raise _Usage(f"unknown variant(s) {', '.join(bad)}; valid: "
                      f"{', '.join(_variants.names())}")
+    eager = args.target == _explain.TARGET_EAGER
+    not_compiled = [v for v in args.variants or () if not _variants.get(v).compiles]
+    if eager and not_compiled:
+        raise _Usage(f"--target eager explains compiled results; {', '.join(not_compiled)} "
+                     "does not compile (try --variants compiled)")
     device = args.device or _default_explain_device()
     with httpx.Client(timeout=context.upload_timeout, verify=context.verify) as client:
         answer, reference = _explain.fetch_reference(
@@ -538,8 +549,12 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             return _finish({EXIT_USAGE if answer.status == 404 else
                             EXIT_REFUSED if answer.refused else EXIT_SPOOLED})
         try:
-            targets = _explain.targets_of(reference, workloads=args.workloads,
-                                          variants=args.variants, device=None)
+            if eager:
+                targets = _explain.eager_targets_of(reference, workloads=args.workloads,
+                                                    variants=args.variants)
+            else:
+                targets = _explain.targets_of(reference, workloads=args.workloads,
+                                              variants=args.variants, device=None)
         except _explain.ExplainError as exc:
             raise _Usage(str(exc)) from None
         targets = _explain.on_device(targets, device)
@@ -552,7 +567,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             _answer(finding.sentence(args.against) + "\n")
         document = _explain.explanation_document(
             explained, node=context.settings.get("node") or socket.gethostname(),
-            against=args.against, device=device, started_at=started, finished_at=utc_now())
+            against=args.against, device=device, started_at=started, finished_at=utc_now(),
+            target=args.target)
         codes: set[int] = set()
         if args.output:
             try:

@@ -1,5 +1,6 @@
 """`numparity-agent explain --against RUN_ID` (design §2.11): the setting under which
-this node gives another run's bits.
+this node gives another run's bits; with `--target eager`, the Inductor setting under
+which this node's compiled results give the same run's eager bits.
 
 The server says *that* two environments differ and at which op; a lab engineer asks
 next which setting makes them agree. `explain` finds out on the node itself: it reads
@@ -15,6 +16,12 @@ then pairs; bounded by `max_candidates` and `max_seconds`. A child runs one vari
 under one set of environment variables and tries every knob set of that group in turn
 (`_explain_child`). Findings go to `POST /api/v1/explanations`, where the server shows
 them beside the split.
+
+The eager target (`eager_targets_of`, design §2.14): each compiled result of the run is
+to give the run's `default` answer of the same workload on the same device. Only
+settings that change nothing but what Inductor compiles are candidates (an eager knob
+would move eager's answer too), and this node's eager answer must still be the run's:
+else no compiled answer could be "eager's", and the finding says so.
 
 This module does not import torch.
 """
@@ -53,6 +60,13 @@ DEFAULT_MAX_SECONDS = 110.0
 # A child gets the time left, but never less than this (torch's import alone is ~1.5 s).
 MIN_CHILD_TIMEOUT_S = 30.0
 NO_SETTING = Setting()
+# What a finding's reference is: another run's result, or the same run's eager answer.
+TARGET_RUN, TARGET_EAGER = "run", "eager"
+TARGETS = (TARGET_RUN, TARGET_EAGER)
+# The variant whose answer is eager's (the server's `compiled.service.EAGER_VARIANT`).
+EAGER_VARIANT = "default"
+# Labels of the settings tried that a sentence names before "and N more".
+TRIED_NAMED = 12
 
 
 class ExplainError(RuntimeError):
@@ -71,6 +85,8 @@ class Target:
     tensors: tuple[tuple[str, str], ...]
     input_hash: str | None = None
     param_hash: str | None = None
+    # TARGET_EAGER: `tensors` are the same run's eager (default) answer on `device`.
+    kind: str = TARGET_RUN
 
     @property
     def key(self) -> tuple[str, str]:
@@ -90,6 +106,8 @@ class Finding:
     seconds: float = 0.0
     closest: dict[str, Any] | None = None
     detail: str | None = None
+    # The labels of the settings tried, in order (the eager target's sentence names them).
+    tried_labels: list[str] = field(default_factory=list, repr=False)
     _closest_score: tuple[int, int] = field(default=(-1, -1), repr=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -105,6 +123,8 @@ class Finding:
         }
 
     def sentence(self, against: str) -> str:
+        if self.target.kind == TARGET_EAGER:
+            return self._eager_sentence(against)
         what = f"{self.target.workload}/{self.target.variant}"
         if self.status == "already":
             return f"{what}: this node already gives run {against}'s bits"
@@ -122,6 +142,30 @@ class Finding:
                           if self.closest.get("first_differing") else "") + ")")
         return (f"{what}: no single setting or pair reproduces run {against}'s bits "
                 f"(tried {self.tried} in {self.seconds:.1f} s){closest}")
+
+    def _closest_text(self) -> str:
+        if self.closest is None:
+            return ""
+        return (f"; closest: {self.closest['label']} ({self.closest['matching']} of "
+                f"{self.closest['tensors']} tensors the same"
+                + (f", first differing {self.closest['first_differing']}"
+                   if self.closest.get("first_differing") else "") + ")")
+
+    def _eager_sentence(self, against: str) -> str:
+        what = f"{self.target.workload}/{self.target.variant}"
+        eager = f"eager's bits (run {against}'s {EAGER_VARIANT} result)"
+        if self.status == "already":
+            return f"{what}: already gives {eager} as configured"
+        if self.status == "reproduced" and self.setting is not None:
+            return (f"{what}: {eager} restored by {self.setting.label()} (tried "
+                    f"{self.tried} setting(s) in {self.seconds:.1f} s)")
+        if self.status == "failed":
+            return f"{what}: cannot tell: {self.detail}"
+        named = self.tried_labels[:TRIED_NAMED]
+        more = len(self.tried_labels) - len(named)
+        tried = "; ".join(named) + (f"; and {more} more" if more > 0 else "")
+        return (f"{what}: no candidate restores {eager} (tried {self.tried} in "
+                f"{self.seconds:.1f} s: {tried or 'none'}){self._closest_text()}")
 
 
 def targets_of(reference: dict[str, Any], *, workloads: Sequence[str] | None,
@@ -161,6 +205,44 @@ def targets_of(reference: dict[str, Any], *, workloads: Sequence[str] | None,
                            ("device", [device] if device else ())) if values)
         raise ExplainError(f"run {reference.get('run_id')} has no ok result"
                            + (f" of {asked}" if asked else ""))
+    return list(chosen.values())
+
+
+def eager_targets_of(reference: dict[str, Any], *, workloads: Sequence[str] | None,
+                     variants: Sequence[str] | None) -> list[Target]:
+    """The reference's ok results of a compiling variant (`variants`, default every one
+    the run has), each to give the same run's ok `default` answer of its workload on its
+    device (the eager answer, design §2.14); of `workloads` when given."""
+    results = [r for r in reference.get("results") or [] if r.get("status", "ok") == "ok"]
+    eager = {(r.get("suite", _workloads.SUITE), r["workload"], r["device"]): r
+             for r in results if r["variant"] == EAGER_VARIANT}
+    chosen: dict[tuple[str, str, str], Target] = {}
+    for result in results:
+        workload, variant = result["workload"], result["variant"]
+        suite = result.get("suite", _workloads.SUITE)
+        chosen_variant = _variants.VARIANTS.get(variant)
+        if chosen_variant is None or not chosen_variant.compiles:
+            continue
+        if workloads and workload not in workloads or variants and variant not in variants:
+            continue
+        answer = eager.get((suite, workload, result["device"]))
+        if answer is None or (workload, variant, result["device"]) in chosen:
+            continue
+        if suite != _workloads.SUITE:
+            raise ExplainError(f"run {reference.get('run_id')} is of suite {suite}: "
+                               f"explain reproduces {_workloads.SUITE} runs only")
+        chosen[(workload, variant, result["device"])] = Target(
+            suite=suite, workload=workload, workload_version=result.get("workload_version"),
+            variant=variant, device=result["device"],
+            tensors=tuple((t["name"], t["hash"]) for t in answer["tensors"]),
+            input_hash=answer.get("input_hash"), param_hash=answer.get("param_hash"),
+            kind=TARGET_EAGER)
+    if not chosen:
+        asked = f" of {', '.join(workloads)}" if workloads else ""
+        raise ExplainError(
+            f"run {reference.get('run_id')} has no ok compiled result{asked} beside an ok "
+            f"{EAGER_VARIANT} result on the same device: run the agent with --variants "
+            f"{EAGER_VARIANT} {_variants.COMPILED_VARIANT}")
     return list(chosen.values())
 
 
@@ -251,8 +333,21 @@ def candidates(reference_env: dict[str, Any], local_env: dict[str, Any], device_
     """Singles (the differences first, then the rest), then pairs of singles (in the
     order of their members), at most `limit`, never the node as configured; Inductor's
     settings with `compiler` only (`generic`)."""
-    singles = list(dict.fromkeys([*derived(reference_env, local_env, device_type),
-                                  *generic(local_env, device_type, compiler=compiler)]))
+    return _with_pairs([*derived(reference_env, local_env, device_type),
+                        *generic(local_env, device_type, compiler=compiler)], limit)
+
+
+def eager_candidates(local_env: dict[str, Any], device_type: str, *,
+                     limit: int) -> list[Setting]:
+    """The eager target's candidates: Inductor's settings only, singles then pairs. Any
+    other knob or variable moves eager's answer as well as the compiled one, so it
+    cannot say which compiled setting gives eager's bits."""
+    return _with_pairs([s for s in generic(local_env, device_type, compiler=True)
+                        if s.compiler_only], limit)
+
+
+def _with_pairs(found: Sequence[Setting], limit: int) -> list[Setting]:
+    singles = list(dict.fromkeys(found))
     ranked: list[tuple[int, int, Setting]] = []
     for (i, a), (j, b) in itertools.combinations(enumerate(singles), 2):
         pair = a.combined(b)
@@ -347,6 +442,7 @@ def explain(
             setting = sets[evaluation["candidate"]]
             if setting.size:
                 finding.tried += 1
+                finding.tried_labels.append(setting.label())
             if evaluation["status"] != "ok":
                 continue
             target = finding.target
@@ -377,22 +473,30 @@ def explain(
     def wanted(variant: str) -> dict[str, list[list[str]]]:
         return {t.workload: [list(p) for p in t.tensors] for t in open_targets(variant)}
 
+    eager = any(t.kind == TARGET_EAGER for t in targets)
     # The node as it is configured: which results already agree, and its environment.
     local_env: dict[str, Any] = {}
+    if eager:
+        local_env = _check_eager(run, findings, max(left(), MIN_CHILD_TIMEOUT_S))
     for variant in by_variant:
-        output = run(NO_SETTING, variant, [t.workload for t in by_variant[variant]],
+        if not open_targets(variant):
+            continue
+        output = run(NO_SETTING, variant, [t.workload for t in open_targets(variant)],
                      [NO_SETTING], wanted(variant), max(left(), MIN_CHILD_TIMEOUT_S))
         if "error" in output:
-            for target in by_variant[variant]:
+            for target in open_targets(variant):
                 findings[target.key].status = "failed"
                 findings[target.key].detail = f"the run as configured failed: {output['error']}"
             continue
-        local_env = local_env or output.get("environment") or {}
+        local_env = _merged(local_env, output.get("environment") or {})
         settle(output, variant, [NO_SETTING])
     reference_env = reference.get("environment") or {}
-    pool = candidates(reference_env, local_env, device_type, limit=max_candidates,
-                      compiler=any(_variants.get(v).compiles for v in by_variant
-                                   if v in _variants.VARIANTS))
+    if eager:
+        pool = eager_candidates(local_env, device_type, limit=max_candidates)
+    else:
+        pool = candidates(reference_env, local_env, device_type, limit=max_candidates,
+                          compiler=any(_variants.get(v).compiles for v in by_variant
+                                       if v in _variants.VARIANTS))
     log_line(f"explain: {len(pool)} candidate setting(s) for "
              f"{sum(1 for f in findings.values() if f.status == 'not_reproduced')} "
              "result(s) that differ")
@@ -434,14 +538,61 @@ def explain(
     return Explained(list(findings.values()), local_env.get("env_key"))
 
 
+def _merged(local_env: dict[str, Any], environment: dict[str, Any]) -> dict[str, Any]:
+    """The first child's environment, with the Inductor settings a compiling child read
+    (as they are here: a candidate never sets one to its current value)."""
+    if not local_env:
+        return environment
+    inductor = {name: value for name, value in (environment.get("knobs") or {}).items()
+                if name.startswith(INDUCTOR_PREFIX)}
+    return {**local_env, "knobs": {**(local_env.get("knobs") or {}), **inductor}}
+
+
+def _check_eager(run: Runner, findings: dict[tuple[str, str], Finding],
+                 timeout: float) -> dict[str, Any]:
+    """The eager target's first step: this node's eager (default) answer as configured
+    must still be the run's, else no compiled answer can be called eager's; a finding
+    whose eager answer moved fails, saying so. Returns the child's environment."""
+    workloads = list(dict.fromkeys(f.target.workload for f in findings.values()))
+    output = run(NO_SETTING, EAGER_VARIANT, workloads, [NO_SETTING], {}, timeout)
+    if "error" in output:
+        for finding in findings.values():
+            finding.status = "failed"
+            finding.detail = f"the eager ({EAGER_VARIANT}) run failed: {output['error']}"
+        return {}
+    computed = {e["workload"]: e for e in output.get("evaluations") or []}
+    for finding in findings.values():
+        evaluation = computed.get(finding.target.workload)
+        wanted = finding.target.tensors
+        if evaluation is None or evaluation["status"] != "ok":
+            why = (evaluation or {}).get("reason") or "not computed"
+            finding.status = "failed"
+            finding.detail = f"the eager ({EAGER_VARIANT}) run gave no answer: {why}"
+            continue
+        same, position, first = _score(evaluation["tensors"], wanted)
+        if same != len(wanted) or position != len(wanted):
+            finding.status = "failed"
+            finding.detail = (
+                f"this node's eager ({EAGER_VARIANT}) answer is no longer the run's ({same} "
+                f"of {len(wanted)} tensors the same, first differing {first}): the run is "
+                "another node's or this node's environment changed since; explain against "
+                "a new run of this node")
+    environment: dict[str, Any] = output.get("environment") or {}
+    return environment
+
+
 def explanation_document(explained: Explained, *, node: str, against: str,
-                         device: str, started_at: str, finished_at: str) -> dict[str, Any]:
+                         device: str, started_at: str, finished_at: str,
+                         target: str = TARGET_RUN) -> dict[str, Any]:
     """What `POST /api/v1/explanations` takes (design §2.11). `env_key` says in which
     environment the findings hold: an explain started from another shell than the
-    node's runs may not be the node's newest environment."""
+    node's runs may not be the node's newest environment. `target`: "eager" when each
+    finding is about restoring the run's own eager answer (design §2.14)."""
     document = {"schema": SCHEMA, "node": node, "against": against, "device": device,
                 "started_at": started_at, "finished_at": finished_at,
                 "findings": [finding.to_json() for finding in explained.findings]}
+    if target != TARGET_RUN:
+        document["target"] = target
     if explained.env_key:
         document["env_key"] = explained.env_key
     return document

@@ -28,6 +28,10 @@ def run_explain_child(spec: dict[str, Any]) -> dict[str, Any]:
 
     environment = capture_environment()
     variant = _variants.get(spec["variant"])
+    if variant.compiles:
+        # The Inductor settings as they are here: candidates leave the current ones out.
+        environment["knobs"] = {**(environment.get("knobs") or {}),
+                                **_compile.inductor_knobs()}
     device = variant.target_device(_devices.torch_device(spec.get("device", "cpu")))
     evaluations: list[dict[str, Any]] = []
     reason = variant.skip_reason(device)

@@ -53,6 +53,8 @@ class ResultRow:
     # The physical device (``devices.id``) it ran on, where ingest knew it: two results of
     # one device are judged in its arithmetic, of two devices on the CPU's.
     device_id: int | None = None
+    # A compiled result's compile passes and localisation (design §2.14).
+    compiled: dict[str, Any] | None = None
 
     @property
     def key(self) -> ResultKey:
@@ -82,7 +84,7 @@ def results_of_runs(
                Outcome.device, Outcome.workload_version, Outcome.status, Outcome.reason,
                Outcome.error, Outcome.input_hash, Outcome.param_hash, Outcome.manifest_hash,
                Outcome.repeats_agree, Outcome.trace_hash, Result.nondeterminism,
-               Result.device_id)
+               Result.device_id, Result.compiled)
         .join(Outcome, Outcome.id == Result.outcome_id)
         .where(Result.run_pk.in_(sorted(set(run_pks))))
         .order_by(Result.id)

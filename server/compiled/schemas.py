@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from numparity_server.reads.explanations import ExplanationOut
+
 Verdict = Literal["identical", "equivalent", "divergent", "nonfinite"]
 
 
@@ -23,6 +25,48 @@ class Fp64Closeness(BaseModel):
     closer: Literal["compiled", "eager", "equal"] | None = Field(
         description="compiled: the compiler's answer is the more accurate one; eager: the "
                     "compiler moved away from float64; equal: the same RMSE")
+
+
+class CompilePass(BaseModel):
+    seconds: float = Field(description="The compile and one run")
+    cache_hits: int = Field(description="Graphs served by Inductor's (or AOTAutograd's) "
+                                        "cache")
+    cache_misses: int = Field(description="Graphs Inductor had to generate")
+    graphs: int = Field(description="Graphs dynamo made")
+
+
+class CompileRecord(BaseModel):
+    """How the node compiled the workload (design §2.14): a pass per repeat."""
+
+    backend: str | None = None
+    mode: str | None = None
+    passes: list[CompilePass] = Field(description="The first 16 passes, in order")
+    pass_count: int = Field(description="Passes the node recorded")
+    cold_s: float | None = Field(description="The first cold pass's seconds (it missed "
+                                             "Inductor's cache); null: none was cold")
+    warm_s: float | None = Field(description="The first warm pass's seconds (every graph "
+                                             "from the cache); null: none was warm")
+
+
+class Localisation(BaseModel):
+    """Where, inside the compiled graph, the result parts from eager (design §2.14):
+    the first leaf module whose compiled output differs when compiled alone, with the
+    kernels Inductor generated for it; or none, the difference coming from fusion
+    across modules."""
+
+    where: Literal["identical", "module", "fusion across modules", "not localised"] = Field(
+        description="identical: the node's own check found eager's bits; module: "
+                    "`module` differs compiled alone; fusion across modules: every leaf "
+                    "module gives eager's bits alone; not localised: see `note`/`error`")
+    module: str | None = None
+    kernels: list[str] = Field(default_factory=list)
+    first_differing: str | None = Field(None, description="The first recorded tensor the "
+                                                          "node found differing")
+    differing: int | None = None
+    leaves_tried: int | None = None
+    seconds: float | None = None
+    note: str | None = None
+    error: str | None = None
 
 
 class CompiledVerdict(BaseModel):
@@ -50,6 +94,13 @@ class CompiledVerdict(BaseModel):
         None, description="The first recorded layer, in execution order, whose compiled "
                           "output is not eager's bits")
     fp64: Fp64Closeness | None = None
+    compile: CompileRecord | None = Field(None, description="The node's compile passes")
+    localisation: Localisation | None = Field(
+        None, description="Where the node found the compiled result parting from eager")
+    restores_eager: ExplanationOut | None = Field(
+        None, description="The newest `explain --target eager` finding against this run "
+                          "for this result: the Inductor setting under which the node's "
+                          "compiled answer is eager's bits (`label`), or that none is")
     pending: bool = False
     note: str | None = None
 

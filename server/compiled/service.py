@@ -19,11 +19,19 @@ from numparity_server.analysis.policy import Policy
 from numparity_server.compare import repository
 from numparity_server.compare.repository import ResultRow
 from numparity_server.compare.service import PairComparison, compare_pairs
-from numparity_server.compiled.schemas import CompiledOut, CompiledVerdict, Fp64Closeness
+from numparity_server.compiled.schemas import (
+    CompiledOut,
+    CompiledVerdict,
+    CompilePass,
+    CompileRecord,
+    Fp64Closeness,
+    Localisation,
+)
 from numparity_server.divergence.service import answer_accuracy
 from numparity_server.kit.compute import Budget
 from numparity_server.kit.db import release
 from numparity_server.kit.errors import NotFound
+from numparity_server.reads.explanations import eager_findings
 
 COMPILED_VARIANT = "compiled"
 # The eager answer a compiled result is judged against: the node's framework defaults,
@@ -57,6 +65,7 @@ def compiled_against_eager(*, session: Session, policy: Policy, run_id: str,
     manifests = repository.manifest_entries(
         session, {side.manifest_hash for sides in pairs.values() for side in sides
                   if side.manifest_hash is not None})
+    explained = eager_findings(session=session, run_pk=run.pk) if compiled else {}
     release(session)
     usual: dict[tuple[str, ...], str | None] = {}
     items = []
@@ -64,6 +73,7 @@ def compiled_against_eager(*, session: Session, policy: Policy, run_id: str,
         key = (result.suite, result.workload, result.device, result.variant)
         found = compared.get(key)
         items.append(_verdict(result, eager.get(key[:3]), found))
+        items[-1].restores_eager = explained.get(key[:3])
         if found is not None and found.summary is not None:
             items[-1].fp64 = _closer(session, policy, pairs[key], manifests, usual)
     return CompiledOut(run_id=run.run_id, node=run.node, env_key=run.env_key, items=items,
@@ -81,7 +91,7 @@ def _verdict(result: ResultRow, eager: ResultRow | None,
         workload_version=result.workload_version, device=result.device,
         status=result.status, reason=result.reason or result.error,
         eager_variant=EAGER_VARIANT, eager_status=eager.status if eager else None,
-        verdict=None, decided_by=None)
+        verdict=None, decided_by=None, **_record(result.compiled))
     if result.status != "ok":
         return item
     if eager is None or eager.status != "ok":
@@ -112,6 +122,41 @@ def _verdict(result: ResultRow, eager: ResultRow | None,
         item.note = ("other input or parameter bytes than the eager run's: broken inputs, "
                      "not the compiler")
     return item
+
+
+# The agent's note where every leaf gives eager's bits alone (`_compile.localise`).
+_FUSION = "fuses across modules"
+
+
+def _record(compiled: dict[str, Any] | None) -> dict[str, Any]:
+    """The stored compile record and localisation as the response models, read
+    leniently: a stored record is the node's, validated at ingest."""
+    found: dict[str, Any] = {}
+    if not compiled:
+        return found
+    record = compiled.get("compile")
+    if isinstance(record, dict):
+        passes = record.get("passes") or []
+        found["compile"] = CompileRecord(
+            backend=record.get("backend"), mode=record.get("mode"),
+            passes=[CompilePass(**p) for p in passes],
+            pass_count=record.get("pass_count", len(passes)),
+            cold_s=record.get("cold_s"), warm_s=record.get("warm_s"))
+    located = compiled.get("localisation")
+    if isinstance(located, dict):
+        if located.get("eager_identical"):
+            where = "identical"
+        elif located.get("module"):
+            where = "module"
+        elif _FUSION in (located.get("note") or "") and not located.get("error"):
+            where = "fusion across modules"
+        else:
+            where = "not localised"
+        found["localisation"] = Localisation(
+            where=where, **{key: located.get(key) for key in (
+                "module", "first_differing", "differing", "leaves_tried", "seconds",
+                "note", "error")}, kernels=located.get("kernels") or [])
+    return found
 
 
 def _closer(session: Session, policy: Policy, sides: tuple[ResultRow, ResultRow],

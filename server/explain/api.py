@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, status
 from starlette.concurrency import run_in_threadpool
@@ -83,13 +83,17 @@ def list_explanations(
     against_node: Annotated[str | None, Query(
         min_length=1, description="the node of the reference run")] = None,
     workload: Filter = None, variant: Filter = None,
+    target: Annotated[Literal["run", "eager"] | None, Query(
+        description="run: findings against another run's bits; eager: compiled results "
+                    "against their run's eager answer")] = None,
 ) -> Page[ExplanationOut]:
     """What `explain` found, newest first: per finding the setting under which `node` gives
-    the bits of run `against_run`'s result (or the closest one), and whether the node's
+    the bits of run `against_run`'s result (or, target eager, under which its compiled
+    result gives that run's eager answer; or the closest one), and whether the node's
     environment has changed since (`stale`)."""
     return service.list_explanations(session=session, node=node, against_node=against_node,
-                                     workload=workload, variant=variant, limit=page.limit,
-                                     offset=page.offset)
+                                     workload=workload, variant=variant, target=target,
+                                     limit=page.limit, offset=page.offset)
 
 
 OPENAPI_MODELS = (ExplanationDocument,)

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from numparity_server.reads.explanations import ExplanationOut, Status
+from numparity_server.reads.explanations import ExplanationOut, Status, Target
 from numparity_server.runs.schemas import MAX_MESSAGE_CHARS, Int32, Time
 
 SUPPORTED_SCHEMAS = ("numparity.explain/v1",)
@@ -102,6 +102,11 @@ class ExplanationDocument(_Wire):
         default=None, pattern=r"^[0-9a-f]{64}$",
         description="the environment explain computed in (the node as configured where "
                     "it ran); the node's newest environment when absent or unknown")
+    target: Target = Field(
+        default="run",
+        description="run: each finding is about giving run `against`'s result's bits; "
+                    "eager: about the node's compiled result giving the same run's eager "
+                    "(default) answer on that device (design §2.14)")
     started_at: Time
     finished_at: Time
     findings: list[FindingDoc] = Field(max_length=MAX_FINDINGS)

@@ -39,6 +39,10 @@ from numparity_server.reads.explanations import ExplanationOut
 # devices a process sees (possibly by GPU UUID), not how it computes, and explain never
 # tries them.
 _NOT_NUMERIC_SETTINGS = frozenset({"CUDA_VISIBLE_DEVICES"})
+# An eager-target finding restores the same run's answer of this variant (design §2.14;
+# `compiled.service.EAGER_VARIANT`, not imported: one domain's service never imports
+# another's).
+TARGET_EAGER, EAGER_VARIANT = "eager", "default"
 
 
 def reference(*, session: Session, run_id: str, workload: str | None = None,
@@ -153,11 +157,17 @@ def store_explanations(*, session: Session, document: dict[str, Any]) -> Explana
     versions = {(r.suite, r.workload, r.variant, r.device): r.workload_version
                 for r in repository.ok_results(session, run.pk)}
     for index, finding in enumerate(explanation.findings):
+        suite, workload, variant, device = finding.key
         if finding.key not in versions:
-            suite, workload, variant, device = finding.key
             problems.append({"loc": ["body", "findings", index], "msg": (
                 f"run {run.run_id!r} has no ok result of {suite}/{workload}/{variant} on "
                 f"device {device!r}")})
+        elif explanation.target == TARGET_EAGER and (
+                (suite, workload, EAGER_VARIANT, device) not in versions):
+            # Eager's bits are the same run's default answer on the same device.
+            problems.append({"loc": ["body", "findings", index], "msg": (
+                f"run {run.run_id!r} has no ok {EAGER_VARIANT} result of {suite}/{workload} "
+                f"on device {device!r}: no eager answer to restore")})
     if problems:
         raise InvalidDocument(problems)
     # Where the findings hold: the environment explain computed in when the server knows
@@ -167,6 +177,7 @@ def store_explanations(*, session: Session, document: dict[str, Any]) -> Explana
     rows = [{
         "node_id": node.id, "environment_id": environment_id,
         "against_run_pk": run.pk, "against_node_id": run.node_id,
+        "target": explanation.target,
         "suite": finding.suite, "workload": finding.workload,
         # The reference's version, as stored (the agent copies it from the reference).
         "workload_version": versions[finding.key],
@@ -189,9 +200,9 @@ def store_explanations(*, session: Session, document: dict[str, Any]) -> Explana
 
 
 def list_explanations(*, session: Session, node: str | None, against_node: str | None,
-                      workload: str | None, variant: str | None, limit: int, offset: int
-                      ) -> Page[ExplanationOut]:
+                      workload: str | None, variant: str | None, limit: int, offset: int,
+                      target: str | None = None) -> Page[ExplanationOut]:
     total, items = reads.list_explanations(session, node=node, against_node=against_node,
-                                           workload=workload, variant=variant, limit=limit,
-                                           offset=offset)
+                                           workload=workload, variant=variant,
+                                           target=target, limit=limit, offset=offset)
     return Page[ExplanationOut](items=items, total=total, limit=limit, offset=offset)

@@ -34,6 +34,9 @@ class Explanation(Base):
     against_run_pk: Mapped[int] = mapped_column(
         ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     against_node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"), index=True)
+    # "run": the finding gives the reference result's bits; "eager": the node's compiled
+    # result gives the same run's eager (default) answer (design §2.14).
+    target: Mapped[str] = mapped_column(String(16), default="run", server_default="run")
     # The reference's result: its key and the device it ran on there.
     suite: Mapped[str] = mapped_column(String(64))
     workload: Mapped[str] = mapped_column(String(128))

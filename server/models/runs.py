@@ -95,6 +95,11 @@ class Result(Base):
     # making only them deterministic (design §2.13). Timings, so on the result, not its
     # outcome; only nondeterministic results have one.
     nondeterminism: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # A compiled result's record (design §2.14): {"compile": {passes (the first 16),
+    # pass_count, cold_s, warm_s, …}, "localisation": {module, kernels, note, …}}.
+    # Timings, so on the result; NULL for every other result.
+    compiled: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True),
+                                                            nullable=True)
 
 
 class Latest(Base):

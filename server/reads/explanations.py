@@ -1,7 +1,9 @@
 """What `explain` found (design §2.11), as every reader shows it: the list of
 ``GET /explanations`` and the findings beside a split (``explanations_among`` for
 ``/compare``, ``explanations_of_key`` for ``/divergence`` and the workload page,
-``explanations_between`` for two named sides).
+``explanations_between`` for two named sides). A split is between nodes: the findings
+beside one are those of target "run"; an eager-target finding (a compiled result against
+its own run's eager answer) is listed, never shown beside a split.
 
 Here rather than in the ``explain`` domain because several domains read it: a service of
 one domain never imports another's (design §7), and ``explain`` itself reads through
@@ -23,6 +25,10 @@ from numparity_server.kit.db import chunked
 from numparity_server.models import Environment, Explanation, Node, Run
 
 Status = Literal["reproduced", "already", "not_reproduced", "failed"]
+# What a finding's reference is: another run's result (the findings beside a split), or
+# the same run's eager answer for a compiled result (design §2.14).
+Target = Literal["run", "eager"]
+TARGET_RUN, TARGET_EAGER = "run", "eager"
 KnobValue = bool | int | float | str | None
 
 
@@ -48,6 +54,10 @@ class ExplanationOut(BaseModel):
     variant, device) of run ``against_run`` of node ``against_node``."""
 
     node: str
+    target: Target = Field(description="run: under `setting` the node gives run "
+                                       "`against_run`'s bits; eager: under `setting` the "
+                                       "node's compiled result gives that run's eager "
+                                       "(default) answer (design §2.14)")
     against_node: str
     against_run: str
     suite: str
@@ -98,9 +108,15 @@ def _select() -> Select[Any]:
 def _out(row: Any) -> ExplanationOut:
     found: Explanation
     found, node, environment_id, against_node, against_run, reference_environment = row
-    verified, verification = verify_setting(found.setting, reference_environment)
+    if found.target == TARGET_RUN:
+        verified, verification = verify_setting(found.setting, reference_environment)
+    else:
+        # An Inductor setting that restores eager's bits is nothing the run recorded.
+        verified, verification = ("unchecked", "which setting restores eager's bits is the "
+                                  "explaining node's word only")
     return ExplanationOut(
-        node=node, against_node=against_node, against_run=against_run, suite=found.suite,
+        node=node, target=found.target, against_node=against_node,
+        against_run=against_run, suite=found.suite,
         workload=found.workload, workload_version=found.workload_version,
         variant=found.variant, device=found.device, local_device=found.local_device,
         status=found.status,
@@ -124,10 +140,13 @@ def _newest_first(query: Select[Any]) -> Select[Any]:
 
 def list_explanations(
     session: Session, *, node: str | None = None, against_node: str | None = None,
-    workload: str | None = None, variant: str | None = None, limit: int, offset: int,
+    workload: str | None = None, variant: str | None = None, target: str | None = None,
+    limit: int, offset: int,
 ) -> tuple[int, list[ExplanationOut]]:
     """(how many match, a page of them newest first)."""
     query = _select()
+    if target is not None:
+        query = query.where(Explanation.target == target)
     if node is not None:
         query = query.where(_node.name == node)
     if against_node is not None:
@@ -194,7 +213,7 @@ def _ranked_of_key(suite: str, workload: str, variant: str) -> Any:
             order_by=(Explanation.created_at.desc(), Explanation.id.desc()),
         ).label("rank"))
         .where(Explanation.suite == suite, Explanation.workload == workload,
-               Explanation.variant == variant)
+               Explanation.variant == variant, Explanation.target == TARGET_RUN)
     )
 
 
@@ -224,7 +243,7 @@ def explanations_among(
             partition_by=partition,
             order_by=(Explanation.created_at.desc(), Explanation.id.desc()),
         ).label("rank")).join(Node, Node.id == Explanation.node_id).where(
-            Node.name.in_(chunk))
+            Node.name.in_(chunk), Explanation.target == TARGET_RUN)
         if keys is not None and len({key[1] for key in keys}) == 1:
             # One workload (the /divergence case): let the (suite, workload, variant)
             # index narrow the window.
@@ -239,4 +258,23 @@ def explanations_among(
                 found.setdefault(key, []).append(out)
     for outs in found.values():
         outs.sort(key=lambda out: out.created_at, reverse=True)
+    return found
+
+
+# The eager-target findings read for one run at most (`explain` run again adds rows).
+MAX_EAGER_FINDINGS = 500
+
+
+def eager_findings(*, session: Session, run_pk: int
+                   ) -> dict[tuple[str, str, str], ExplanationOut]:
+    """Per (suite, workload, device) of run ``run_pk``'s compiled results, the newest
+    finding of ``explain --target eager`` against it: which Inductor setting restores
+    that run's eager answer (design §2.14). One query, of the newest 500 rows."""
+    rows = session.execute(_newest_first(
+        _select().where(Explanation.against_run_pk == run_pk,
+                        Explanation.target == TARGET_EAGER)
+    ).limit(MAX_EAGER_FINDINGS)).all()
+    found: dict[tuple[str, str, str], ExplanationOut] = {}
+    for out in map(_out, rows):
+        found.setdefault((out.suite, out.workload, out.device), out)
     return found

@@ -447,6 +447,54 @@ class NondeterminismDoc(_Wire):
     cost: CostStudyDoc | None = None
 
 
+# A compiled result's record (design §2.14): its compile passes (one per repeat) and
+# where it parts from eager. Bounded field by field: what is stored of it is at most a
+# few kilobytes per result (runs.service keeps the first MAX_STORED_COMPILE_PASSES).
+MAX_COMPILE_PASSES = 10_000
+MAX_STORED_COMPILE_PASSES = 16
+MAX_KERNELS = 64
+
+
+class CompilePassDoc(_Wire):
+    """One compile of the workload: its seconds (compile and one run), Inductor's cache
+    hits and misses, the graphs dynamo made."""
+
+    seconds: float = Field(ge=0, le=MAX_PHASE_S)
+    cache_hits: Int32 = 0
+    cache_misses: Int32 = 0
+    graphs: Int32 = 0
+
+
+class CompileDoc(_Wire):
+    """How a compiled result was compiled: each pass, and the seconds of the first cold
+    one (it missed Inductor's cache) and of the first warm one (all from the cache)."""
+
+    backend: str | None = Field(default=None, max_length=64)
+    mode: str | None = Field(default=None, max_length=64)
+    cache_dir: str | None = Field(default=None, max_length=1024)
+    passes: list[CompilePassDoc] = Field(default_factory=list, max_length=MAX_COMPILE_PASSES)
+    cold_s: float | None = Field(default=None, ge=0, le=MAX_PHASE_S)
+    warm_s: float | None = Field(default=None, ge=0, le=MAX_PHASE_S)
+
+
+class LocalisationDoc(_Wire):
+    """Where a compiled result parts from eager (`_compile.localise`): the first leaf
+    module whose compiled output differs alone (and Inductor's kernels for it), or none
+    (`note`: the difference comes from fusion across modules)."""
+
+    eager_identical: bool | None = None
+    first_differing: str | None = Field(default=None, max_length=512)
+    differing: Int32 | None = None
+    module: str | None = Field(default=None, max_length=512)
+    kernels: list[Annotated[str, StringConstraints(max_length=256)]] = Field(
+        default_factory=list, max_length=MAX_KERNELS)
+    leaves_tried: Int32 | None = None
+    candidates: Int32 | None = None
+    note: str | None = Field(default=None, max_length=2048)
+    error: str | None = Field(default=None, max_length=2048)
+    seconds: float | None = Field(default=None, ge=0, le=MAX_PHASE_S)
+
+
 class ResultDoc(_Wire):
     model_config = ConfigDict(json_schema_extra={"allOf": [
         {"if": {"properties": {"status": {"const": status}}},
@@ -484,6 +532,10 @@ class ResultDoc(_Wire):
     timeline: PhaseSeconds | None = None
     # A result whose repeats disagree (design §2.13): stored on the result, as its time is.
     nondeterminism: NondeterminismDoc | None = None
+    # A compiled result's compile passes and where it parts from eager (design §2.14):
+    # stored on the result, as its time is.
+    compile: CompileDoc | None = None
+    localisation: LocalisationDoc | None = None
 
     @field_validator("knobs")
     @classmethod

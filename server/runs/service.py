@@ -24,6 +24,7 @@ from numparity_server.models import STAT_FIELDS, Run, utcnow
 from numparity_server.runs import counts, repository, traces
 from numparity_server.runs.devices import seen_devices, serials_unique, visible_uuids
 from numparity_server.runs.schemas import (
+    MAX_STORED_COMPILE_PASSES,
     SUPPORTED_SCHEMAS,
     VALUES_ALWAYS_MAX,
     MissingIn,
@@ -159,6 +160,24 @@ def as_utc(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
 
 
+def _compiled_record(result: ResultDoc) -> dict[str, Any] | None:
+    """A compiled result's `compile` and `localisation` (`results.compiled`), or None.
+    Bounded: the first MAX_STORED_COMPILE_PASSES passes and their count (a run of a
+    thousand repeats stores no more than one of sixteen)."""
+    record: dict[str, Any] = {}
+    if result.compile is not None:
+        # Not cache_dir: a path on the node, which no reader needs.
+        compiled = result.compile.model_dump(mode="json", exclude_none=True,
+                                             exclude={"cache_dir"})
+        compiled["passes"] = compiled["passes"][:MAX_STORED_COMPILE_PASSES]
+        compiled["pass_count"] = len(result.compile.passes)
+        record["compile"] = compiled
+    if result.localisation is not None:
+        record["localisation"] = result.localisation.model_dump(mode="json",
+                                                                exclude_none=True)
+    return record or None
+
+
 def _telemetry(run: RunDocument) -> dict[str, Any] | None:
     """The GPUs' NVML readings by slot (`runs.telemetry`), or None when none had any."""
     found = {device.device: {"uuid": device.uuid,
@@ -262,7 +281,8 @@ def _store(session: Session, run: RunDocument, sha256: str,
         {"run_pk": run_pk, "outcome_id": outcome_ids[outcome["hash"]], "wall_s": result.wall_s,
          "wall_s_spread": result.wall_s_spread, "device_id": device_ids[result.device],
          "nondeterminism": (result.nondeterminism.model_dump(mode="json", exclude_none=True)
-                            if result.nondeterminism is not None else None)}
+                            if result.nondeterminism is not None else None),
+         "compiled": _compiled_record(result)}
         for outcome, result in zip(outcomes, run.results, strict=True)
     ])
 

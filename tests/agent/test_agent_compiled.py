@@ -113,3 +113,112 @@ def test_inductor_settings_are_numeric_variables_its_cache_folder_is_not() -> No
                               "TORCHINDUCTOR_CACHE_DIR": "/ci/inductor",
                               "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"})
     assert found == {"TORCHINDUCTOR_EMULATE_PRECISION_CASTS": "1"}
+
+
+# ---- explain --target eager: the Inductor setting that restores eager's bits -----------
+
+EAGER = (("norm", "e" * 64), ("output", "f" * 64))
+
+
+def _eager_reference(*, eager_device: str = "cpu") -> dict[str, Any]:
+    def result(variant: str, device: str, tensors: tuple[tuple[str, str], ...]
+               ) -> dict[str, Any]:
+        return {"workload": "mlp", "variant": variant, "device": device, "status": "ok",
+                "input_hash": "i", "param_hash": "p",
+                "tensors": [{"name": n, "hash": h} for n, h in tensors]}
+
+    return {"run_id": "r45", "environment": LOCAL, "results": [
+        result("default", eager_device, EAGER),
+        result("compiled", "cpu", (("norm", "c" * 64), ("output", "d" * 64))),
+        result("fp64-reference", "cpu", (("norm", "9" * 64), ("output", "8" * 64)))]}
+
+
+def test_the_eager_target_is_the_same_runs_default_answer_on_the_same_device() -> None:
+    (target,) = _explain.eager_targets_of(_eager_reference(), workloads=None, variants=None)
+    assert (target.workload, target.variant, target.device, target.kind) == (
+        "mlp", "compiled", "cpu", "eager")
+    assert target.tensors == EAGER
+    with pytest.raises(_explain.ExplainError, match="no ok compiled result beside an ok "
+                       "default result on the same device: run the agent with --variants "
+                       "default compiled"):
+        _explain.eager_targets_of(_eager_reference(eager_device="cuda:0"), workloads=None,
+                                  variants=None)
+
+
+class EagerNode:
+    """A node whose eager answer is `eager` and whose compiled answer is EAGER's bits
+    exactly under `restores` (None: under no setting)."""
+
+    def __init__(self, restores: Setting | None, eager: tuple[tuple[str, str], ...] = EAGER
+                 ) -> None:
+        self.restores, self.eager = restores, eager
+        self.calls: list[tuple[str, list[Setting]]] = []
+
+    def __call__(self, env: Setting, variant: str, workloads: list[str],
+                 knob_sets: list[Setting], stop_when: Any, timeout: float) -> dict[str, Any]:
+        self.calls.append((variant, knob_sets))
+        evaluations = []
+        for index, knobs in enumerate(knob_sets):
+            if variant == "default":
+                tensors = [list(p) for p in self.eager]
+            elif Setting(env=env.env, knobs=knobs.knobs) == self.restores:
+                tensors = [list(p) for p in EAGER]
+            else:
+                tensors = [["norm", "c" * 64], ["output", "d" * 64]]
+            evaluations += [{"candidate": index, "workload": w, "status": "ok",
+                             "tensors": tensors, "input_hash": "i", "param_hash": "p"}
+                            for w in workloads]
+        knobs = {**LOCAL["knobs"], "inductor.emulate_precision_casts": False,
+                 "inductor.fallback_random": False, "inductor.max_autotune": False,
+                 "inductor.deterministic": False}
+        return {"environment": {**LOCAL, "knobs": knobs}, "evaluations": evaluations}
+
+
+def test_explain_names_the_inductor_setting_that_restores_eagers_bits() -> None:
+    restores = Setting.of(knobs={"inductor.fallback_random": True})
+    node = EagerNode(restores)
+    targets = _explain.eager_targets_of(_eager_reference(), workloads=None, variants=None)
+    (finding,) = _explain.explain({"environment": LOCAL}, targets, runner=node,
+                                  log_line=print).findings
+    assert finding.status == "reproduced" and finding.setting == restores
+    assert finding.sentence("r45").startswith(
+        "mlp/compiled: eager's bits (run r45's default result) restored by "
+        "inductor.fallback_random=true (tried 2 setting(s) in ")
+    # Eager as configured first, then compiled as configured, then Inductor's settings
+    # only (anything else moves eager's answer too), never one as it already is.
+    assert [variant for variant, _sets in node.calls] == ["default", "compiled", "compiled"]
+    tried = node.calls[-1][1]
+    assert all(s.compiler_only for s in tried)
+    assert Setting.of(knobs={"inductor.fallback_random": False}) not in tried
+
+
+def test_explain_says_when_no_candidate_restores_eagers_bits() -> None:
+    targets = _explain.eager_targets_of(_eager_reference(), workloads=None, variants=None)
+    (finding,) = _explain.explain({"environment": LOCAL}, targets, runner=EagerNode(None),
+                                  log_line=print).findings
+    sentence = finding.sentence("r45")
+    assert finding.status == "not_reproduced" and finding.tried >= 4
+    assert sentence.startswith("mlp/compiled: no candidate restores eager's bits (run r45's "
+                               f"default result) (tried {finding.tried} in ")
+    assert "inductor.emulate_precision_casts=true; inductor.fallback_random=true" in sentence
+    assert "MKL" not in sentence and "threads" not in sentence
+
+
+def test_explain_refuses_to_call_a_moved_eager_answer_eagers_bits() -> None:
+    node = EagerNode(Setting.of(knobs={"inductor.fallback_random": True}),
+                     eager=(("norm", "e" * 64), ("output", "0" * 64)))
+    targets = _explain.eager_targets_of(_eager_reference(), workloads=None, variants=None)
+    (finding,) = _explain.explain({"environment": LOCAL}, targets, runner=node,
+                                  log_line=print).findings
+    assert finding.status == "failed"
+    assert "eager (default) answer is no longer the run's (1 of 2 tensors the same, first " \
+           "differing output)" in finding.sentence("r45")
+    assert [variant for variant, _sets in node.calls] == ["default"]
+
+
+def test_explain_target_eager_refuses_a_variant_that_does_not_compile() -> None:
+    done = run_agent("explain", "--against", "r45", "--target", "eager", "--variants",
+                     "default", "--server", "http://127.0.0.1:9", "--token", "t")
+    assert done.returncode == 2, done.stderr
+    assert "--target eager explains compiled results; default does not compile (try " \
+           "--variants compiled)" in done.stderr

@@ -179,6 +179,7 @@ def test_server_judges_compiled_against_eager_and_float64(runs, live_server, tmp
     assert answer["node"] == NODE and answer["pending"] == 0
     items = {item["workload"]: item for item in answer["items"]}
     assert set(items) == set(WORKLOADS)
+    wheres: dict[str, str] = {}
     for workload, item in items.items():
         compiled, eager = result(first, workload, "compiled"), result(first, workload,
                                                                         "default")
@@ -204,6 +205,21 @@ def test_server_judges_compiled_against_eager_and_float64(runs, live_server, tmp
         expected = ("equal" if errors["compiled"] == errors["eager"] else
                     "compiled" if errors["compiled"] < errors["eager"] else "eager")
         assert item["fp64"]["closer"] == expected
+        # What the node recorded of its compile and of where it parts from eager, as
+        # the run document has it.
+        record, located = compiled["compile"], compiled["localisation"]
+        assert item["compile"] == {"backend": "inductor", "mode": "default",
+                                   "passes": record["passes"],
+                                   "pass_count": len(record["passes"]),
+                                   "cold_s": record["cold_s"], "warm_s": record["warm_s"]}
+        where = ("identical" if located["eager_identical"] else
+                 "module" if located.get("module") else
+                 "fusion across modules" if "fuses across modules" in located.get("note", "")
+                 else "not localised")
+        assert (item["localisation"]["where"], item["localisation"]["module"],
+                item["localisation"]["kernels"]) == (where, located.get("module"),
+                                                     located.get("kernels", []))
+        wheres[workload] = where
 
     # The fleet's views group compiled answers like any other variant's.
     groups = get(live_server, "/divergence", workload="mlp", variant="compiled")
@@ -215,6 +231,10 @@ def test_server_judges_compiled_against_eager_and_float64(runs, live_server, tmp
     for workload, item in items.items():
         assert f'data-workload="{workload}" data-device="cpu" data-verdict="{item["verdict"]}"' \
             in page.text
+        assert f'data-where="{wheres[workload]}"' in page.text
+    passes = items["mlp"]["compile"]["passes"]
+    assert (f'{passes[0]["cache_hits"]} hit{"s" if passes[0]["cache_hits"] != 1 else ""}/'
+            f'{passes[0]["cache_misses"]} miss') in page.text
 
 
 def test_repro_script_reproduces_the_difference_in_a_fresh_process(runs, tmp_path):

@@ -99,13 +99,14 @@ def test_findings_round_trip_to_the_list_and_beside_the_split(api, lab):
     page = listed(api)
     assert page["total"] == 2 and page["limit"] == 50 and page["offset"] == 0
     newest, oldest = page["items"]
-    assert set(newest) == {"node", "against_node", "against_run", "suite", "workload",
+    assert set(newest) == {"node", "target", "against_node", "against_run", "suite", "workload",
                            "workload_version", "variant", "device", "local_device", "status",
                            "label", "setting", "tried", "seconds", "closest", "detail",
                            "created_at", "stale", "claimed_by", "verified", "verification",
                            "text_looks_like_command"}
     assert {k: v for k, v in oldest.items() if k != "created_at"} == {
-        "node": "lab-01", "against_node": "lab-mkl", "against_run": lab["lab-mkl"],
+        "node": "lab-01", "target": "run", "against_node": "lab-mkl",
+        "against_run": lab["lab-mkl"],
         "suite": "standard", "workload": "cnn", "workload_version": 1, "variant": "default",
         "device": "cpu", "local_device": "cpu", "status": "reproduced",
         "label": "MKL_CBWR=COMPATIBLE", "setting": {"env": MKL, "knobs": {}}, "tried": 1,
@@ -348,3 +349,96 @@ def test_the_pages_show_the_setting_beside_the_split(api, lab):
                                    "tensors the same (first differing output)")
         assert shown[1].startswith("lab-01 claims it gives lab-mkl's bits with "
                                    "MKL_CBWR=COMPATIBLE")
+
+
+# ---- --target eager: a compiled result against its own run's eager answer --------------
+
+
+def test_an_eager_target_finding_is_listed_as_such_and_never_beside_a_split(api, lab):
+    from helpers.documents import cnn_tensors
+
+    run = run_document("lab-01", run_id="with-compiled", started_at="2026-11-21T11:00:00Z")
+    run["results"].append({**run["results"][0], "variant": "compiled",
+                           "tensors": cnn_tensors(1e-3)})
+    assert api.post_run(run).status_code == 201
+    inductor = Setting.of(knobs={"inductor.emulate_precision_casts": True})
+    finding = _explain.Finding(
+        target=_explain.Target(suite="standard", workload="cnn", workload_version=1,
+                               variant="compiled", device="cpu",
+                               tensors=(("output", "e" * 64),), kind="eager"),
+        status="reproduced", setting=inductor, tried=1, seconds=12.5)
+    body = _explain.explanation_document(
+        _explain.Explained([finding], None), node="lab-01", against="with-compiled",
+        device="cpu", started_at="2026-11-21T12:00:00Z", finished_at="2026-11-21T12:01:00Z",
+        target="eager")
+    assert body["target"] == "eager"
+    answer = post(api, body)
+    assert answer.status_code == 201, answer.text
+    (item,) = listed(api, target="eager")["items"]
+    assert {k: item[k] for k in ("node", "target", "against_run", "against_node", "variant",
+                                 "status", "label", "verified")} == {
+        "node": "lab-01", "target": "eager", "against_run": "with-compiled",
+        "against_node": "lab-01", "variant": "compiled", "status": "reproduced",
+        "label": "inductor.emulate_precision_casts=true", "verified": "unchecked"}
+    assert "explaining node's word" in item["verification"]
+    assert listed(api, target="run")["total"] == 0
+    # Not a finding between nodes: no split shows it, whichever nodes it is between.
+    assert between(api, {"lab-01"}, {"lab-mkl"}, variant="compiled") == []
+    with session_factory(get_engine(api.settings))() as session:
+        from numparity_server.reads.explanations import explanations_of_key
+        assert explanations_of_key(session=session, suite="standard", workload="cnn",
+                                   variant="compiled") == []
+
+    # Without the run's eager answer on that device there is nothing to restore.
+    bare = run_document("lab-01", run_id="compiled-only", started_at="2026-11-21T11:30:00Z",
+                        variants=("fp64-reference",))
+    bare["results"].append({**run["results"][-1]})
+    assert api.post_run(bare).status_code == 201
+    refused = post(api, {**body, "against": "compiled-only"})
+    assert refused.status_code == 422
+    assert "no ok default result of standard/cnn on device 'cpu'" in refused.text
+    assert post(api, {**body, "target": "other"}).status_code == 422
+
+
+def test_the_compiled_view_and_the_node_page_show_what_restores_eagers_bits(api, lab):
+    from helpers.documents import cnn_tensors
+
+    run = run_document("lab-01", run_id="with-compiled", started_at="2026-11-21T11:00:00Z")
+    run["results"].append({**run["results"][0], "variant": "compiled",
+                           "tensors": cnn_tensors(1e-3)})
+    assert api.post_run(run).status_code == 201
+    compiled = _explain.Target(suite="standard", workload="cnn", workload_version=1,
+                               variant="compiled", device="cpu",
+                               tensors=(("output", "e" * 64),), kind="eager")
+
+    def eager_document(finding: _explain.Finding) -> dict[str, Any]:
+        return _explain.explanation_document(
+            _explain.Explained([finding], None), node="lab-01", against="with-compiled",
+            device="cpu", started_at="2026-11-21T12:00:00Z",
+            finished_at="2026-11-21T12:01:00Z", target="eager")
+
+    def shown() -> tuple[Any, str]:
+        answer = api.client.get("/api/v1/runs/with-compiled/compiled", headers=api.reader)
+        assert answer.status_code == 200, answer.text
+        (item,) = answer.json()["items"]
+        page = api.client.get("/nodes/lab-01", headers=api.reader)
+        assert page.status_code == 200
+        return item["restores_eager"], page.text
+
+    none_yet, page = shown()
+    assert none_yet is None and 'data-restores=""' in page
+    nothing = _explain.Finding(target=compiled, tried=15, seconds=61.0)
+    assert post(api, eager_document(nothing)).status_code == 201
+    finding, page = shown()
+    assert (finding["status"], finding["tried"]) == ("not_reproduced", 15)
+    assert 'data-restores="not_reproduced">no setting <small>(tried 15)</small>' in page
+    # The newest finding is the one shown.
+    restored = _explain.Finding(target=compiled, status="reproduced", tried=1, seconds=9.0,
+                                setting=Setting.of(knobs={
+                                    "inductor.emulate_precision_casts": True}))
+    assert post(api, eager_document(restored)).status_code == 201
+    finding, page = shown()
+    assert (finding["target"], finding["label"]) == (
+        "eager", "inductor.emulate_precision_casts=true")
+    assert ('data-restores="reproduced"><code>inductor.emulate_precision_casts=true'
+            '</code>') in page

@@ -288,3 +288,43 @@ def test_0010_explanations_go_with_their_reference_run(database_url, engine):
     with engine.connect() as connection:
         assert "explanations" not in inspect(connection).get_table_names()
         assert connection.execute(text("SELECT id FROM runs")).all() == [(4,)]
+
+
+def test_0022_stored_findings_are_against_a_run_and_eager_ones_go_on_downgrade(
+        database_url, engine):
+    """Findings stored before 0022 read as target "run"; a result gains an empty compile
+    record. The downgrade drops the eager findings (they would read as findings against
+    the run's compiled bits) and keeps the others and every result."""
+    migrate.upgrade(database_url, "0021")
+    finding = ("INSERT INTO explanations (id, node_id, environment_id, against_run_pk, "
+               "against_node_id, suite, workload, variant, device, local_device, status, "
+               "label, setting, tried, seconds, created_at{target}) VALUES "
+               "({id}, 1, 7, 3, 1, 'standard', 'mlp', 'compiled', 'cpu', 'cpu', "
+               f"'not_reproduced', NULL, NULL, 5, 9.5, '{NOW}'{{value}})")
+    with engine.begin() as connection:
+        for statement in (
+            "INSERT INTO nodes (id, name, labels, first_seen, last_seen) "
+            f"VALUES (1, 'n', '{{}}', '{NOW}', '{NOW}')",
+            "INSERT INTO environments (id, env_key, document, first_seen) "
+            f"VALUES (7, 'e', '{{}}', '{NOW}')",
+            "INSERT INTO runs (id, run_id, node_id, environment_id, started_at, "
+            f"document_sha256, drill, received_at) VALUES (3, 'r', 1, 7, '{NOW}', 'x', "
+            f"false, '{NOW}')",
+            "INSERT INTO outcomes (id, hash, suite, workload, variant, device, status) "
+            "VALUES (5, 'h', 'standard', 'mlp', 'compiled', 'cpu', 'ok')",
+            "INSERT INTO results (id, run_pk, outcome_id, wall_s) VALUES (11, 3, 5, 0.25)",
+            finding.format(target="", id=1, value=""),
+        ):
+            connection.execute(text(statement))
+    migrate.upgrade(database_url, "0022")
+    with engine.begin() as connection:
+        assert connection.execute(text("SELECT id, target FROM explanations")).all() == [
+            (1, "run")]
+        assert connection.execute(text("SELECT compiled FROM results")).all() == [(None,)]
+        connection.execute(text(finding.format(target=", target", id=2, value=", 'eager'")))
+    migrate.downgrade(database_url, "0021")
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT id FROM explanations")).all() == [(1,)]
+        assert connection.execute(text("SELECT id FROM results")).all() == [(11,)]
+        columns = {c["name"] for c in inspect(connection).get_columns("results")}
+        assert "compiled" not in columns
