@@ -22,8 +22,9 @@ world·(LENGTH // world) elements); the same of every other rank r,
 `<collective>.w4.rank<r>`, then each collective's later repeats k of every rank,
 `<collective>.w4[.rank<r>].repeat<k>` (version 2: a fault on rank r's device, in any
 repeat, differs from the same rank and repeat of the peers). Result field "collectives":
-the backend, world size and dtype; whether REPEATS repeats of each collective in each rank were bitwise equal;
-whether every rank got the same all-reduce and all-gather; whether every rank's
+the backend, world size and dtype; whether REPEATS repeats of each collective in each
+rank were bitwise equal; whether every rank got the same all-reduce and all-gather;
+whether every rank's
 reduce-scatter equals its slice of the all-reduce; whether the all-gather is exactly
 the inputs; the all-reduce's largest error against the float64 sum of the inputs (in
 ULPs of its dtype from the correctly rounded sum, and absolute) and how many elements
