@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -175,7 +176,7 @@ def undecided_keys(entries: Any) -> list[KeyVerdict]:
 
 def check_device(device: Mapping[str, Any], expected: Sequence[Mapping[str, Any]], *,
                  deadline: Deadline, suite: str, node_env_vars: dict[str, str],
-                 drill: bool | str) -> list[KeyVerdict]:
+                 drill: bool | str, compile_cache: Path | None = None) -> list[KeyVerdict]:
     """Compute the expected answers' workloads on one device, a child per variant (strict
     first), each given only the time left; compare each result. ``expected`` holds only
     what ``allowed_plan`` lets this node run."""
@@ -200,7 +201,7 @@ def check_device(device: Mapping[str, Any], expected: Sequence[Mapping[str, Any]
             variant, workloads=workloads, device=slot, repeats=1, timeout=left,
             node_env_vars=node_env_vars, suite=suite,
             fault_drill=drill if variant == _variants.FAULT_DRILL_VARIANT else False,
-            compile_cache=_compile.default_cache_dir())
+            compile_cache=compile_cache or _compile.default_cache_dir())
         by_workload = {r["workload"]: r for r in results}
         verdicts.extend(compare(answer, by_workload.get(answer["workload"]), key)
                         for answer, key in zip(answers, keys, strict=True))
@@ -212,12 +213,13 @@ def run_check(*, client: httpx.Client, server: str, token: str | None,
               deadline: Deadline, child_s: float, suite: str, workloads: Sequence[str],
               variants: Sequence[str], fail_open: bool, drill_at: str | None,
               upload_timeout: float, allowed: Sequence[str] = (),
-              drill: bool | str = True) -> CheckReport:
+              drill: bool | str = True, compile_cache: Path | None = None) -> CheckReport:
     """Ask the server, compute on every device at once, compare: the report.
     ``allowed``: the `module:factory` workloads this node's own settings name (besides
     ``workloads``), the only ones outside the suite a plan may make it run. ``drill``:
     what the drilled device (``drill_at``) runs, the tensor drill (True) or an op drill's
-    `op:SPEC` (`_drill_spec`)."""
+    `op:SPEC` (`_drill_spec`). ``compile_cache``: Inductor's cache folder for a compiled
+    answer (the node's `compile_cache` setting; default the state folder's)."""
     models = list(dict.fromkeys(device_model(d) for d in devices))
     env_key = str(environment.get("env_key") or "")
     report = CheckReport(devices=[], fail_open=fail_open, env_key=env_key or None,
@@ -261,7 +263,8 @@ def run_check(*, client: httpx.Client, server: str, token: str | None,
         try:
             return check_device(device, runnable[index], deadline=deadline, suite=suite,
                                 node_env_vars=node_env_vars,
-                                drill=drill if drill_at == device["device"] else False)
+                                drill=drill if drill_at == device["device"] else False,
+                                compile_cache=compile_cache)
         finally:
             verdicts[index].seconds = time.monotonic() - started
 

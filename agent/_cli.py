@@ -561,7 +561,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         started = utc_now()
         explained = _explain.explain(reference, targets, device=device,
                                      max_candidates=args.max_candidates,
-                                     max_seconds=args.max_seconds)
+                                     max_seconds=args.max_seconds,
+                                     compile_cache=_compile_cache(context.settings))
         findings = explained.findings
         for finding in findings:
             _answer(finding.sentence(args.against) + "\n")
@@ -647,7 +648,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
                     environment=environment, deadline=deadline, child_s=child_s, suite=suite,
                     workloads=args.check_workloads or [], variants=args.check_variants or [],
                     fail_open=fail_open, drill_at=drill_at, drill=args.fault_drill,
-                    upload_timeout=context.upload_timeout, allowed=get("workloads") or ())
+                    upload_timeout=context.upload_timeout, allowed=get("workloads") or (),
+                    compile_cache=_compile_cache(context.settings))
         except subprocess.TimeoutExpired:
             report.cause_code, report.detail = _check.EXIT_OUT_OF_TIME, \
                 "listing the devices or reading the environment took the whole budget"
@@ -664,6 +666,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if report.proof and report.proof.get("statement"):
         log(f"check: measured: {report.proof['statement']}")
     return report.exit_code
+
+
+def _compile_cache(settings: Any) -> Path | None:
+    """Inductor's cache folder for compiled answers: the node's `compile_cache` setting
+    (`--compile-cache`, NUMPARITY_COMPILE_CACHE, the config), else the state folder's.
+    `run`, `check` and `explain` all compile into it, so a node pays a cold compile
+    once per torch version whichever command compiles first."""
+    chosen = settings.get("compile_cache")
+    return Path(chosen) if chosen else _compile.default_cache_dir()
 
 
 def _default_explain_device() -> str:
@@ -815,7 +826,7 @@ def _run_locked(args: argparse.Namespace, context: _Context, *, suite: str,
             trace_ops=bool(get("trace_ops", False)),
             study_budget_s=get("study_budget"),
             fork_server=server or False,
-            compile_cache=get("compile_cache") or _compile.default_cache_dir(),
+            compile_cache=_compile_cache(context.settings),
         )
     finally:
         end_progress()

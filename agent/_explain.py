@@ -37,6 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -365,15 +366,19 @@ Runner = Callable[[Setting, str, list[str], list[Setting], dict[str, list[list[s
 
 def run_explain_child(env_setting: Setting, variant: str, workloads: list[str],
                       knob_sets: list[Setting], stop_when: dict[str, list[list[str]]],
-                      timeout: float, *, device: str = "cpu") -> dict[str, Any]:
+                      timeout: float, *, device: str = "cpu",
+                      compile_cache: Path | None = None) -> dict[str, Any]:
     """One `_explain_child` with `env_setting`'s variables: {"environment",
-    "evaluations"}, or {"error": why} when it crashed or timed out."""
+    "evaluations"}, or {"error": why} when it crashed or timed out. `compile_cache`:
+    Inductor's cache folder for a compiling variant (the node's `compile_cache`
+    setting; default the state folder's)."""
     spec = {"variant": variant, "workloads": workloads, "device": device,
             "candidates": [dict(s.knobs) for s in knob_sets], "stop_when": stop_when}
     chosen = _variants.get(variant)
     environ = env_setting.environ(chosen.child_env(dict(os.environ)))
     if chosen.compiles:
-        environ = _compile.cache_environ(environ, _compile.default_cache_dir(environ))
+        environ = _compile.cache_environ(
+            environ, compile_cache or _compile.default_cache_dir(environ))
     with tempfile.TemporaryDirectory(prefix="numparity-explain-") as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
         with open(spec_path, "w", encoding="utf-8") as f:
@@ -413,6 +418,7 @@ def explain(
     reference: dict[str, Any], targets: Sequence[Target], *, device: str = "cpu",
     max_candidates: int = DEFAULT_MAX_CANDIDATES, max_seconds: float = DEFAULT_MAX_SECONDS,
     log_line: Callable[[str], None] = log, runner: Runner | None = None,
+    compile_cache: Path | None = None,
 ) -> Explained:
     """A finding per target (see the module docstring), and the env_key of the node as
     it is configured here. `runner` runs one child (tests replace it); by default
@@ -421,7 +427,7 @@ def explain(
                        knob_sets: list[Setting], stop_when: dict[str, list[list[str]]],
                        timeout: float) -> dict[str, Any]:
         return run_explain_child(env_setting, variant, workloads, knob_sets, stop_when,
-                                 timeout, device=device)
+                                 timeout, device=device, compile_cache=compile_cache)
 
     run = runner or default_runner
     started = time.monotonic()

@@ -287,12 +287,17 @@ def test_every_device_at_once_one_verdict_each_naming_the_tensor(fleet_node: dic
     shifted = audit_document("shifted", 1, shift=1e-3)
     other = {r["variant"]: r for r in shifted["results"] if r["status"] == "ok"}
 
-    def shifted_child(variant: str, *, device: str, **_: Any
+    caches: set[Any] = set()
+
+    def shifted_child(variant: str, *, device: str, **more: Any
                       ) -> tuple[None, list[dict[str, Any]]]:
+        caches.add(more.get("compile_cache"))
         source = other if device == "cuda:0" else fleet_node["answers"]
         return None, [dict(source[variant], device=device)]
 
     monkeypatch.setattr(_suite, "run_variant", shifted_child)
+    # The node's compile_cache setting is where a compiled answer's child compiles.
+    monkeypatch.setenv("NUMPARITY_COMPILE_CACHE", "/var/cache/numparity-inductor")
     code = _cli.main(["check", "--server", fleet_node["server"].base_url, "--json",
                       "--variants", "strict"])
     report = json.loads(capsys.readouterr().out)
@@ -302,6 +307,7 @@ def test_every_device_at_once_one_verdict_each_naming_the_tensor(fleet_node: dic
     assert [(a["variant"], a["status"], a["first_differing"]) for a in bad["answers"]] == \
         [("strict", "differs", "conv2")]
     assert (good["device"], good["verdict"]) == ("cuda:1", "go")
+    assert {str(c) for c in caches} == {"/var/cache/numparity-inductor"}
     # Issue 44: what the benchmarks measured of this plan (cnn/strict), from the figures
     # the agent ships, pooled exactly as `_proof.plan_proof` does it.
     from numparity_agent import _proof

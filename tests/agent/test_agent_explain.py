@@ -235,6 +235,29 @@ def test_a_knob_set_is_in_force_for_its_block_and_taken_back() -> None:
         pass
 
 
+def test_a_compiled_explain_child_compiles_into_the_nodes_compile_cache(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    import subprocess
+
+    from numparity_agent import _explain
+    from numparity_agent._settings import Setting
+
+    seen: list[dict[str, str]] = []
+
+    def fake_run(cmd: list[str], *, env: dict[str, str], **_: Any) -> Any:
+        seen.append(env)
+        return subprocess.CompletedProcess(cmd, 1, "", "stopped here")
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(_explain.subprocess, "run", fake_run)
+    _explain.run_explain_child(Setting(), "compiled", ["mlp"], [Setting()], {}, 5.0,
+                               compile_cache=tmp_path / "inductor")
+    _explain.run_explain_child(Setting(), "default", ["mlp"], [Setting()], {}, 5.0,
+                               compile_cache=tmp_path / "inductor")
+    assert seen[0]["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+    assert "TORCHINDUCTOR_CACHE_DIR" not in seen[1]  # an eager child compiles nothing
+
+
 def test_the_deterministic_knob_leaves_torchs_warn_only_flag_as_it_was() -> None:
     """A process whose own code runs deterministic algorithms warn-only (off, or on) gets
     both flags back after the knob's block, and the block changes the one it names."""
