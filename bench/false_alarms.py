@@ -199,6 +199,7 @@ def whole_checks(plan: list[str], checks: int, tmp: Path, deadline: float) -> di
 
     per_condition = max(1, checks // len(CONDITIONS))
     codes: dict[str, dict[int, int]] = {}
+    alarms: list[dict[str, Any]] = []
     seconds: list[float] = []
     with running_server(f"sqlite:///{tmp / 'server.db'}", 1, tmp / "server.log") as server:
         base = ["--server", server.base_url, "--token", server.token]
@@ -222,8 +223,10 @@ def whole_checks(plan: list[str], checks: int, tmp: Path, deadline: float) -> di
                     seconds.append(time.monotonic() - started)
                 found[done.returncode] = found.get(done.returncode, 0) + 1
                 if done.returncode not in (0,):
-                    print(f"    check exit {done.returncode}: {done.stdout[-600:]}"
+                    print(f"    check exit {done.returncode}: {not_go(done.stdout)}"
                           f"{done.stderr[-600:]}", flush=True)
+                    alarms.append({"condition": label, "attempt": attempt,
+                                   "exit": done.returncode, "answers": not_go(done.stdout)})
             # A further honest node, two runs beside the burner: never a suspect.
             for run in range(2):
                 with burner(True):
@@ -244,7 +247,7 @@ def whole_checks(plan: list[str], checks: int, tmp: Path, deadline: float) -> di
     suspects = [r for r in audit.get("suspects", []) if r.get("status") == "suspect"]
     watch = [r for r in audit.get("suspects", []) if r.get("status") != "suspect"]
     total = sum(sum(c.values()) for c in codes.values())
-    return {"checks": total, "exit_codes": codes,
+    return {"checks": total, "exit_codes": codes, "alarms": alarms,
             "no_go": sum(c.get(10, 0) + c.get(13, 0) for c in codes.values()),
             "go": sum(c.get(0, 0) for c in codes.values()),
             "suspects": len(suspects), "watch": len(watch),
@@ -252,6 +255,20 @@ def whole_checks(plan: list[str], checks: int, tmp: Path, deadline: float) -> di
             "check_seconds_max": round(max(seconds), 1) if seconds else None,
             "check_seconds_median": round(sorted(seconds)[len(seconds) // 2], 1)
             if seconds else None}
+
+
+def not_go(stdout: str) -> list[dict[str, Any]] | str:
+    """What a check that was not a go said of each answer that did not match (its
+    `--json` report), so a false alarm can be looked into: the key, the status, the
+    first differing tensor and the detail; its output's end when it is no report."""
+    try:
+        report = json.loads(stdout)
+    except ValueError:
+        return stdout[-600:]
+    return [{"device": device.get("device"), **{k: answer.get(k) for k in (
+        "workload", "variant", "status", "first_differing", "detail")}}
+        for device in report.get("devices", []) for answer in device.get("answers", [])
+        if answer.get("status") != "match"]
 
 
 def rule_of_three(trials: int) -> float | None:
@@ -306,7 +323,8 @@ def main() -> int:
         "plan_evaluations": inner["plans"], "answer_evaluations": trials_keys,
         "answers_differing": inner["differ"],
         "checks": outer["checks"], "check_no_go": outer["no_go"],
-        "check_exit_codes": outer["exit_codes"], "suspects": outer["suspects"],
+        "check_exit_codes": outer["exit_codes"], "check_alarms": outer["alarms"],
+        "suspects": outer["suspects"],
         "watch": outer["watch"], "honest_runs": outer["honest_runs"],
         "check_seconds_max": outer["check_seconds_max"],
         "false_no_go_bound": rule_of_three(trials_keys + outer["checks"])
