@@ -15,7 +15,12 @@ node meets, in environments a lab runs:
   worker process then evaluates the plan `--evaluations` times (each workload built
   and run anew, as `check` computes it, its tensors hashed and compared with the
   peer's); every key compared is one evaluation of an answer, every pass over the
-  plan one evaluation of the plan;
+  plan one evaluation of the plan; each workload's first evaluation in a process is a
+  warm-up, as in the agent's child (`Workload.warmup`);
+- **fresh processes** (`--fresh`): a new interpreter computing the plan once, half beside
+  the burner: what repeats inside one process never see (a first evaluation in a process
+  that differs from every later one: measured, 1 % of fresh processes on `train` before
+  the warm-up);
 - **whole `check` invocations** (`--checks`): a live server (SQLite), three peers per
   condition uploading honest `run`s, then `numparity-agent check --json` under the
   condition, the burner on for half; and two honest runs of a further node per
@@ -27,7 +32,7 @@ N trials, the rule of three bounds the rate below 3/N at 95 % confidence. The fi
 `check --json` and the audit read: `agent/proof_of_catch.json`).
 
     .venv/bin/python bench/false_alarms.py [--quick] [--evaluations 2000] [--checks 100]
-        [--figures agent/proof_of_catch.json]
+        [--fresh 300] [--figures agent/proof_of_catch.json]
 """
 
 from __future__ import annotations
@@ -99,8 +104,13 @@ def burner(on: bool, seconds: float = 3600) -> Any:
 # ---- the worker: one process computing the plan -----------------------------------------
 
 
+_warm: set[str] = set()
+
+
 def answers(plan: list[str]) -> dict[str, list[str]]:
-    """The plan's strict answers, computed once in this process (a fresh build each)."""
+    """The plan's strict answers, computed once in this process (a fresh build each), as
+    the agent's child computes them: a workload's first evaluation in the process is a
+    warm-up, not the answer (`Workload.warmup`, `_runner.run_workload`)."""
     import torch
 
     from numparity_agent._fingerprint import tensor_hashes
@@ -112,6 +122,10 @@ def answers(plan: list[str]) -> dict[str, list[str]]:
     found = {}
     for name in plan:
         workload = load_workload(name)
+        if workload.warmup and name not in _warm:
+            with strict.run_context(device):
+                workload.run(workload.build(dtype=torch.float32, device=device), Recorder())
+            _warm.add(name)
         built = workload.build(dtype=torch.float32, device=device)
         recorder = Recorder()
         with strict.run_context(device):
@@ -129,6 +143,11 @@ def worker(args: argparse.Namespace) -> int:
     plan = args.plan
     if args.worker == "peer":
         Path(args.out).write_text(json.dumps(answers(plan)))
+        return 0
+    if args.worker == "fresh":
+        expected = json.loads(Path(args.reference).read_text())
+        got = answers(plan)
+        Path(args.out).write_text(json.dumps([n for n in plan if got[n] != expected[n]]))
         return 0
     expected = json.loads(Path(args.reference).read_text())
     differing: list[str] = []
@@ -160,15 +179,41 @@ def run_worker(kind: str, env: dict[str, str], plan: list[str], out: Path,
     return loaded
 
 
-def in_process(plan: list[str], evaluations: int, seconds: float, tmp: Path
-               ) -> dict[str, Any]:
+def fresh_processes(plan: list[str], count: int, env: dict[str, str], reference: Path,
+                    tmp: Path) -> dict[str, Any]:
+    """`count` fresh interpreters, each computing the plan once as a `check` child does
+    (a workload's first evaluation in a process can differ from every later one: what
+    repeats inside one process never see), half beside the burner."""
+    differing: list[str] = []
+    for index in range(count):
+        out = tmp / "fresh.json"
+        with burner(index % 2 == 1):
+            subprocess.run([sys.executable, __file__, "--worker", "fresh", "--out", str(out),
+                            "--reference", str(reference), "--plan", *plan], env=env,
+                           check=True)
+        differing.extend(json.loads(out.read_text()))
+    return {"processes": count, "differing": differing}
+
+
+def in_process(plan: list[str], evaluations: int, seconds: float, tmp: Path,
+               fresh: int = 0) -> dict[str, Any]:
     """Per condition: a peer's answer, then `evaluations` (in at most `seconds`) plan
-    evaluations in two workers, one quiet and one beside the burner."""
+    evaluations in two workers, one quiet and one beside the burner, then `fresh`
+    fresh processes computing it once each."""
     rows = []
+    processes: dict[str, Any] = {"processes": 0, "differing": []}
     for label, condition in CONDITIONS.items():
         env = node_env(condition)
         reference = tmp / f"peer-{len(rows)}.json"
         run_worker("peer", env, plan, reference)
+        if fresh:
+            found_fresh = fresh_processes(plan, max(1, fresh // len(CONDITIONS)), env,
+                                          reference, tmp)
+            processes["processes"] += found_fresh["processes"]
+            processes["differing"] += found_fresh["differing"]
+            print(f"  {label:18} fresh : {found_fresh['processes']:5d} processes, "
+                  f"{len(found_fresh['differing'])} answers differ "
+                  f"{sorted(set(found_fresh['differing']))}", flush=True)
         for noisy in (False, True):
             with burner(noisy):
                 found = run_worker("evaluate", env, plan, tmp / "eval.json", reference,
@@ -180,7 +225,7 @@ def in_process(plan: list[str], evaluations: int, seconds: float, tmp: Path
                   f"({found['seconds']:.0f} s, torch threads {found['threads']})", flush=True)
     return {"rows": rows, "plans": sum(r["evaluations"] for r in rows),
             "answers": sum(r["keys"] for r in rows),
-            "differ": sum(len(r["differing"]) for r in rows)}
+            "differ": sum(len(r["differing"]) for r in rows), "fresh": processes}
 
 
 # ---- whole checks through a live server -------------------------------------------------
@@ -284,13 +329,17 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=600,
                         help="at most this long per condition's evaluations")
     parser.add_argument("--checks", type=int, default=102)
+    parser.add_argument("--fresh", type=int, default=300,
+                        help="fresh processes computing the plan once each (a third per "
+                        "condition)")
     parser.add_argument("--budget", type=float, default=1950,
                         help="no whole check starts past this many seconds")
     parser.add_argument("--plan", nargs="+", default=None,
                         help="the plan's workloads (default: the one bench/coverage.py wrote "
                         "into agent/proof_of_catch.json)")
     parser.add_argument("--figures", type=Path)
-    parser.add_argument("--worker", choices=["peer", "evaluate"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["peer", "evaluate", "fresh"],
+                        help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--reference", help=argparse.SUPPRESS)
     parser.add_argument("--count", dest="worker_count", type=int, default=0,
@@ -300,7 +349,8 @@ def main() -> int:
         args.evaluations = args.worker_count
         return worker(args)
     args.plan = args.plan or measured_plan()
-    evaluations, checks = (20, 6) if args.quick else (args.evaluations, args.checks)
+    evaluations, checks, fresh = (20, 6, 6) if args.quick else (
+        args.evaluations, args.checks, args.fresh)
     started = time.monotonic()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="numparity-false-alarms-") as folder:
@@ -312,7 +362,7 @@ def main() -> int:
         with ThreadPoolExecutor(max_workers=2) as pool:
             outer_future = pool.submit(whole_checks, args.plan, checks, tmp,
                                        started + args.budget)
-            inner = in_process(args.plan, evaluations, args.seconds, tmp)
+            inner = in_process(args.plan, evaluations, args.seconds, tmp, fresh)
             outer = outer_future.result()
     wall = time.monotonic() - started
     trials_keys = inner["answers"]
@@ -322,18 +372,24 @@ def main() -> int:
         "plan": args.plan, "conditions": list(CONDITIONS) + ["half beside a CPU burner"],
         "plan_evaluations": inner["plans"], "answer_evaluations": trials_keys,
         "answers_differing": inner["differ"],
+        "fresh_processes": inner["fresh"]["processes"],
+        "fresh_answers_differing": len(inner["fresh"]["differing"]),
         "checks": outer["checks"], "check_no_go": outer["no_go"],
         "check_exit_codes": outer["exit_codes"], "check_alarms": outer["alarms"],
         "suspects": outer["suspects"],
         "watch": outer["watch"], "honest_runs": outer["honest_runs"],
         "check_seconds_max": outer["check_seconds_max"],
         "false_no_go_bound": rule_of_three(trials_keys + outer["checks"])
-        if inner["differ"] == 0 and outer["no_go"] == 0 else None,
+        if inner["differ"] == 0 and outer["no_go"] == 0 and not inner["fresh"]["differing"]
+        else None,
         "wall_s": round(wall), "load": [round(x, 1) for x in load_before],
         "load_after": [round(x, 1) for x in os.getloadavg()],
     }
     n = trials_keys + outer["checks"]
     false = inner["differ"] + outer["no_go"]
+    if inner["fresh"]["processes"]:
+        print(f"fresh processes: {inner['fresh']['processes']}, each the plan once: "
+              f"{len(inner['fresh']['differing'])} answers differ")
     print(f"\n{n} honest evaluations ({inner['plans']} of the whole plan in-process, "
           f"{trials_keys} answers, {outer['checks']} whole checks): {false} false no-go, "
           f"{outer['suspects']} suspects ({outer['watch']} watch) in the audit of "

@@ -167,6 +167,13 @@ class Workload:
     # compiles (design §2.14); a workload that calls ops itself (the probes) has nothing
     # for torch.compile to compile, and is skipped there saying so.
     compilable: bool = True
+    # Whether a child runs it once, unrecorded, before the run whose tensors it records
+    # (design §2.3, "warm-up"): on a CPU, torch's first evaluation of a workload in a
+    # process can differ in the last bits from every later one (measured: `train`'s
+    # gradients in about 1 % of fresh processes), so an honest node's first answer
+    # would read as a faulty device's. The large suite's workloads, whose one evaluation
+    # costs seconds to minutes, record their first (their repeats say when it differs).
+    warmup: bool = True
 
     def skip_reason(self, variant: str) -> str | None:
         """Why this workload does not run under `variant` (None: it does)."""

@@ -67,6 +67,7 @@ class _Inputs(nn.Module):
 
 class GEMM(Workload):
     suite = SUITE
+    warmup = False  # one evaluation costs seconds: its first is recorded
     name = "gemm"
     version = 1
     compilable = False  # its products are called directly, outside a model
@@ -115,6 +116,7 @@ class Bottleneck(Workload):
     suite = SUITE
     name = "resnet_block"
     version = 1
+    warmup = False
     recorded = ("conv1", "conv2", "conv3")
 
     def __init__(self, size: BottleneckSize = LARGE_BOTTLENECK) -> None:
@@ -150,6 +152,7 @@ class Bottleneck(Workload):
 
 class Attention(Workload):
     suite = SUITE
+    warmup = False
     name = "attention"
     version = 1
     compilable = False  # SDPA and its backends are called directly, outside a model
@@ -175,11 +178,13 @@ class Attention(Workload):
 
 class LargeDecoder(Decoder):
     suite = SUITE
+    warmup = False
     size = LARGE_DECODER
 
 
 class LargeTrain(Train):
     suite = SUITE
+    warmup = False
 
     def __init__(self, size: TrainSize = LARGE_TRAIN) -> None:
         self.size = size
