@@ -157,15 +157,14 @@ def run_workload(
                 drill_field = {"kind": "op", "spec": op_spec.text(), "class": op_spec.op_class,
                                "calls": 0}
         if workload.warmup and not variant.compiles:
-            # One evaluation first, unrecorded and out of `wall_s` (`Workload.warmup`; the
-            # timeline counts it in `run`): the first in a process can differ in the last
-            # bits from every later one.
-            with clock.phase("run"):
-                warm = workload.build(dtype=dtype, device=device)
-                with variant.run_context(device):
-                    workload.run(warm, Recorder())
-                _sync(device)
-                del warm
+            # One evaluation first, unrecorded and out of `wall_s` and the result's
+            # timeline (the child's counts it in `other`; `Workload.warmup`): the first
+            # in a process can differ in the last bits from every later one.
+            warm = workload.build(dtype=dtype, device=device)
+            with variant.run_context(device):
+                workload.run(warm, Recorder())
+            _sync(device)
+            del warm
         for repeat in range(repeats):
             if variant.compiles:
                 # Each repeat compiles afresh (dynamo's frames forgotten): the first as the
