@@ -8,7 +8,8 @@ context: CUDA's initialisation, one allocation and a synchronisation), `environm
 (the environment document, once per run), the workloads' `build`, `run`,
 `fingerprint` and `trace` added up, `write` (the child's answer written, the process
 gone and the answer read by the parent) and `other` (what none of them counts: knobs
-applied, workloads loaded, each workload's warm-up evaluation, progress written). This module does not import torch.
+applied, workloads loaded, each workload's warm-up evaluation, progress written).
+This module does not import torch.
 """
 
 from __future__ import annotations
