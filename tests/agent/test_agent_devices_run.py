@@ -202,7 +202,11 @@ def test_the_devices_run_at_once_and_the_environment_still_lists_every_gpu(node_
     took = (datetime.fromisoformat(document["finished_at"])
             - datetime.fromisoformat(document["started_at"])).total_seconds()
     walls = [d["wall_s"] for d in document["devices"]]
-    assert sum(walls) > took >= max(walls) * 0.9, (walls, took)
+    # The document's times are whole seconds: `took` is up to a second short or long.
+    # At once, the run takes about the slowest device's time; one after another it
+    # would take their sum.
+    slowest, rest = max(walls), sum(walls) - max(walls)
+    assert slowest * 0.9 - 1 <= took <= slowest + rest / 2 + 1, (walls, took)
     assert [g["name"] for g in document["environment"]["gpus"]] == [
         g["name"] for g in NODE_GPUS]
 
