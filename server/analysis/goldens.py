@@ -425,10 +425,8 @@ def _greedy(candidates: Sequence[CheckCandidate], budget_s: float, child_s: floa
         cost = candidate.cost() + (child_s if new_variant else 0.0)
         return not chosen or spent + cost <= budget_s
 
-    def gain(candidate: CheckCandidate) -> float:
-        workloads = [c.workload for c in chosen]
-        added = (plan_coverage([*workloads, candidate.workload], coverage or {})
-                 - plan_coverage(workloads, coverage or {}))
+    def gain(candidate: CheckCandidate, workloads: list[str], base: float) -> float:
+        added = plan_coverage([*workloads, candidate.workload], coverage or {}) - base
         return added / candidate.cost() if per_second else added
 
     while remaining and len(chosen) < max_keys:
@@ -439,7 +437,9 @@ def _greedy(candidates: Sequence[CheckCandidate], budget_s: float, child_s: floa
         best = fitting[0]
         if coverage:
             same_tier = [c for c in fitting if check_rank(c)[:3] == tier]
-            gains = [gain(c) for c in same_tier]
+            workloads = [c.workload for c in chosen]
+            base = plan_coverage(workloads, coverage)
+            gains = [gain(c, workloads, base) for c in same_tier]
             if max(gains) > 1e-12:
                 best = same_tier[gains.index(max(gains))]
         remaining.remove(best)
